@@ -1,0 +1,395 @@
+"""Data: the six evaluation benchmarks, training sets and a synthetic arithmetic task
+(method.md section 5).
+
+Every source becomes a list of :class:`Record` (``id``, ``problem``, ``answer`` as a
+normalised string, ``source``, and the original fields in ``meta``). A registered set loads
+either from a local file under a data root (JSONL, JSON or Parquet; ``../shared/data`` in this
+repository's layout) or from the Hugging Face hub on a connected machine. The synthetic task
+is generated from a seed and is the default training and evaluation data of the CPU run.
+
+Bad input raises :class:`DataError` naming the file and line, or the setting to change.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import random
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+DEFAULT_DATA_ROOT_ENV = "GMC_DATA_ROOT"
+
+
+class DataError(ValueError):
+    """A data file or data setting is wrong; the message names the file, line or setting."""
+
+
+@dataclass(frozen=True)
+class Record:
+    """One problem. ``answer`` is the normalised gold answer (see :func:`normalize_gold`)."""
+
+    id: str
+    problem: str
+    answer: str
+    source: str
+    meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "problem": self.problem, "answer": self.answer, "source": self.source, "meta": self.meta}
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """Where a named set lives, locally and on the hub, and which fields hold what."""
+
+    local: str
+    """Path relative to the data root."""
+    hub_id: str
+    """Hugging Face dataset id for ``source='hub'``."""
+    hub_split: str = "test"
+    hub_config: str | None = None
+    problem_field: str = "problem"
+    answer_field: str = "answer"
+    hub_problem_field: str | None = None
+    """Field names on the hub when they differ from the local file's."""
+    hub_answer_field: str | None = None
+    id_field: str | None = None
+    hub_answer_from_boxed: bool = False
+    """The hub copy has no answer field: take the last ``\\boxed{}`` of its answer field."""
+
+
+BENCHMARKS: dict[str, DatasetSpec] = {
+    "math500": DatasetSpec("benchmarks/math500/test.jsonl", "HuggingFaceH4/MATH-500", id_field="unique_id"),
+    "aime24": DatasetSpec("benchmarks/aime24/test.jsonl", "HuggingFaceH4/aime_2024", hub_split="train", id_field="id"),
+    "aime25": DatasetSpec("benchmarks/aime25/test.jsonl", "math-ai/aime25", id_field="id"),
+    "amc23": DatasetSpec("benchmarks/amc23/test.jsonl", "math-ai/amc23", hub_problem_field="question", id_field="id"),
+    "minerva_math": DatasetSpec("benchmarks/minerva_math/test.jsonl", "math-ai/minervamath", hub_problem_field="question", id_field="idx"),
+    "olympiadbench": DatasetSpec("benchmarks/olympiadbench/test.jsonl", "math-ai/olympiadbench", hub_problem_field="question", hub_answer_field="final_answer", id_field="id"),
+}
+"""The six evaluation benchmarks of method.md section 5."""
+
+TRAIN_SETS: dict[str, DatasetSpec] = {
+    "math": DatasetSpec("train/math/train.jsonl", "DigitalLearningGmbH/MATH-lighteval", hub_split="train",
+                        hub_answer_field="solution", hub_answer_from_boxed=True),
+}
+"""Training sets: the MATH training split."""
+
+REFERENCE_SOLUTION_FIELDS = {"math500": "solution", "minerva_math": "solution", "aime24": "solution", "olympiadbench": "solution"}
+"""Benchmarks whose data carries a worked reference solution (used by the grading oracle)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# normalisation
+
+_INT_RE = re.compile(r"^[+-]?\d+$")
+_FLOAT_INT_RE = re.compile(r"^([+-]?\d+)\.0*$")
+
+
+def normalize_gold(value: Any) -> str:
+    """Gold answers as strings: ``"025"`` -> ``"25"``, ``27.0`` -> ``"27"``, list -> joined,
+    surrounding ``$`` and whitespace removed; everything else kept as written."""
+    if isinstance(value, bool):
+        raise TypeError("a boolean is not a gold answer")
+    if isinstance(value, (list, tuple)):
+        return ",".join(normalize_gold(v) for v in value)
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    text = str(value).strip().strip("$").strip()
+    if _INT_RE.match(text):
+        return str(int(text))
+    m = _FLOAT_INT_RE.match(text)
+    if m:
+        return str(int(m.group(1)))
+    return text
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` or ``\\fbox{...}`` (nested braces), else None."""
+    start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
+    while start >= 0:
+        i = text.find("{", start)
+        if i >= 0 and text[start:i].strip() in ("\\boxed", "\\fbox"):
+            depth = 0
+            for j in range(i, len(text)):
+                if text[j] == "{":
+                    depth += 1
+                elif text[j] == "}":
+                    depth -= 1
+                    if depth == 0:
+                        return text[i + 1 : j]
+        # unbalanced or not followed by a brace: try an earlier one
+        start = max(text.rfind("\\boxed", 0, start), text.rfind("\\fbox", 0, start))
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# file loading
+
+
+def data_root(root: str | os.PathLike | None = None) -> Path:
+    """The local data root: the argument, else ``$GMC_DATA_ROOT``, else ``../shared/data``
+    beside the package's repository."""
+    if root is not None:
+        return Path(root)
+    env = os.environ.get(DEFAULT_DATA_ROOT_ENV)
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+def read_rows(path: str | os.PathLike) -> list[tuple[int, dict[str, Any]]]:
+    """Rows of a JSONL, JSON (array, or object with a ``data`` array) or Parquet file, each with
+    its 1-based line (JSONL) or row number."""
+    path = Path(path)
+    if not path.exists():
+        raise DataError(f"{path}: file not found (set the data root with --data-root or ${DEFAULT_DATA_ROOT_ENV})")
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        import pandas as pd
+
+        frame = pd.read_parquet(path)
+        rows = [(i + 1, row) for i, row in enumerate(frame.to_dict(orient="records"))]
+    elif suffix == ".json":
+        try:
+            obj = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}:{e.lineno}: invalid JSON: {e.msg}") from None
+        if isinstance(obj, dict) and isinstance(obj.get("data"), list):
+            obj = obj["data"]
+        if not isinstance(obj, list):
+            raise DataError(f"{path}: expected a JSON array of objects (or an object with a 'data' array)")
+        rows = list(enumerate(obj, start=1))
+    elif suffix in (".jsonl", ".ndjson"):
+        rows = []
+        with path.open() as fh:
+            for lineno, line in enumerate(fh, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    rows.append((lineno, json.loads(line)))
+                except json.JSONDecodeError as e:
+                    raise DataError(f"{path}:{lineno}: invalid JSON: {e.msg}") from None
+    else:
+        raise DataError(f"{path}: unsupported format {suffix!r}; use .jsonl, .json or .parquet")
+    if not rows:
+        raise DataError(f"{path}: the file holds no rows")
+    for lineno, row in rows:
+        if not isinstance(row, dict):
+            raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
+    return rows
+
+
+def records_from_rows(rows, name: str, spec: DatasetSpec, where: str, problem_field: str,
+                      answer_field: str, answer_from_boxed: bool = False) -> list[Record]:
+    """Normalise raw rows; missing fields raise, duplicates (same problem text) are reported."""
+    out: list[Record] = []
+    seen: dict[str, int] = {}
+    duplicates = 0
+    for lineno, row in rows:
+        for fname in (problem_field, answer_field):
+            if fname not in row or row[fname] is None or (isinstance(row[fname], str) and not row[fname].strip()):
+                raise DataError(f"{where}:{lineno}: missing or empty field {fname!r} (dataset {name!r})")
+        answer = row[answer_field]
+        if answer_from_boxed:
+            answer = last_boxed(str(answer))
+            if answer is None:
+                raise DataError(f"{where}:{lineno}: no \\boxed{{}} answer in field {answer_field!r} (dataset {name!r})")
+        rid = str(row[spec.id_field]) if spec.id_field and spec.id_field in row else f"{name}-{lineno}"
+        problem = str(row[problem_field])
+        key = " ".join(problem.split()).lower()
+        if key in seen:
+            duplicates += 1
+            log.warning("%s:%d: duplicate problem (first at row %d) in dataset %r", where, lineno, seen[key], name)
+        else:
+            seen[key] = lineno
+        meta = {k: v for k, v in row.items() if k not in (problem_field,)}
+        out.append(Record(rid, problem, normalize_gold(answer), name, meta))
+    if duplicates:
+        log.warning("dataset %r: %d duplicate problem(s) kept (see warnings above)", name, duplicates)
+    return out
+
+
+def _spec(name: str) -> DatasetSpec:
+    if name in BENCHMARKS:
+        return BENCHMARKS[name]
+    if name in TRAIN_SETS:
+        return TRAIN_SETS[name]
+    raise DataError(
+        f"unknown dataset {name!r}; benchmarks: {sorted(BENCHMARKS)}, training sets: {sorted(TRAIN_SETS)}, "
+        "or 'synthetic'"
+    )
+
+
+def load_dataset(name: str, source: str = "local", root: str | os.PathLike | None = None,
+                 limit: int | None = None) -> list[Record]:
+    """Load a registered benchmark or training set.
+
+    ``source='local'`` reads ``<root>/<spec.local>``; ``source='hub'`` calls
+    ``datasets.load_dataset(spec.hub_id, ...)`` (needs a network connection).
+    """
+    spec = _spec(name)
+    if source == "local":
+        path = data_root(root) / spec.local
+        rows = read_rows(path)
+        records = records_from_rows(rows, name, spec, str(path), spec.problem_field, spec.answer_field)
+    elif source == "hub":
+        records = _load_hub(name, spec)
+    else:
+        raise DataError(f"data source must be 'local' or 'hub', got {source!r} (setting data.source)")
+    return records[:limit] if limit else records
+
+
+def _load_hub(name: str, spec: DatasetSpec) -> list[Record]:
+    try:
+        import datasets
+
+        ds = datasets.load_dataset(spec.hub_id, spec.hub_config, split=spec.hub_split)
+    except Exception as e:  # offline, unknown id, auth...
+        raise DataError(
+            f"could not load dataset {name!r} from the hub ({spec.hub_id}, split {spec.hub_split}): {e}. "
+            "Offline? Set data.source: local and data.root to a folder holding the files."
+        ) from e
+    rows = list(enumerate(ds, start=1))
+    where = f"hub:{spec.hub_id}[{spec.hub_split}]"
+    return records_from_rows(rows, name, spec, where, spec.hub_problem_field or spec.problem_field,
+                             spec.hub_answer_field or spec.answer_field, spec.hub_answer_from_boxed)
+
+
+def load_file(path: str | os.PathLike, name: str | None = None, problem_field: str = "problem",
+              answer_field: str = "answer", id_field: str | None = None) -> list[Record]:
+    """Load any local JSONL/JSON/Parquet file of problems as records."""
+    path = Path(path)
+    spec = DatasetSpec(local=str(path), hub_id="", id_field=id_field)
+    return records_from_rows(read_rows(path), name or path.stem, spec, str(path), problem_field, answer_field)
+
+
+# ---------------------------------------------------------------------------------------------
+# the synthetic arithmetic task
+
+
+@dataclass(frozen=True)
+class SyntheticTask:
+    """Seeded arithmetic problems such as ``Compute 7*3+12.``; the gold answer is the integer
+    value (usual precedence). Difficulty knobs: operand count, digits per operand, operators.
+
+    Train and test are disjoint by construction: a problem belongs to the test split when the
+    SHA-1 of its text falls in the first ``test_fraction`` of the hash range.
+    """
+
+    min_operands: int = 2
+    max_operands: int = 4
+    min_digits: int = 1
+    max_digits: int = 1
+    operators: str = "+-*"
+    test_fraction: float = 0.2
+
+    def __post_init__(self) -> None:
+        if not (2 <= self.min_operands <= self.max_operands):
+            raise DataError("synthetic: need 2 <= min_operands <= max_operands")
+        if not (1 <= self.min_digits <= self.max_digits):
+            raise DataError("synthetic: need 1 <= min_digits <= max_digits")
+        if not self.operators or set(self.operators) - set("+-*"):
+            raise DataError(f"synthetic: operators must be a non-empty subset of '+-*', got {self.operators!r}")
+        if not (0 < self.test_fraction < 1):
+            raise DataError("synthetic: test_fraction must be in (0, 1)")
+
+    def _expression(self, rng: random.Random) -> str:
+        n = rng.randint(self.min_operands, self.max_operands)
+        terms = [str(rng.randint(10 ** (d - 1) if d > 1 else 0, 10**d - 1))
+                 for d in (rng.randint(self.min_digits, self.max_digits) for _ in range(n))]
+        out = terms[0]
+        for t in terms[1:]:
+            out += rng.choice(self.operators) + t
+        return out
+
+    def split_of(self, problem: str) -> str:
+        h = int.from_bytes(hashlib.sha1(problem.encode()).digest()[:8], "big") / 2**64
+        return "test" if h < self.test_fraction else "train"
+
+    def generate(self, split: str, n: int, seed: int = 0) -> list[Record]:
+        """``n`` distinct problems of ``split`` (``train`` or ``test``)."""
+        if split not in ("train", "test"):
+            raise DataError(f"synthetic split must be 'train' or 'test', got {split!r}")
+        rng = random.Random(f"{seed}-{split}")
+        out: list[Record] = []
+        seen: set[str] = set()
+        attempts = 0
+        while len(out) < n:
+            attempts += 1
+            if attempts > 200 * n + 10_000:
+                raise DataError(f"synthetic: cannot find {n} distinct {split} problems; widen the difficulty knobs")
+            expr = self._expression(rng)
+            problem = f"Compute {expr}."
+            if problem in seen or self.split_of(problem) != split:
+                continue
+            seen.add(problem)
+            out.append(Record(f"synthetic-{split}-{len(out)}", problem, str(eval_expression(expr)), "synthetic",
+                              {"expression": expr}))
+        return out
+
+
+_TOKEN_RE = re.compile(r"\d+|[+\-*]")
+_EXPR_RE = re.compile(r"\d+(?:[+\-*]\d+)*")
+
+
+def eval_expression(expr: str) -> int:
+    """Evaluate ``+ - *`` over non-negative integers with the usual precedence (no ``eval``)."""
+    if not _EXPR_RE.fullmatch(expr):
+        raise DataError(f"not an arithmetic expression: {expr!r}")
+    tokens = _TOKEN_RE.findall(expr)
+    # fold products first, then sums
+    terms, signs = [int(tokens[0])], [1]
+    for op, num in zip(tokens[1::2], tokens[2::2]):
+        if op == "*":
+            terms[-1] *= int(num)
+        else:
+            terms.append(int(num))
+            signs.append(1 if op == "+" else -1)
+    return sum(s * t for s, t in zip(signs, terms))
+
+
+def solution_steps(expr: str) -> str:
+    """A worked solution for the tiny model's warm start: products first, then left to right,
+    ending with the boxed answer. Example: ``7*3+12`` -> ``7*3=21. 21+12=33. \\boxed{33}``."""
+    tokens = _TOKEN_RE.findall(expr)
+    steps = []
+    # products
+    items: list[str] = [tokens[0]]
+    for op, num in zip(tokens[1::2], tokens[2::2]):
+        if op == "*":
+            value = int(items[-1]) * int(num)
+            steps.append(f"{items[-1]}*{num}={value}.")
+            items[-1] = str(value)
+        else:
+            items += [op, num]
+    acc = int(items[0])
+    for op, num in zip(items[1::2], items[2::2]):
+        new = acc + int(num) if op == "+" else acc - int(num)
+        steps.append(f"{acc}{op}{num}={new}.")
+        acc = new
+    return " ".join(steps + [f"\\boxed{{{acc}}}"])
+
+
+# ---------------------------------------------------------------------------------------------
+# prompts
+
+INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+PLAIN_TEMPLATE = "Problem: {problem}\nSolution:"
+
+
+def format_prompt(tokenizer, problem: str, thinking: bool = False) -> str:
+    """The model's chat template when it has one (a user turn with the problem and the
+    step-by-step instruction; ``thinking`` toggles Qwen3's thinking mode), else
+    :data:`PLAIN_TEMPLATE`."""
+    if getattr(tokenizer, "chat_template", None):
+        messages = [{"role": "user", "content": f"{problem}\n{INSTRUCTION}"}]
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                             enable_thinking=thinking)
+    return PLAIN_TEMPLATE.format(problem=problem)

@@ -1,0 +1,380 @@
+"""Policy-gradient estimators for stale rollouts (method.md sections 2 and 3).
+
+Every estimator is a pure function ``fn(logp, logp_behavior, mask, advantages, cfg)``
+returning ``(loss, stats)``. Shapes: ``logp``, ``logp_behavior``, ``mask`` are
+``[B, G, T]`` (B prompts, G responses per prompt, T response tokens), ``advantages`` is
+``[B, G]``. ``logp`` carries the gradient; ``logp_behavior`` is treated as a constant.
+
+Each estimator is written as a *coefficient* on the per-token score: its gradient is
+``-aggregate(coef * grad log pi)``, with ``coef`` detached. The loss is
+``aggregate(-coef * exp(logp - sg(logp)))``: its value is the negative importance-weighted
+advantage (terms that a clip switches off contribute 0 instead of a constant) and its
+gradient is exactly the estimator's. Variants implemented:
+
+* ``grpo``: token ratio ``r = exp(l)``, PPO clip ``min(r A, clip(r, 1-eps_low, 1+eps_high) A)``;
+  default aggregation ``seq_mean``.
+* ``tic`` (TIC-GRPO, arXiv 2508.02833): trajectory ratio ``rho = exp(sum_t l)`` with an
+  upper-only cap. ``truncate``: ``w = min(rho, 1+eps)`` detached. ``ppo_min``:
+  ``min(rho A, min(rho, 1+eps) A)`` differentiated through ``rho``. Default ``seq_sum_const``.
+* ``gmc`` (GMC-GRPO): ``w_i = rho_i * min(1, (1+eps)/m)`` with ``m`` the group mean of ``rho``,
+  computed as ``(1+eps) * G * softmax(L)`` when capped, so it is exact for any finite ``L``.
+  Default ``seq_sum_const``.
+* ``is``: uncapped trajectory importance sampling, ``w = exp(min(L, is_log_ratio_clamp))``.
+* ``none``: ``w = 1`` (REINFORCE on stale samples).
+* ``gspo`` (arXiv 2507.18071): length-normalised sequence ratio ``s = exp(L / |y|)``, clipped
+  to ``[1-gspo_eps_low, 1+gspo_eps_high]`` PPO-style; default ``seq_mean``.
+* ``tis``: token-level truncated importance sampling, ``w_t = min(r_t, 1+eps)`` detached;
+  default ``seq_mean``.
+
+All ratio arithmetic is float32 and in log space. KL to a reference policy (k3 estimator) is
+added when ``kl_coef > 0`` and ``ref_logp`` is given.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+Aggregation = Literal["token_mean", "seq_mean", "seq_sum_const"]
+AGGREGATIONS: tuple[str, ...] = ("token_mean", "seq_mean", "seq_sum_const")
+TRAJECTORY_METHODS: tuple[str, ...] = ("tic", "gmc", "is", "none")
+ADV_EPS = 1e-6
+
+
+@dataclass(frozen=True)
+class EstimatorConfig:
+    """Hyper-parameters shared by all estimators (method.md section 3).
+
+    Every field is part of a run's parameters, so a result names the variant that made it.
+    """
+
+    eps: float = 0.2
+    """Trajectory cap: ``tic`` and ``gmc`` cap ratios at ``1+eps``; ``tis`` caps token ratios
+    there too. The paper's threshold; default 0.2 (method.md section 6)."""
+    eps_low: float = 0.2
+    """``grpo`` token clip, lower side: ratios below ``1-eps_low`` stop pulling. Default 0.2."""
+    eps_high: float = 0.2
+    """``grpo`` token clip, upper side: ratios above ``1+eps_high`` stop pushing. Default 0.2."""
+    gspo_eps_low: float = 3e-4
+    """``gspo`` sequence-ratio clip, lower side (GSPO paper's value)."""
+    gspo_eps_high: float = 4e-4
+    """``gspo`` sequence-ratio clip, upper side (GSPO paper's value)."""
+    tic_mode: Literal["truncate", "ppo_min"] = "truncate"
+    """TIC-GRPO semantics [choice]: ``truncate`` (detached ``min(rho, 1+eps)``) or ``ppo_min``
+    (``min(rho A, min(rho, 1+eps) A)`` with the gradient through ``rho``)."""
+    length_corrected: bool = False
+    """Divide each reward by its response length before group normalisation (TIC option);
+    applied by :func:`advantages_for`."""
+    scale_advantages: bool = True
+    """Divide group-centred rewards by the group's std (+1e-6); False: centring only."""
+    aggregation: Aggregation | None = None
+    """``token_mean`` (all tokens of the batch), ``seq_mean`` (mean per sequence, then over
+    sequences) or ``seq_sum_const`` (sum per sequence / ``max_new_tokens``, then mean over
+    sequences). None: the estimator's default (``seq_mean`` for grpo, gspo, tis;
+    ``seq_sum_const`` for tic, gmc, is, none)."""
+    max_new_tokens: int = 512
+    """The constant divisor of ``seq_sum_const``: the generation token limit."""
+    is_log_ratio_clamp: float = 20.0
+    """Upper bound on ``L`` for ``is`` and for ``tic``'s ``ppo_min`` negative-advantage branch
+    (``exp(20)`` ~ 4.9e8), so uncapped weights stay finite."""
+    kl_coef: float = 0.0
+    """Weight of the k3 KL penalty to the reference policy; 0 (off) by default."""
+
+    def __post_init__(self) -> None:
+        for name in ("eps", "eps_low", "eps_high", "gspo_eps_low", "gspo_eps_high", "kl_coef"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"EstimatorConfig.{name} must be a finite number >= 0, got {value!r}")
+        if self.eps_low >= 1:
+            raise ValueError(f"EstimatorConfig.eps_low must be < 1, got {self.eps_low!r}")
+        if self.tic_mode not in ("truncate", "ppo_min"):
+            raise ValueError(
+                f"EstimatorConfig.tic_mode must be 'truncate' or 'ppo_min', got {self.tic_mode!r}"
+            )
+        if self.aggregation is not None and self.aggregation not in AGGREGATIONS:
+            raise ValueError(
+                f"EstimatorConfig.aggregation must be one of {AGGREGATIONS} or None, "
+                f"got {self.aggregation!r}"
+            )
+        if not (isinstance(self.max_new_tokens, int) and self.max_new_tokens > 0):
+            raise ValueError(
+                f"EstimatorConfig.max_new_tokens must be a positive integer, got {self.max_new_tokens!r}"
+            )
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+
+# ---------------------------------------------------------------------------------------------
+# Advantages and ratios
+
+
+def group_advantages(rewards: Tensor, scale: bool = True) -> Tensor:
+    """Group-normalised advantages ``(r - mean) / (std + 1e-6)`` per row of ``rewards [B, G]``.
+
+    ``std`` is the population std (``unbiased=False``); ``scale=False`` only centres. Groups
+    whose rewards are all equal get exactly zero.
+    """
+    r = rewards.float()
+    centred = r - r.mean(dim=-1, keepdim=True)
+    if not scale:
+        return centred
+    return centred / (r.std(dim=-1, unbiased=False, keepdim=True) + ADV_EPS)
+
+
+def advantages_for(rewards: Tensor, lengths: Tensor, cfg: EstimatorConfig) -> Tensor:
+    """Advantages as ``cfg`` asks: optional length correction, then :func:`group_advantages`."""
+    r = rewards.float()
+    if cfg.length_corrected:
+        r = r / lengths.float().clamp(min=1)
+    return group_advantages(r, scale=cfg.scale_advantages)
+
+
+def token_log_ratios(logp: Tensor, logp_behavior: Tensor, mask: Tensor) -> Tensor:
+    """``l = logp - logp_behavior`` per token, float32, exactly 0 on padding, ``[B, G, T]``."""
+    diff = logp.detach().float() - logp_behavior.float()
+    return torch.where(mask.bool(), diff, torch.zeros_like(diff))
+
+
+def trajectory_log_ratios(logp: Tensor, logp_behavior: Tensor, mask: Tensor) -> Tensor:
+    """``L = sum_t (logp - logp_behavior)`` over response tokens, float32, ``[B, G]``."""
+    return token_log_ratios(logp, logp_behavior, mask).sum(dim=-1)
+
+
+def log_group_mass(log_ratio: Tensor) -> Tensor:
+    """``log m = logsumexp_G(L) - log G`` per group, ``[B]``."""
+    return torch.logsumexp(log_ratio.float(), dim=-1) - math.log(log_ratio.shape[-1])
+
+
+def trajectory_weights(method: str, log_ratio: Tensor, eps: float, is_clamp: float = 20.0) -> Tensor:
+    """Detached trajectory weights ``[B, G]`` from log-ratios ``L [B, G]``.
+
+    ``tic``: ``min(rho, 1+eps)``; ``gmc``: ``rho * min(1, (1+eps)/m)``; ``is``:
+    ``exp(min(L, is_clamp))``; ``none``: ones. ``tic`` and ``gmc`` are exact and finite for
+    every finite ``L``.
+    """
+    L = log_ratio.detach().float()
+    log_cap = math.log1p(eps)
+    if method == "tic":
+        return torch.exp(torch.clamp(L, max=log_cap))
+    if method == "gmc":
+        G = L.shape[-1]
+        capped = (log_group_mass(L) > log_cap).unsqueeze(-1)
+        rescaled = (1.0 + eps) * G * torch.softmax(L, dim=-1)
+        # an untouched group has m <= 1+eps, so each of its rho <= G (1+eps): the clamp is inert
+        untouched = torch.exp(torch.clamp(L, max=log_cap + math.log(G)))
+        return torch.where(capped, rescaled, untouched)
+    if method == "is":
+        return torch.exp(torch.clamp(L, max=is_clamp))
+    if method == "none":
+        return torch.ones_like(L)
+    raise ValueError(f"unknown trajectory weight method {method!r}; expected one of {TRAJECTORY_METHODS}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared machinery
+
+
+def _aggregate(per_token: Tensor, mask: Tensor, how: str, max_new_tokens: int) -> Tensor:
+    """Reduce a masked ``[B, G, T]`` tensor to a scalar (see ``EstimatorConfig.aggregation``)."""
+    m = mask.float()
+    x = per_token * m
+    if how == "token_mean":
+        return x.sum() / m.sum().clamp(min=1.0)
+    if how == "seq_mean":
+        return (x.sum(-1) / m.sum(-1).clamp(min=1.0)).mean()
+    if how == "seq_sum_const":
+        return (x.sum(-1) / max_new_tokens).mean()
+    raise ValueError(f"unknown aggregation {how!r}; expected one of {AGGREGATIONS}")
+
+
+def _pg_loss(
+    coef: Tensor,
+    logp: Tensor,
+    mask: Tensor,
+    cfg: EstimatorConfig,
+    default_agg: str,
+    ref_logp: Tensor | None,
+) -> tuple[Tensor, dict[str, float]]:
+    """``aggregate(-coef * exp(logp - sg(logp)))`` (+ k3 KL); ``coef`` broadcasts to ``[B,G,T]``."""
+    how = cfg.aggregation or default_agg
+    m = mask.bool()
+    lp = torch.where(m, logp.float(), torch.zeros_like(logp, dtype=torch.float32))
+    unit = torch.exp(lp - lp.detach())  # value 1, gradient grad logp; padding never reaches it
+    coef = torch.where(m, coef.detach().float().expand_as(lp), torch.zeros_like(lp))
+    pg = _aggregate(-coef * unit, mask, how, cfg.max_new_tokens)
+    stats = {"loss/pg": float(pg.detach())}
+    loss = pg
+    if cfg.kl_coef > 0:
+        if ref_logp is None:
+            raise ValueError("EstimatorConfig.kl_coef > 0 needs ref_logp (reference log-probs)")
+        delta = torch.where(m, ref_logp.float() - lp, torch.zeros_like(lp))
+        kl = _aggregate(torch.exp(delta) - delta - 1.0, mask, how, cfg.max_new_tokens)
+        loss = loss + cfg.kl_coef * kl
+        stats["loss/kl"] = float(kl.detach())
+    stats["loss/total"] = float(loss.detach())
+    return loss, stats
+
+
+def _ratio_stats(log_ratio: Tensor, token_l: Tensor, mask: Tensor) -> dict[str, float]:
+    """Diagnostics every estimator reports: log-ratio and group-mass summaries, approx. KL."""
+    L = log_ratio.detach().float()
+    log_m = log_group_mass(L)
+    m = mask.bool()
+    l_tok = token_l.clamp(-50, 50)
+    k3 = torch.where(m, torch.expm1(l_tok) - l_tok, torch.zeros_like(l_tok))
+    q = torch.quantile(log_m, torch.tensor([0.5, 0.9]))
+    return {
+        "ratio/log_ratio_mean": float(L.mean()),
+        "ratio/log_ratio_max": float(L.max()),
+        "ratio/log_ratio_min": float(L.min()),
+        "ratio/log_group_mass_p50": float(q[0]),
+        "ratio/log_group_mass_p90": float(q[1]),
+        "ratio/log_group_mass_max": float(log_m.max()),
+        "ratio/approx_kl": float(k3.sum() / m.sum().clamp(min=1)),
+    }
+
+
+def _weight_stats(w: Tensor, log_ratio: Tensor) -> dict[str, float]:
+    """ESS per group and shortfall ``sum(rho - w) / sum(rho)`` (log space)."""
+    w = w.float()
+    ess = w.sum(-1) ** 2 / (w.pow(2).sum(-1)).clamp(min=torch.finfo(torch.float32).tiny)
+    G = w.shape[-1]
+    log_sum_w = torch.log(w.sum().clamp(min=torch.finfo(torch.float32).tiny))
+    log_sum_rho = torch.logsumexp(log_ratio.detach().float().flatten(), dim=0)
+    return {
+        "ratio/ess": float(ess.mean()),
+        "ratio/ess_frac": float(ess.mean() / G),
+        "ratio/shortfall": float(-torch.expm1(log_sum_w - log_sum_rho)),
+        "ratio/weight_mean": float(w.mean()),
+        "ratio/weight_max": float(w.max()),
+    }
+
+
+def _check_shapes(logp: Tensor, logp_behavior: Tensor, mask: Tensor, advantages: Tensor) -> None:
+    if logp.dim() != 3:
+        raise ValueError(f"logp must be [B, G, T], got shape {tuple(logp.shape)}")
+    if logp_behavior.shape != logp.shape or mask.shape != logp.shape:
+        raise ValueError(
+            "logp, logp_behavior and mask must share a shape; got "
+            f"{tuple(logp.shape)}, {tuple(logp_behavior.shape)}, {tuple(mask.shape)}"
+        )
+    if advantages.shape != logp.shape[:2]:
+        raise ValueError(f"advantages must be [B, G] = {tuple(logp.shape[:2])}, got {tuple(advantages.shape)}")
+
+
+# ---------------------------------------------------------------------------------------------
+# The estimators
+
+
+def grpo_loss(logp, logp_behavior, mask, advantages, cfg: EstimatorConfig, ref_logp=None):
+    """Vanilla GRPO: per-token PPO clip of ``r = exp(l)``; default aggregation ``seq_mean``."""
+    _check_shapes(logp, logp_behavior, mask, advantages)
+    l_tok = token_log_ratios(logp, logp_behavior, mask)
+    r = torch.exp(l_tok.clamp(max=50.0))
+    A = advantages.float().unsqueeze(-1).expand_as(r)
+    clipped = ((A > 0) & (r > 1 + cfg.eps_high)) | ((A < 0) & (r < 1 - cfg.eps_low))
+    coef = torch.where(clipped, torch.zeros_like(r), r * A)
+    loss, stats = _pg_loss(coef, logp, mask, cfg, "seq_mean", ref_logp)
+    m = mask.bool()
+    stats["ratio/frac_tokens_clipped"] = float((clipped & m).sum() / m.sum().clamp(min=1))
+    stats.update(_ratio_stats(l_tok.sum(-1), l_tok, mask))
+    return loss, stats
+
+
+def _trajectory_loss(method: str):
+    def loss_fn(logp, logp_behavior, mask, advantages, cfg: EstimatorConfig, ref_logp=None):
+        _check_shapes(logp, logp_behavior, mask, advantages)
+        l_tok = token_log_ratios(logp, logp_behavior, mask)
+        L = l_tok.sum(-1)
+        A = advantages.float()
+        w = trajectory_weights(method, L, cfg.eps, cfg.is_log_ratio_clamp)
+        coef = w * A
+        stats: dict[str, float] = {}
+        if method == "tic":
+            capped = L > math.log1p(cfg.eps)
+            if cfg.tic_mode == "ppo_min":
+                # min(rho A, min(rho,1+eps) A): gradient rho A grad L unless A > 0 and rho capped.
+                rho = torch.exp(L.clamp(max=cfg.is_log_ratio_clamp))
+                coef = torch.where(capped & (A > 0), torch.zeros_like(A), rho * A)
+            stats["ratio/frac_traj_capped"] = float(capped.float().mean())
+        elif method == "gmc":
+            capped = log_group_mass(L) > math.log1p(cfg.eps)
+            stats["ratio/frac_groups_capped"] = float(capped.float().mean())
+        loss, pg_stats = _pg_loss(coef.unsqueeze(-1), logp, mask, cfg, "seq_sum_const", ref_logp)
+        stats.update(pg_stats)
+        stats.update(_weight_stats(w, L))
+        stats.update(_ratio_stats(L, l_tok, mask))
+        return loss, stats
+
+    loss_fn.__name__ = f"{method}_loss"
+    loss_fn.__doc__ = (
+        f"Trajectory estimator ``{method}``: detached weights from :func:`trajectory_weights`"
+        " times the advantage on every response token; default aggregation ``seq_sum_const``."
+        + (" ``cfg.tic_mode`` picks ``truncate`` or ``ppo_min``." if method == "tic" else "")
+    )
+    return loss_fn
+
+
+tic_loss = _trajectory_loss("tic")
+gmc_loss = _trajectory_loss("gmc")
+is_loss = _trajectory_loss("is")
+none_loss = _trajectory_loss("none")
+
+
+def gspo_loss(logp, logp_behavior, mask, advantages, cfg: EstimatorConfig, ref_logp=None):
+    """GSPO: ``s = exp(L/|y|)`` with PPO clip at sequence level; default aggregation ``seq_mean``
+    (which turns ``s A grad(L/|y|)`` into the per-token mean)."""
+    _check_shapes(logp, logp_behavior, mask, advantages)
+    l_tok = token_log_ratios(logp, logp_behavior, mask)
+    L = l_tok.sum(-1)
+    lengths = mask.float().sum(-1).clamp(min=1.0)
+    s = torch.exp((L / lengths).clamp(max=50.0))
+    A = advantages.float()
+    clipped = ((A > 0) & (s > 1 + cfg.gspo_eps_high)) | ((A < 0) & (s < 1 - cfg.gspo_eps_low))
+    coef = torch.where(clipped, torch.zeros_like(s), s * A)
+    loss, stats = _pg_loss(coef.unsqueeze(-1), logp, mask, cfg, "seq_mean", ref_logp)
+    stats["ratio/frac_seq_clipped"] = float(clipped.float().mean())
+    stats.update(_ratio_stats(L, l_tok, mask))
+    return loss, stats
+
+
+def tis_loss(logp, logp_behavior, mask, advantages, cfg: EstimatorConfig, ref_logp=None):
+    """Token-level truncated IS: ``min(r_t, 1+eps)`` detached times ``A``; default ``seq_mean``."""
+    _check_shapes(logp, logp_behavior, mask, advantages)
+    l_tok = token_log_ratios(logp, logp_behavior, mask)
+    log_cap = math.log1p(cfg.eps)
+    w_tok = torch.exp(l_tok.clamp(max=log_cap))
+    coef = w_tok * advantages.float().unsqueeze(-1)
+    loss, stats = _pg_loss(coef, logp, mask, cfg, "seq_mean", ref_logp)
+    m = mask.bool()
+    stats["ratio/frac_tokens_clipped"] = float(((l_tok > log_cap) & m).sum() / m.sum().clamp(min=1))
+    stats.update(_ratio_stats(l_tok.sum(-1), l_tok, mask))
+    return loss, stats
+
+
+LossFn = Callable[..., tuple[Tensor, dict[str, float]]]
+
+ESTIMATORS: dict[str, LossFn] = {
+    "grpo": grpo_loss,
+    "tic": tic_loss,
+    "gmc": gmc_loss,
+    "is": is_loss,
+    "none": none_loss,
+    "gspo": gspo_loss,
+    "tis": tis_loss,
+}
+
+
+def get_estimator(name: str) -> LossFn:
+    """Look up an estimator by name, with an error that lists the known ones."""
+    try:
+        return ESTIMATORS[name]
+    except KeyError:
+        raise ValueError(f"unknown estimator {name!r}; known: {sorted(ESTIMATORS)}") from None

@@ -1,0 +1,272 @@
+"""Rewards: answer extraction and equivalence grading (method.md section 5).
+
+A completion's reward is 1.0 when its extracted final answer is equivalent to the gold answer
+and 0.0 otherwise. Equivalence is decided by math-verify (``verify(gold, answer)``, gold
+first), after a fast path for answers that are textually or numerically identical. math-verify
+bounds its own work with ``signal.alarm``, which works only in a process's main thread, so
+grading runs in a pool of worker processes: each item is bounded by math-verify's alarm inside
+its worker and, as a backstop for work an alarm cannot interrupt (a huge integer power in C),
+by the pool, which kills and replaces a worker that overruns.
+"""
+
+from __future__ import annotations
+
+import atexit
+import multiprocessing as mp
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from gmc.data import last_boxed, normalize_gold
+
+Reason = Literal["ok", "no_answer", "parse_error", "timeout", "wrong"]
+
+
+@dataclass(frozen=True)
+class Grade:
+    """The verdict on one completion."""
+
+    correct: bool
+    reward: float
+    answer: str | None
+    """What :func:`extract_answer` read from the completion (None when nothing was found)."""
+    reason: Reason
+    """``ok`` (correct), ``wrong``, ``no_answer`` (nothing to extract), ``parse_error``
+    (an answer or the gold could not be parsed) or ``timeout``."""
+
+
+# ---------------------------------------------------------------------------------------------
+# extraction
+
+_FINAL_ANSWER_RES = [
+    # "The final answer is $X$" / "the answer is X" (last occurrence wins)
+    re.compile(r"(?:final answer|the answer) is[:\s]*\$?(?P<a>[^\n$]+?)\$?\s*(?:\.\s*|$)", re.IGNORECASE | re.MULTILINE),
+    # "Answer: X" at a line start
+    re.compile(r"^\s*\**answer\**\s*[:：]\s*\**\s*\$?(?P<a>[^\n$]+?)\$?\s*\.?\s*$", re.IGNORECASE | re.MULTILINE),
+]
+_BRACELESS_BOXED = re.compile(r"\\boxed\s+([^\s$]+)")
+
+
+def extract_answer(text: str) -> str | None:
+    """The final answer in a completion, or None. In order of preference:
+
+    1. the content of the last ``\\boxed{...}`` or ``\\fbox{...}`` (nested braces matched);
+    2. a brace-less ``\\boxed 5`` (the token after it);
+    3. the last "final answer is X" / "the answer is X" phrase;
+    4. the last line of the form "Answer: X".
+
+    The result is cleaned by :func:`clean_answer`.
+    """
+    if not text:
+        return None
+    boxed = last_boxed(text)
+    if boxed is not None:
+        return clean_answer(boxed)
+    braceless = _BRACELESS_BOXED.findall(text)
+    if braceless:
+        return clean_answer(braceless[-1])
+    for pattern in _FINAL_ANSWER_RES:
+        matches = list(pattern.finditer(text))
+        if matches:
+            return clean_answer(matches[-1].group("a"))
+    return None
+
+
+_BOLD = re.compile(r"\\(?:mathbf|textbf|boldsymbol|bm)\{([^{}]*)\}")
+_DIGIT_GAP = re.compile(r"(?<=\d)\s+(?=\d)")
+_PAREN_INT = re.compile(r"^\(\s*([+-]?\d+)\s*\)$")
+
+
+def clean_answer(answer: str) -> str:
+    """Typography that does not change an answer's value: surrounding ``$``, a trailing period,
+    bold wrappers (``\\mathbf{17}`` -> ``17``), spaces between digits (``1 4 4`` is 144 in LaTeX
+    math mode) and parentheses around a lone integer (``(073)`` -> ``073``)."""
+    a = answer.strip().strip("$").strip()
+    if a.endswith("."):
+        a = a[:-1].strip().strip("$").strip()
+    prev = None
+    while prev != a:
+        prev, a = a, _BOLD.sub(r"\1", a)
+    a = _DIGIT_GAP.sub("", a)
+    m = _PAREN_INT.match(a)
+    return m.group(1) if m else a
+
+
+# ---------------------------------------------------------------------------------------------
+# fast path
+
+_LATEX_NOISE = re.compile(r"\\left|\\right|\\!|\\,|\\;|\\:|\\ |\s+|\\displaystyle|\\text\{\s*\}")
+_NUMBER = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$")
+
+
+def _canonical(text: str) -> str:
+    t = _LATEX_NOISE.sub("", text).replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
+    t = t.replace("{,}", "")
+    if re.fullmatch(r"[+-]?\d{1,3}(,\d{3})+", t):
+        t = t.replace(",", "")
+    return t
+
+
+def fast_verdict(gold: str, answer: str) -> bool | None:
+    """True/False when the answer is decided without sympy (identical after LaTeX-noise removal,
+    or both plain numbers); None when math-verify must decide."""
+    g, a = _canonical(normalize_gold(gold)), _canonical(normalize_gold(answer))
+    if g == a:
+        return True
+    if _NUMBER.match(g) and _NUMBER.match(a):
+        x, y = float(g), float(a)
+        return abs(x - y) <= 1e-9 * max(1.0, abs(x))
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# math-verify in a worker process
+
+
+def _verify_worker(args: tuple[str, str, int]) -> tuple[bool, Reason]:
+    """Runs in a pool worker's main thread, where math-verify's alarm timeout works."""
+    from math_verify import parse, verify
+    from math_verify.errors import TimeoutException
+
+    gold, answer, timeout = args
+    try:
+        gold_parsed = parse(f"\\boxed{{{gold}}}", parsing_timeout=timeout)
+        if not gold_parsed:
+            gold_parsed = parse(gold, parsing_timeout=timeout)
+        answer_parsed = parse(f"\\boxed{{{answer}}}", parsing_timeout=timeout)
+        if not answer_parsed:
+            answer_parsed = parse(answer, parsing_timeout=timeout)
+        if not gold_parsed or not answer_parsed:
+            return False, "parse_error"
+        ok = verify(gold_parsed, answer_parsed, timeout_seconds=timeout, raise_on_error=True)
+        return bool(ok), "ok" if ok else "wrong"
+    except TimeoutException:
+        return False, "timeout"
+    except Exception:
+        return False, "parse_error"
+
+
+def _warm_worker() -> None:
+    import math_verify  # noqa: F401  (import once per worker, not per item)
+
+
+class Grader:
+    """A pool of grading processes. Use :meth:`grade_batch`; :meth:`close` when done."""
+
+    def __init__(self, workers: int | None = None, timeout: float = 5.0):
+        self.workers = workers or max(1, min(os.cpu_count() or 1, 8))
+        self.timeout = timeout
+        self._pool = None
+
+    def _ensure_pool(self):
+        if self._pool is None:
+            # fork: workers run pure-Python sympy code, start in milliseconds and need no
+            # importable __main__ (spawn and forkserver re-run unguarded scripts)
+            ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+            self._pool = ctx.Pool(self.workers, initializer=_warm_worker)
+        return self._pool
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.terminate()
+            self._pool.join()
+            self._pool = None
+
+    def __enter__(self) -> Grader:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def grade_batch(self, completions: Sequence[str], golds: Sequence[str], timeout: float | None = None) -> list[Grade]:
+        if len(completions) != len(golds):
+            raise ValueError(f"grade_batch: {len(completions)} completions but {len(golds)} gold answers")
+        timeout = self.timeout if timeout is None else timeout
+        grades: list[Grade | None] = [None] * len(completions)
+        answers = [extract_answer(c) for c in completions]
+        pending: list[int] = []
+        for i, (a, g) in enumerate(zip(answers, golds)):
+            if a is None:
+                grades[i] = Grade(False, 0.0, None, "no_answer")
+                continue
+            verdict = fast_verdict(str(g), a)
+            if verdict is None:
+                pending.append(i)
+            else:
+                grades[i] = Grade(verdict, float(verdict), a, "ok" if verdict else "wrong")
+        alarm = max(1, int(round(timeout)))
+        while pending:
+            pool = self._ensure_pool()
+            jobs = [(normalize_gold(golds[i]), answers[i], alarm) for i in pending]
+            results = pool.imap(_verify_worker, jobs)  # chunksize 1: next() takes a timeout
+            done = 0
+            try:
+                for i in pending:
+                    correct, reason = results.next(timeout=2 * timeout + 1.0)
+                    grades[i] = Grade(correct, float(correct), answers[i], reason)
+                    done += 1
+                pending = []
+            except mp.TimeoutError:
+                # the pool's backstop: a worker is stuck where no alarm reaches; replace the pool
+                stuck = pending[done]
+                grades[stuck] = Grade(False, 0.0, answers[stuck], "timeout")
+                self.close()
+                pending = pending[done + 1 :]
+        return grades  # type: ignore[return-value]
+
+
+_DEFAULT: Grader | None = None
+
+
+def default_grader() -> Grader:
+    """A process-wide grader, created on first use and closed at exit."""
+    global _DEFAULT
+    if _DEFAULT is None:
+        _DEFAULT = Grader()
+        atexit.register(_DEFAULT.close)
+    return _DEFAULT
+
+
+def grade_batch(completions: Sequence[str], golds: Sequence[str], timeout: float = 5.0) -> list[Grade]:
+    """Grade many completions against their gold answers in the process pool."""
+    return default_grader().grade_batch(completions, golds, timeout=timeout)
+
+
+def grade(completion: str, gold: str, timeout: float = 5.0) -> Grade:
+    """Grade one completion (see :func:`grade_batch`)."""
+    return grade_batch([completion], [gold], timeout=timeout)[0]
+
+
+def grade_oracle(benchmarks: Sequence[str] | None = None, root=None, timeout: float = 5.0,
+                 grader: Grader | None = None) -> dict[str, dict]:
+    """Grade each benchmark's own reference solution against its gold answer.
+
+    Returns, per benchmark, the agreement (fraction graded correct), counts and the reasons of
+    the misses. Only benchmarks whose data carries a solution are eligible.
+    """
+    from collections import Counter
+
+    from gmc.data import REFERENCE_SOLUTION_FIELDS, DataError, load_dataset
+
+    names = list(benchmarks) if benchmarks else list(REFERENCE_SOLUTION_FIELDS)
+    for name in names:
+        if name not in REFERENCE_SOLUTION_FIELDS:
+            raise DataError(f"benchmark {name!r} has no reference solutions; choose from {sorted(REFERENCE_SOLUTION_FIELDS)}")
+    own = grader is None
+    grader = grader or Grader(timeout=timeout)
+    try:
+        table = {}
+        for name in names:
+            records = load_dataset(name, root=root)
+            field = REFERENCE_SOLUTION_FIELDS[name]
+            solutions = [r.meta[field] if isinstance(r.meta[field], str) else "\n".join(r.meta[field]) for r in records]
+            grades = grader.grade_batch(solutions, [r.answer for r in records], timeout=timeout)
+            correct = sum(g.correct for g in grades)
+            table[name] = {"n": len(records), "correct": correct, "agreement": correct / len(records),
+                           "reasons": dict(Counter(g.reason for g in grades))}
+        return table
+    finally:
+        if own:
+            grader.close()

@@ -1,0 +1,373 @@
+"""Estimators against naive per-sample loops, plus the properties method.md section 3 lists."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gmc.estimators import (
+    ESTIMATORS,
+    EstimatorConfig,
+    advantages_for,
+    get_estimator,
+    group_advantages,
+    trajectory_log_ratios,
+    trajectory_weights,
+)
+
+DEFAULT_AGG = {"grpo": "seq_mean", "gspo": "seq_mean", "tis": "seq_mean"}
+
+
+def random_batch(B=3, G=4, T=6, scale=0.3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    logp_b = -torch.rand(B, G, T, generator=g, dtype=torch.float64) * 2 - 0.05
+    logp = (logp_b + scale * torch.randn(B, G, T, generator=g, dtype=torch.float64)).clamp(max=-1e-3)
+    lengths = torch.randint(1, T + 1, (B, G), generator=g)
+    mask = torch.arange(T).expand(B, G, T) < lengths.unsqueeze(-1)
+    rewards = torch.randint(0, 2, (B, G), generator=g).double()
+    return logp.float(), logp_b.float(), mask, rewards
+
+
+# ---------------------------------------------------------------------------------------------
+# naive reference: a python loop over every (prompt, sample, token), float64 math
+
+
+def naive_coefficients(name, logp, logp_b, mask, adv, cfg):
+    """coef[b][g][t] such that the gradient is -sum coef * norm * grad logp."""
+    B, G, T = logp.shape
+    lp, lb = logp.double().tolist(), logp_b.double().tolist()
+    mk, A = mask.tolist(), adv.double().tolist()
+    coef = [[[0.0] * T for _ in range(G)] for _ in range(B)]
+    for b in range(B):
+        Ls = [sum(lp[b][g][t] - lb[b][g][t] for t in range(T) if mk[b][g][t]) for g in range(G)]
+        rhos = [math.exp(L) for L in Ls]
+        m = sum(rhos) / G
+        for g in range(G):
+            a, rho = A[b][g], rhos[g]
+            n = sum(mk[b][g])
+            for t in range(T):
+                if not mk[b][g][t]:
+                    continue
+                r = math.exp(lp[b][g][t] - lb[b][g][t])
+                if name == "grpo":
+                    clipped = (a > 0 and r > 1 + cfg.eps_high) or (a < 0 and r < 1 - cfg.eps_low)
+                    c = 0.0 if clipped else r * a
+                elif name == "tic":
+                    if cfg.tic_mode == "truncate":
+                        c = min(rho, 1 + cfg.eps) * a
+                    else:
+                        c = 0.0 if (a > 0 and rho > 1 + cfg.eps) else rho * a
+                elif name == "gmc":
+                    c = rho * min(1.0, (1 + cfg.eps) / m) * a
+                elif name == "is":
+                    c = rho * a
+                elif name == "none":
+                    c = a
+                elif name == "tis":
+                    c = min(r, 1 + cfg.eps) * a
+                elif name == "gspo":
+                    s = math.exp(Ls[g] / n)
+                    clipped = (a > 0 and s > 1 + cfg.gspo_eps_high) or (a < 0 and s < 1 - cfg.gspo_eps_low)
+                    c = 0.0 if clipped else s * a
+                coef[b][g][t] = c
+    return coef
+
+
+def naive_loss_and_grad(name, logp, logp_b, mask, adv, cfg):
+    B, G, T = logp.shape
+    how = cfg.aggregation or DEFAULT_AGG.get(name, "seq_sum_const")
+    coef = naive_coefficients(name, logp, logp_b, mask, adv, cfg)
+    mk = mask.tolist()
+    n_tok = sum(sum(sum(row) for row in grp) for grp in mk)
+    loss, grad = 0.0, torch.zeros(B, G, T, dtype=torch.float64)
+    for b in range(B):
+        for g in range(G):
+            n = sum(mk[b][g])
+            for t in range(T):
+                if not mk[b][g][t]:
+                    continue
+                norm = {
+                    "token_mean": 1.0 / n_tok,
+                    "seq_mean": 1.0 / (n * B * G),
+                    "seq_sum_const": 1.0 / (cfg.max_new_tokens * B * G),
+                }[how]
+                loss -= coef[b][g][t] * norm
+                grad[b, g, t] = -coef[b][g][t] * norm
+    return loss, grad
+
+
+@pytest.mark.parametrize("name", sorted(ESTIMATORS))
+@pytest.mark.parametrize("aggregation", [None, "token_mean", "seq_mean", "seq_sum_const"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_estimator_matches_naive_loop(name, aggregation, seed):
+    logp, logp_b, mask, rewards = random_batch(seed=seed, scale=0.3 if seed == 0 else 0.05)
+    adv = group_advantages(rewards)
+    cfg = EstimatorConfig(aggregation=aggregation, max_new_tokens=8, eps=0.2, gspo_eps_high=0.05, gspo_eps_low=0.05)
+    logp = logp.clone().requires_grad_(True)
+    loss, stats = ESTIMATORS[name](logp, logp_b, mask, adv, cfg)
+    loss.backward()
+    ref_loss, ref_grad = naive_loss_and_grad(name, logp.detach(), logp_b, mask, adv, cfg)
+    assert float(loss.detach()) == pytest.approx(ref_loss, rel=1e-4, abs=1e-6)
+    torch.testing.assert_close(logp.grad.double(), ref_grad, rtol=1e-4, atol=1e-7)
+    assert all(isinstance(v, float) and "/" in k for k, v in stats.items())
+
+
+def test_tic_ppo_min_matches_naive_loop():
+    logp, logp_b, mask, rewards = random_batch(seed=3, scale=0.4)
+    adv = group_advantages(rewards)
+    cfg = EstimatorConfig(tic_mode="ppo_min", eps=0.1, max_new_tokens=6)
+    logp = logp.clone().requires_grad_(True)
+    loss, stats = ESTIMATORS["tic"](logp, logp_b, mask, adv, cfg)
+    loss.backward()
+    ref_loss, ref_grad = naive_loss_and_grad("tic", logp.detach(), logp_b, mask, adv, cfg)
+    assert float(loss.detach()) == pytest.approx(ref_loss, rel=1e-4)
+    torch.testing.assert_close(logp.grad.double(), ref_grad, rtol=1e-4, atol=1e-7)
+    assert 0.0 < stats["ratio/frac_traj_capped"] < 1.0
+
+
+def test_tic_ppo_min_gradient_flows_through_rho():
+    """ppo_min is min(rho A, min(rho, 1+eps) A) differentiated through rho = exp(sum l)."""
+    logp, logp_b, mask, rewards = random_batch(seed=5, scale=0.4)
+    adv = group_advantages(rewards)
+    cfg = EstimatorConfig(tic_mode="ppo_min", eps=0.1, max_new_tokens=6)
+    x = logp.clone().double().requires_grad_(True)
+    L = ((x - logp_b.double()) * mask).sum(-1)
+    rho = torch.exp(L)
+    obj = torch.minimum(rho * adv, torch.clamp(rho, max=1 + cfg.eps) * adv)
+    (-(obj.sum() / (cfg.max_new_tokens * obj.numel()))).backward()
+    y = logp.clone().requires_grad_(True)
+    ESTIMATORS["tic"](y, logp_b, mask, adv, cfg)[0].backward()
+    torch.testing.assert_close(y.grad.double(), x.grad, rtol=1e-4, atol=1e-7)
+
+
+def test_grpo_gradient_equals_ppo_clip_autograd():
+    """The coefficient form equals differentiating the PPO-clip objective itself."""
+    logp, logp_b, mask, rewards = random_batch(seed=2, scale=0.3)
+    adv = group_advantages(rewards)
+    cfg = EstimatorConfig()
+    x = logp.clone().double().requires_grad_(True)
+    r = torch.exp(x - logp_b.double())
+    A = adv.double().unsqueeze(-1)
+    obj = torch.minimum(r * A, torch.clamp(r, 1 - cfg.eps_low, 1 + cfg.eps_high) * A) * mask
+    (-(obj.sum(-1) / mask.sum(-1)).mean()).backward()
+    y = logp.clone().requires_grad_(True)
+    ESTIMATORS["grpo"](y, logp_b, mask, adv, cfg)[0].backward()
+    torch.testing.assert_close(y.grad.double(), x.grad, rtol=1e-4, atol=1e-7)
+
+
+# ---------------------------------------------------------------------------------------------
+# group-mass capping properties
+
+log_ratio_rows = st.lists(
+    st.lists(st.floats(-30, 30, allow_nan=False), min_size=2, max_size=16).map(tuple),
+    min_size=1,
+    max_size=4,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(2, 12), st.integers(1, 4), st.floats(0.01, 1.0), st.integers(0, 10_000), st.floats(0.01, 6))
+def test_gmc_properties(G, B, eps, seed, spread):
+    g = torch.Generator().manual_seed(seed)
+    L = torch.randn(B, G, generator=g, dtype=torch.float64).mul(spread).float()
+    w = trajectory_weights("gmc", L, eps).double()
+    rho = torch.exp(L.double())
+    m = rho.mean(-1)
+    assert torch.all(w >= 0)
+    assert torch.all(w <= rho * (1 + 1e-5) + 1e-30)  # 0 <= w <= rho
+    torch.testing.assert_close(w.mean(-1), torch.minimum(m, torch.tensor(1 + eps, dtype=torch.float64)), rtol=1e-5, atol=0)
+    # direction preserved: w proportional to rho within each group
+    torch.testing.assert_close(w / w.sum(-1, keepdim=True), rho / rho.sum(-1, keepdim=True), rtol=1e-4, atol=1e-12)
+    untouched = m <= 1 + eps
+    torch.testing.assert_close(w[untouched], rho[untouched], rtol=1e-5, atol=0)
+    # shortfall: GMC's G (m - 1 - eps)_+ never exceeds truncation's sum (rho - 1 - eps)_+
+    short_gmc = (rho - w).sum(-1)
+    short_tic = (rho - trajectory_weights("tic", L, eps).double()).sum(-1)
+    torch.testing.assert_close(short_gmc, G * torch.clamp(m - 1 - eps, min=0), rtol=1e-4, atol=1e-6)
+    assert torch.all(short_gmc <= short_tic * (1 + 1e-5) + 1e-6)
+
+
+@pytest.mark.parametrize("G", [2, 8, 64])
+@pytest.mark.parametrize("eps", [0.05, 0.2])
+def test_gmc_extreme_log_ratio_is_exact(G, eps):
+    L = torch.zeros(1, G)
+    L[0, 0] = 1e4
+    w = trajectory_weights("gmc", L, eps)
+    assert torch.isfinite(w).all()
+    assert float(w[0, 0]) == pytest.approx(G * (1 + eps), rel=1e-6)
+    assert float(w[0, 1:].abs().max()) < 1e-30
+    L = torch.full((2, G), -1e4)
+    assert torch.isfinite(trajectory_weights("gmc", L, eps)).all()
+    assert torch.isfinite(trajectory_weights("tic", -L, eps)).all()
+    assert float(trajectory_weights("tic", -L, eps).max()) == pytest.approx(1 + eps)
+
+
+def test_gmc_autograd_gradient_is_weighted_score_sum():
+    """grad = -(1/(T_max B G)) sum_i w_i A_i grad log pi(y_i)."""
+    torch.manual_seed(0)
+    B, G, T, V = 2, 4, 5, 7
+    logits = torch.randn(B, G, T, V, requires_grad=True)
+    tokens = torch.randint(0, V, (B, G, T))
+    mask = torch.ones(B, G, T, dtype=torch.bool)
+    mask[0, 1, 3:] = False
+    logp = torch.log_softmax(logits, -1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    logp_b = logp.detach() - 0.4 * torch.rand(B, G, T)  # current policy favours the samples: m > 1+eps
+    adv = group_advantages(torch.tensor([[1.0, 0, 0, 1], [0, 1, 1, 1]]))
+    cfg = EstimatorConfig(eps=0.2, max_new_tokens=T)
+    loss, stats = ESTIMATORS["gmc"](logp, logp_b, mask, adv, cfg)
+    assert stats["ratio/frac_groups_capped"] == 1.0
+    (grad,) = torch.autograd.grad(loss, logits, retain_graph=True)
+    w = trajectory_weights("gmc", trajectory_log_ratios(logp, logp_b, mask), cfg.eps)
+    expected = torch.zeros_like(logits)
+    for b in range(B):
+        for g in range(G):
+            seq_logp = (logp[b, g] * mask[b, g]).sum()
+            (score,) = torch.autograd.grad(seq_logp, logits, retain_graph=True)
+            expected -= w[b, g] * adv[b, g] * score / (T * B * G)
+    torch.testing.assert_close(grad, expected, rtol=1e-5, atol=1e-8)
+
+
+# ---------------------------------------------------------------------------------------------
+# on-policy agreement, masking, extremes
+
+
+def test_on_policy_all_trajectory_methods_agree_and_grpo_is_reinforce():
+    logp, _, mask, rewards = random_batch(seed=4)
+    adv = group_advantages(rewards)
+    cfg = EstimatorConfig(max_new_tokens=6)
+    grads = {}
+    for name in ESTIMATORS:
+        x = logp.clone().requires_grad_(True)
+        ESTIMATORS[name](x, logp.detach(), mask, adv, cfg)[0].backward()
+        grads[name] = x.grad
+    for name in ("tic", "gmc", "is", "none"):
+        torch.testing.assert_close(grads[name], grads["none"])
+    assert grads["none"].abs().sum() > 0
+    # grpo at delay 0 = on-policy REINFORCE with per-sequence token mean
+    x = logp.clone().requires_grad_(True)
+    reinforce = -((x * mask).sum(-1) / mask.sum(-1) * adv).mean()
+    reinforce.backward()
+    torch.testing.assert_close(grads["grpo"], x.grad)
+    torch.testing.assert_close(grads["tis"], x.grad)
+    torch.testing.assert_close(grads["gspo"], x.grad)
+    # with the same aggregation, trajectory methods and grpo agree too
+    same = EstimatorConfig(aggregation="seq_mean")
+    y = logp.clone().requires_grad_(True)
+    ESTIMATORS["gmc"](y, logp.detach(), mask, adv, same)[0].backward()
+    torch.testing.assert_close(y.grad, x.grad)
+
+
+@pytest.mark.parametrize("name", sorted(ESTIMATORS))
+def test_masked_tokens_get_exactly_zero_gradient(name):
+    logp, logp_b, mask, rewards = random_batch(seed=6)
+    logp = logp.masked_fill(~mask, float("-inf"))  # padding may hold anything
+    logp_b = logp_b.masked_fill(~mask, float("nan"))
+    x = logp.clone().requires_grad_(True)
+    loss, _ = ESTIMATORS[name](x, logp_b, mask, group_advantages(rewards), EstimatorConfig())
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert torch.all(x.grad[~mask] == 0)
+    assert torch.isfinite(x.grad).all() and x.grad[mask].abs().sum() > 0
+
+
+@pytest.mark.parametrize("name", sorted(ESTIMATORS))
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_extreme_log_ratios_stay_finite(name, sign):
+    B, G, T = 2, 4, 3
+    logp_b = torch.full((B, G, T), -2.0)
+    logp = logp_b + sign * torch.tensor([3000.0, 0.0, -1.0, 5.0]).view(1, G, 1)
+    x = logp.clone().requires_grad_(True)
+    mask = torch.ones(B, G, T, dtype=torch.bool)
+    adv = group_advantages(torch.tensor([[1.0, 0, 1, 0], [0, 1, 0, 0]]))
+    for mode in ("truncate", "ppo_min"):
+        loss, stats = ESTIMATORS[name](x, logp_b, mask, adv, EstimatorConfig(tic_mode=mode))
+        (grad,) = torch.autograd.grad(loss, x)
+        assert torch.isfinite(loss) and torch.isfinite(grad).all()
+        assert all(math.isfinite(v) for v in stats.values()), stats
+
+
+# ---------------------------------------------------------------------------------------------
+# advantages, weights, config
+
+
+def test_group_advantages_hand_computed():
+    r = torch.tensor([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 3.0]])
+    a = group_advantages(r)
+    torch.testing.assert_close(a[0], torch.tensor([1.0, -1.0, -1.0, 1.0]) / (0.5 + 1e-6) * 0.5)
+    assert torch.all(a[1] == 0)
+    std = math.sqrt(27 / 16)
+    torch.testing.assert_close(a[2], torch.tensor([-0.75, -0.75, -0.75, 2.25]) / (std + 1e-6))
+    torch.testing.assert_close(group_advantages(r, scale=False)[2], torch.tensor([-0.75, -0.75, -0.75, 2.25]))
+
+
+def test_length_corrected_advantages():
+    r = torch.tensor([[1.0, 1.0, 0.0]])
+    lengths = torch.tensor([[2, 4, 3]])
+    a = advantages_for(r, lengths, EstimatorConfig(length_corrected=True, scale_advantages=False))
+    torch.testing.assert_close(a, torch.tensor([[0.5 - 0.25, 0.25 - 0.25, -0.25]]))
+
+
+def test_trajectory_log_ratio_ignores_mask_and_is_float32():
+    logp = torch.tensor([[[-1.0, -2.0, 5.0]]], dtype=torch.bfloat16)
+    logp_b = torch.tensor([[[-1.5, -1.0, float("nan")]]])
+    mask = torch.tensor([[[1, 1, 0]]])
+    L = trajectory_log_ratios(logp, logp_b, mask)
+    assert L.dtype == torch.float32 and float(L) == pytest.approx(-0.5)
+
+
+def test_is_weight_clamp_and_unknown_method():
+    L = torch.tensor([[100.0, 0.0]])
+    assert float(trajectory_weights("is", L, 0.2, is_clamp=20.0)[0, 0]) == pytest.approx(math.exp(20), rel=1e-6)
+    assert torch.all(trajectory_weights("none", L, 0.2) == 1)
+    with pytest.raises(ValueError, match="unknown trajectory weight method 'foo'"):
+        trajectory_weights("foo", L, 0.2)
+    with pytest.raises(ValueError, match="known:"):
+        get_estimator("ppo")
+
+
+def test_config_validation_names_the_field():
+    with pytest.raises(ValueError, match="EstimatorConfig.eps "):
+        EstimatorConfig(eps=-0.1)
+    with pytest.raises(ValueError, match="aggregation"):
+        EstimatorConfig(aggregation="mean")
+    with pytest.raises(ValueError, match="tic_mode"):
+        EstimatorConfig(tic_mode="clip")
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        EstimatorConfig(max_new_tokens=0)
+
+
+def test_kl_penalty_k3():
+    logp, logp_b, mask, rewards = random_batch(seed=7)
+    ref = logp_b - 0.1
+    adv = group_advantages(rewards)
+    with pytest.raises(ValueError, match="ref_logp"):
+        ESTIMATORS["gmc"](logp, logp_b, mask, adv, EstimatorConfig(kl_coef=0.1))
+    loss0, _ = ESTIMATORS["gmc"](logp, logp_b, mask, adv, EstimatorConfig())
+    loss1, stats = ESTIMATORS["gmc"](logp, logp_b, mask, adv, EstimatorConfig(kl_coef=0.5), ref_logp=ref)
+    d = (ref - logp)[mask]
+    k3 = (torch.exp(d) - d - 1)
+    n = mask.sum(-1).clamp(min=1)
+    per_seq = torch.zeros(mask.shape[:2])
+    per_seq = ((torch.exp(ref - logp) - (ref - logp) - 1) * mask).sum(-1) / 512
+    assert stats["loss/kl"] == pytest.approx(float(per_seq.mean()), rel=1e-5)
+    assert float(loss1) == pytest.approx(float(loss0) + 0.5 * stats["loss/kl"], rel=1e-5)
+    assert float(k3.min()) >= 0 and n.min() >= 1
+
+
+def test_stats_diagnostics_hand_computed():
+    # one group, G=2, T=1: L = [log 2, log 0.5] -> m = 1.25 > 1.2 -> capped
+    logp_b = torch.zeros(1, 2, 1) - 1.0
+    logp = logp_b + torch.tensor([math.log(2.0), math.log(0.5)]).view(1, 2, 1)
+    mask = torch.ones(1, 2, 1, dtype=torch.bool)
+    adv = torch.tensor([[1.0, -1.0]])
+    _, s = ESTIMATORS["gmc"](logp, logp_b, mask, adv, EstimatorConfig(eps=0.2))
+    assert s["ratio/frac_groups_capped"] == 1.0
+    # w = rho * 1.2/1.25 -> shortfall = 1 - 1.2/1.25
+    assert s["ratio/shortfall"] == pytest.approx(1 - 1.2 / 1.25, rel=1e-5)
+    assert s["ratio/ess"] == pytest.approx((2.5**2) / (4 + 0.25), rel=1e-5)
+    assert s["ratio/log_group_mass_max"] == pytest.approx(math.log(1.25), rel=1e-5)
+    _, s = ESTIMATORS["tic"](logp, logp_b, mask, adv, EstimatorConfig(eps=0.2))
+    assert s["ratio/frac_traj_capped"] == 0.5
+    assert s["ratio/shortfall"] == pytest.approx(0.8 / 2.5, rel=1e-5)

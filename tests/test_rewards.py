@@ -1,0 +1,143 @@
+"""Answer extraction and equivalence grading (math-verify in a process pool)."""
+
+import time
+
+import pytest
+
+from gmc.rewards import (
+    Grade,
+    Grader,
+    clean_answer,
+    extract_answer,
+    grade,
+    grade_batch,
+    grade_oracle,
+)
+
+# (gold, model answer, equivalent?)
+PAIRS = [
+    # integers, leading zeros, decimals
+    ("25", "025", True),
+    ("27", "27.0", True),
+    ("-1", "-1.00", True),
+    ("1000", "1,000", True),
+    ("12", "13", False),
+    ("0.5", "0.50", True),
+    ("0.5", "0.51", False),
+    # fractions
+    ("\\frac{1}{2}", "0.5", True),
+    ("\\frac{1}{2}", "\\dfrac{1}{2}", True),
+    ("\\frac{1}{2}", "1/2", True),
+    ("\\frac{3}{4}", "\\frac{6}{8}", True),
+    ("\\frac{2}{3}", "0.67", False),
+    ("\\frac{1}{3}", "\\frac{1}{4}", False),
+    # expressions and radicals
+    ("2\\sqrt{2}", "\\sqrt{8}", True),
+    ("\\sqrt{2}", "2^{1/2}", True),
+    ("\\pi", "3.14", False),
+    ("2\\pi", "\\pi \\cdot 2", True),
+    ("x^2+2x+1", "(x+1)^2", True),
+    ("x^2+1", "x^2-1", False),
+    ("2^{1009}", "2^{1009}", True),
+    # intervals
+    ("[1,3)", "[1, 3)", True),
+    ("(-\\infty, 2]", "(-\\infty,2]", True),
+    ("[1,3]", "(1,3)", False),
+    # sets and tuples
+    ("\\{1,2,3\\}", "\\{3,2,1\\}", True),
+    ("\\{1,2\\}", "\\{1,3\\}", False),
+    ("(3, \\frac{\\pi}{2})", "\\left( 3, \\frac{\\pi}{2} \\right)", True),
+    ("(1,2)", "(2,1)", False),
+    # matrices
+    ("\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}", "\\begin{pmatrix}1&2\\\\3&4\\end{pmatrix}", True),
+    ("\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", "\\begin{pmatrix} 2 \\\\ 1 \\end{pmatrix}", False),
+    # units
+    ("5", "5\\text{ cm}", True),
+    ("10", "10 \\mbox{ inches}", True),
+    ("7", "8\\text{ cm}", False),
+    # percentages
+    ("50\\%", "50\\%", True),
+    ("20", "20\\%", True),
+    ("30\\%", "40\\%", False),
+    # degrees
+    ("106^\\circ", "106", True),
+    ("45^\\circ", "45^{\\circ}", True),
+    ("90^\\circ", "60^\\circ", False),
+    # LaTeX spacing and typography
+    ("\\frac{9}{25}", "\\frac{\\mathbf{9}}{\\mathbf{2 5}}", True),
+    ("14400", "\\mathbf{1 4 4 0 0}", True),
+    ("3", "\\, 3 \\,", True),
+    ("\\text{(C)}", "\\text{(C)}", True),
+    # equations: the right-hand side counts
+    ("3", "x = 3", True),
+    ("4", "x=5", False),
+]
+
+
+def test_pair_table_is_big_enough():
+    assert len(PAIRS) >= 40
+    assert sum(not eq for _, _, eq in PAIRS) >= 12
+
+
+def test_answer_pairs():
+    grades = grade_batch([f"so \\boxed{{{a}}}" for _, a, _ in PAIRS], [g for g, _, _ in PAIRS])
+    wrong = [(g, a, eq, gr.reason) for (g, a, eq), gr in zip(PAIRS, grades) if gr.correct != eq]
+    assert not wrong, wrong
+    for gr in grades:
+        assert gr.reward == float(gr.correct)
+        assert gr.reason in ("ok", "wrong", "parse_error")
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("so the answer is \\boxed{\\frac{1}{2}}.", "\\frac{1}{2}"),
+        ("\\boxed{1} then \\boxed{\\{a, \\{b\\}\\}}", "\\{a, \\{b\\}\\}"),
+        ("\\fbox{42}", "42"),
+        ("the result: \\boxed 7.", "7"),
+        ("The final answer is $12$. I hope", "12"),
+        ("blah\nAnswer: 3.5\n", "3.5"),
+        ("**Answer:** $x=2$", "x=2"),
+        ("\\boxed{\\textbf{(073)}}", "073"),
+        ("no answer here", None),
+        ("\\boxed{unbalanced", None),
+        ("", None),
+    ],
+)
+def test_extract_answer(text, expected):
+    assert extract_answer(text) == expected
+
+
+def test_clean_answer_keeps_meaning():
+    assert clean_answer("$\\mathbf{1 7}$.") == "17"
+    assert clean_answer("x + 1") == "x + 1"
+
+
+def test_grade_reasons():
+    assert grade("\\boxed{4}", "4") == Grade(True, 1.0, "4", "ok")
+    assert grade("\\boxed{5}", "4").reason == "wrong"
+    assert grade("I don't know", "4") == Grade(False, 0.0, None, "no_answer")
+    assert grade("\\boxed{@@@}", "4").reason in ("parse_error", "wrong")
+
+
+def test_pathological_answer_costs_at_most_the_timeout():
+    with Grader(workers=2, timeout=1.0) as g:
+        start = time.time()
+        out = g.grade_batch(["\\boxed{9^{9^{9^{9}}}}", "\\boxed{2}"], ["1", "2"])
+        elapsed = time.time() - start
+        assert out[0].correct is False and out[0].reason in ("timeout", "wrong", "parse_error")
+        assert out[1].correct
+        assert elapsed < 6.0
+        # the grader still works after a timeout
+        assert g.grade_batch(["\\boxed{\\frac{1}{2}}"], ["0.5"])[0].correct
+
+
+def test_grade_batch_length_mismatch():
+    with pytest.raises(ValueError, match="2 completions but 1 gold"):
+        grade_batch(["a", "b"], ["1"])
+
+
+def test_oracle_math500_agreement(shared_data):
+    table = grade_oracle(["math500", "minerva_math"], root=shared_data)
+    assert table["math500"]["agreement"] >= 0.99
+    assert table["minerva_math"]["n"] == 272
