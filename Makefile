@@ -9,7 +9,7 @@ CORES ?= all
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test lint clean
+.PHONY: install run figures report test lint clean
 
 install: $(STAMP)
 
@@ -20,14 +20,26 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e ".[$(EXTRAS)]"
 	touch $(STAMP)
 
+# the default sweep (config.yaml): tiny CPU model, grpo/tic/gmc x delays x group sizes, evaluation,
+# MLflow, tables, figures and the theory lab
 run: $(STAMP)
-	$(BIN)/gmc theory --out results/theory
+	PATH="$(abspath $(BIN)):$$PATH" snakemake --cores $(CORES) --profile workflow/profiles/default
+
+# every table and figure again from the run directories in results/ (no training)
+figures: $(STAMP)
+	$(BIN)/gmc report --results results
+
+# the HTML report of the last run
+report: $(STAMP)
+	PATH="$(abspath $(BIN)):$$PATH" snakemake --report results/report.html
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
-	$(BIN)/ruff check gmc tests
+	$(BIN)/ruff check gmc tests workflow/scripts
+	$(BIN)/snakefmt --check Snakefile workflow/rules
+	PATH="$(abspath $(BIN)):$$PATH" snakemake --lint
 
 clean:
 	rm -rf results .snakemake

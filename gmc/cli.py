@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 
@@ -29,7 +30,146 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="optional JSON file for the agreement table")
     p.add_argument("--timeout", type=float, default=5.0)
     p.set_defaults(func=_grade_oracle)
+
+    p = sub.add_parser("train", help="train one run (asynchronous RL with the chosen estimator)")
+    p.add_argument("--config", default=None, help="YAML file of TrainConfig keys (default: built-in defaults)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key, dotted for nested keys (estimator.eps=0.1); repeatable")
+    p.add_argument("--out", required=True, help="run directory")
+    p.add_argument("--resume", action="store_true", help="continue from the run directory's checkpoint")
+    p.set_defaults(func=_train)
+
+    p = sub.add_parser("evaluate", help="greedy accuracy and Pass@1 of one checkpoint on benchmarks")
+    p.add_argument("--model", required=True, help="checkpoint folder (a run's model/) or hub name")
+    p.add_argument("--out", required=True, help="folder for <benchmark>.json and completions")
+    p.add_argument("--config", default=None, help="YAML file of EvalConfig keys")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--benchmarks", nargs="+", default=None, help="shorthand for --set benchmarks=[...]")
+    p.set_defaults(func=_evaluate)
+
+    p = sub.add_parser("mlflow-sync", help="import finished run directories into an MLflow store (idempotent)")
+    p.add_argument("run_dirs", nargs="+")
+    p.add_argument("--tracking-uri", default="sqlite:///results/mlflow.db")
+    p.add_argument("--experiment", default="gmc")
+    p.add_argument("--out", default=None, help="optional JSON file mapping run directories to MLflow run ids")
+    p.set_defaults(func=_mlflow_sync)
+
+    p = sub.add_parser("prepare-data", help="load and check the training set and benchmarks; write a manifest")
+    p.add_argument("--train", default="synthetic")
+    p.add_argument("--benchmarks", nargs="*", default=[])
+    p.add_argument("--source", default="local", choices=["local", "hub"])
+    p.add_argument("--data-root", default=None)
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=_prepare_data)
+
+    p = sub.add_parser("fetch-model", help="download a model from the Hugging Face hub into a folder")
+    p.add_argument("--name", required=True)
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=_fetch_model)
+
+    for name, helptext in (("tables", "tables (CSV, Markdown, LaTeX) from the run directories"),
+                           ("figures", "figures (PNG, PDF) from the run directories"),
+                           ("report", "tables and figures from cached results: no training, no evaluation")):
+        p = sub.add_parser(name, help=helptext)
+        p.add_argument("--results", default="results")
+        p.set_defaults(func=_report, what=name)
+
+    p = sub.add_parser("export-results", help="archive run outputs and evaluations (no checkpoints) into a .tar.gz")
+    p.add_argument("--results", default="results")
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=_export)
+
+    p = sub.add_parser("import-results", help="unpack an archive made by export-results")
+    p.add_argument("bundle")
+    p.add_argument("--results", default="results")
+    p.set_defaults(func=_import)
     return parser
+
+
+def _prepare_data(args: argparse.Namespace) -> None:
+    from gmc.data import SyntheticTask, load_dataset, load_file
+    from gmc.io import write_json
+
+    manifest = {}
+    if args.train == "synthetic":
+        manifest["train/synthetic"] = len(SyntheticTask().generate("train", 5000))
+    elif args.train.endswith((".jsonl", ".json", ".parquet")):
+        manifest[f"train/{args.train}"] = len(load_file(args.train))
+    else:
+        manifest[f"train/{args.train}"] = len(load_dataset(args.train, args.source, args.data_root))
+    for name in args.benchmarks:
+        if name == "synthetic":
+            manifest["eval/synthetic"] = len(SyntheticTask().generate("test", 200))
+        else:
+            manifest[f"eval/{name}"] = len(load_dataset(name, args.source, args.data_root))
+    write_json(args.out, manifest)
+    print(json.dumps(manifest, indent=2))
+
+
+def _fetch_model(args: argparse.Namespace) -> None:
+    from huggingface_hub import snapshot_download
+
+    from gmc.io import atomic_dir
+
+    with atomic_dir(args.out) as tmp:
+        snapshot_download(args.name, local_dir=tmp)
+    print(f"{args.name} -> {args.out}")
+
+
+def _report(args: argparse.Namespace) -> None:
+    from gmc.analysis import write_tables
+    from gmc.plots import run_figures
+
+    if args.what in ("tables", "report"):
+        tables = write_tables(args.results)
+        print(f"tables: {', '.join(tables)} -> {args.results}/tables")
+    if args.what in ("figures", "report"):
+        paths = run_figures(args.results)
+        print(f"figures: {len(paths)} files -> {args.results}/figures")
+
+
+def _export(args: argparse.Namespace) -> None:
+    from gmc.analysis import export_bundle
+
+    print(f"{export_bundle(args.results, args.out)} files -> {args.out}")
+
+
+def _import(args: argparse.Namespace) -> None:
+    from gmc.analysis import import_bundle
+
+    print(f"{import_bundle(args.bundle, args.results)} files -> {args.results}")
+
+
+def _train(args: argparse.Namespace) -> None:
+    from gmc.trainer import main_train
+
+    summary = main_train(args.config, args.overrides, args.out, args.resume)
+    print(json.dumps(summary, indent=2))
+
+
+def _evaluate(args: argparse.Namespace) -> None:
+    from gmc.config import load_config
+    from gmc.evaluate import EvalConfig, evaluate
+
+    overrides = list(args.overrides)
+    if args.benchmarks:
+        overrides.append(f"benchmarks=[{','.join(args.benchmarks)}]")
+    cfg = load_config(EvalConfig, args.config, overrides)
+    for name, s in evaluate(args.model, args.out, cfg).items():
+        cells = [f"{key} {s[key]:.4f}" for key in ("greedy", "pass_at_1") if key in s]
+        print(f"{name:15s} " + "  ".join(cells))
+
+
+def _mlflow_sync(args: argparse.Namespace) -> None:
+    from gmc.io import write_json
+    from gmc.tracking import sync_run
+
+    synced = {}
+    for run_dir in args.run_dirs:
+        synced[run_dir] = sync_run(run_dir, args.tracking_uri, args.experiment)
+        print(f"{run_dir} -> MLflow run {synced[run_dir]}")
+    if args.out:
+        write_json(args.out, {"tracking_uri": args.tracking_uri, "runs": synced})
 
 
 def _build_tiny_model(args: argparse.Namespace) -> None:

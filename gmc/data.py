@@ -284,7 +284,7 @@ class SyntheticTask:
     """
 
     min_operands: int = 2
-    max_operands: int = 4
+    max_operands: int = 3
     min_digits: int = 1
     max_digits: int = 1
     operators: str = "+-*"
@@ -355,9 +355,10 @@ def eval_expression(expr: str) -> int:
     return sum(s * t for s, t in zip(signs, terms))
 
 
-def solution_steps(expr: str) -> str:
+def solution_steps(expr: str, answer_offset: int = 0) -> str:
     """A worked solution for the tiny model's warm start: products first, then left to right,
-    ending with the boxed answer. Example: ``7*3+12`` -> ``7*3=21. 21+12=33. \\boxed{33}``."""
+    ending with the boxed answer. Example: ``7*3+12`` -> ``7*3=21. 21+12=33. \\boxed{33}``.
+    ``answer_offset`` shifts the boxed number (a wrong final answer after right steps)."""
     tokens = _TOKEN_RE.findall(expr)
     steps = []
     # products
@@ -374,7 +375,7 @@ def solution_steps(expr: str) -> str:
         new = acc + int(num) if op == "+" else acc - int(num)
         steps.append(f"{acc}{op}{num}={new}.")
         acc = new
-    return " ".join(steps + [f"\\boxed{{{acc}}}"])
+    return " ".join(steps + [f"\\boxed{{{acc + answer_offset}}}"])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -78,7 +78,8 @@ class EstimatorConfig:
     sequences). None: the estimator's default (``seq_mean`` for grpo, gspo, tis;
     ``seq_sum_const`` for tic, gmc, is, none)."""
     max_new_tokens: int = 512
-    """The constant divisor of ``seq_sum_const``: the generation token limit."""
+    """The constant divisor of ``seq_sum_const``: the generation token limit (a training run
+    sets it to its ``sampling.max_new_tokens``)."""
     is_log_ratio_clamp: float = 20.0
     """Upper bound on ``L`` for ``is`` and for ``tic``'s ``ppo_min`` negative-advantage branch
     (``exp(20)`` ~ 4.9e8), so uncapped weights stay finite."""

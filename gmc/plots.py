@@ -20,6 +20,12 @@ METHOD_COLORS = {"grpo": "tab:blue", "tic": "tab:orange", "gmc": "tab:green", "i
                  "none": "tab:gray", "gspo": "tab:purple", "tis": "tab:brown"}
 
 
+def _row(n: int, width: float = 4.0, sharey: bool = False):
+    """A figure with ``n`` panels side by side; returns ``(fig, axes)``."""
+    fig, axes = plt.subplots(1, n, figsize=(width * n, 3.4), sharey=sharey, squeeze=False)
+    return fig, axes[0]
+
+
 def _save(fig, out: Path, stem: str) -> list[Path]:
     paths = [out / f"{stem}.png", out / f"{stem}.pdf"]
     for p in paths:
@@ -37,11 +43,10 @@ def theory_figures(tables: dict[str, pd.DataFrame], out: Path) -> list[Path]:
                            ("group_norm", "group-normalised advantages")):
         sub = fixed[fixed["variant"] == variant]
         eps_values = sorted(sub["eps"].unique())
-        fig, axes = plt.subplots(1, len(eps_values), figsize=(3.6 * len(eps_values), 3.4),
-                                 sharey=True, squeeze=False)
+        fig, axes = _row(len(eps_values), 3.6, sharey=True)
         drifts = sorted(sub["drift"].unique())
         styles = ["-", "--", ":", "-."]
-        for ax, eps in zip(axes[0], eps_values):
+        for ax, eps in zip(axes, eps_values):
             for (method, drift), grp in sub[sub["eps"] == eps].groupby(["method", "drift"]):
                 grp = grp.sort_values("G")
                 ok = grp[grp["bias_lo"] > 0]  # resolved: the 95% interval excludes 0
@@ -54,16 +59,15 @@ def theory_figures(tables: dict[str, pd.DataFrame], out: Path) -> list[Path]:
             ax.set_yscale("log")
             ax.set_title(f"eps = {eps:g}")
             ax.set_xlabel("group size G")
-        axes[0][0].set_ylabel("bias norm ||E g - grad J||")
-        axes[0][-1].legend(fontsize=7, loc="lower left")
+        axes[0].set_ylabel("bias norm ||E g - grad J||")
+        axes[-1].legend(fontsize=7, loc="lower left")
         fig.suptitle(f"Bias of the capped estimators vs group size ({title}); "
                      "triangles: 95% upper bounds where the bias is not resolved", fontsize=9)
         written += _save(fig, out, f"theory_bias_vs_G_{variant}")
 
     sub = fixed[fixed["variant"] == "exact_baseline"]
-    fig, axes = plt.subplots(1, len(sub["drift"].unique()), figsize=(4 * len(sub["drift"].unique()), 3.4),
-                             squeeze=False)
-    for ax, (drift, grp_d) in zip(axes[0], sub.groupby("drift")):
+    fig, axes = _row(len(sub["drift"].unique()), 4)
+    for ax, (drift, grp_d) in zip(axes, sub.groupby("drift")):
         for (method, G), grp in grp_d.groupby(["method", "G"]):
             if G not in (min(sub["G"]), max(sub["G"])):
                 continue
@@ -72,25 +76,155 @@ def theory_figures(tables: dict[str, pd.DataFrame], out: Path) -> list[Path]:
                     ls="-" if G == max(sub["G"]) else "--", marker="o", ms=3, label=f"{method}, G={G}")
         ax.set_xlabel("eps (cap 1+eps)")
         ax.set_title(f"drift {drift:g}")
-    axes[0][0].set_ylabel("shortfall E[(1/G) sum (rho - w)]")
-    axes[0][-1].legend(fontsize=7)
+    axes[0].set_ylabel("shortfall E[(1/G) sum (rho - w)]")
+    axes[-1].legend(fontsize=7)
     fig.suptitle("Shortfall: group-mass capping vs per-trajectory truncation")
     written += _save(fig, out, "theory_shortfall_vs_eps")
 
     summary = tables["delayed_summary"]
     panels = list(summary.groupby(["eps", "G"]))
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.8 * len(panels), 3.4), sharey=True, squeeze=False)
-    for ax, ((eps, G), grp) in zip(axes[0], panels):
+    fig, axes = _row(len(panels), 3.8, sharey=True)
+    for ax, ((eps, G), grp) in zip(axes, panels):
         for method, g in grp.groupby("method"):
             g = g.sort_values("delay")
-            x = g["delay"].clip(lower=0.5)
-            ax.errorbar(x, g["final_reward"], yerr=g["final_reward_std"].fillna(0), color=METHOD_COLORS[method],
+            ax.errorbar(g["delay"], g["final_reward"], yerr=g["final_reward_std"].fillna(0), color=METHOD_COLORS[method],
                         marker="o", ms=3, capsize=2, label=method)
         ax.set_xscale("symlog", linthresh=1)
         ax.set_xlabel("delay d (optimizer steps)")
         ax.set_title(f"eps = {eps:g}, G = {G}")
-    axes[0][0].set_ylabel("final expected reward")
-    axes[0][-1].legend(fontsize=8)
+    axes[0].set_ylabel("final expected reward")
+    axes[-1].legend(fontsize=8)
     fig.suptitle("Delayed gradient ascent in the tabular world")
     written += _save(fig, out, "theory_reward_vs_delay")
+    return written
+
+
+# ---------------------------------------------------------------------------------------------
+# figures of a sweep
+
+
+def _numeric_delays(frame: pd.DataFrame) -> pd.DataFrame:
+    out = frame[frame["delay"] != "latency"].copy()
+    out["delay"] = out["delay"].astype(int)
+    return out
+
+
+def _score_column(frame: pd.DataFrame) -> tuple[str, str]:
+    """The headline score: mean Pass@1 over benchmarks when evaluated, else final train reward."""
+    from gmc.analysis import FINAL_REWARD, benchmarks_in
+
+    benches = benchmarks_in(frame)
+    if benches:
+        cols = [f"eval/{b}/pass_at_1" for b in benches if f"eval/{b}/pass_at_1" in frame.columns]
+        if cols:
+            frame["score"] = frame[cols].mean(axis=1)
+            return "score", f"Pass@1 (mean over {', '.join(benches)})"
+    frame["score"] = frame[FINAL_REWARD]
+    return "score", "final training reward (last 20 steps)"
+
+
+def _line_by_algorithm(ax, frame, x, y, label_suffix=""):
+    for algo, grp in frame.groupby("algorithm"):
+        stats = grp.groupby(x)[y].agg(["mean", "std"]).reset_index().sort_values(x)
+        ax.errorbar(stats[x], stats["mean"], yerr=stats["std"].fillna(0), marker="o", ms=4, capsize=2,
+                    color=METHOD_COLORS.get(algo), label=f"{algo}{label_suffix}")
+
+
+def run_figures(results: str | Path, out: str | Path | None = None) -> list[Path]:
+    """Every figure of a sweep, from its run directories (no training, no evaluation)."""
+    import numpy as np
+
+    from gmc.analysis import collect
+    from gmc.trainer import read_jsonl
+
+    results = Path(results)
+    out = Path(out or results / "figures")
+    frame = collect(results)
+    written: list[Path] = []
+
+    # 1. training reward vs step, one panel per delay, one line per algorithm (largest group size)
+    G = int(frame["group"].max())
+    sub = frame[frame["group"] == G]
+    delays = sorted(sub["delay"].unique(), key=lambda d: (d == "latency", int(d) if d != "latency" else 0))
+    fig, axes = _row(len(delays), 4, sharey=True)
+    for ax, delay in zip(axes, delays):
+        for algo, grp in sub[sub["delay"] == delay].groupby("algorithm"):
+            curves = [pd.Series([r.get("rollout/reward_mean", np.nan) for r in read_jsonl(Path(d) / "metrics.jsonl")])
+                      for d in grp["run_dir"]]
+            curve = pd.concat(curves, axis=1).mean(axis=1).rolling(10, min_periods=1).mean()
+            ax.plot(curve.index, curve.values, color=METHOD_COLORS.get(algo), label=algo)
+        ax.set_title(f"delay {delay}" if delay == "latency" else f"delay d = {delay}")
+        ax.set_xlabel("optimizer step")
+    axes[0].set_ylabel("rollout reward (10-step mean)")
+    axes[-1].legend()
+    fig.suptitle(f"Training reward of fresh rollouts, G = {G}")
+    written += _save(fig, out, "reward_vs_step")
+
+    # 2. final score vs delay, one panel per group size
+    frame = frame.copy()
+    score, score_label = _score_column(frame)
+    numeric = _numeric_delays(frame)
+    groups = sorted(frame["group"].unique())
+    fig, axes = _row(len(groups), 4, sharey=True)
+    for ax, g in zip(axes, groups):
+        _line_by_algorithm(ax, numeric[numeric["group"] == g], "delay", score)
+        lat = frame[(frame["delay"] == "latency") & (frame["group"] == g)]
+        for algo, grp in lat.groupby("algorithm"):
+            ax.axhline(grp[score].mean(), color=METHOD_COLORS.get(algo), ls=":", lw=1)
+        ax.set_xscale("symlog", linthresh=1)
+        ax.set_xlabel("delay d (optimizer steps)")
+        ax.set_title(f"G = {g}" + (" (dotted: latency model)" if len(lat) else ""))
+    axes[0].set_ylabel(score_label)
+    axes[-1].legend()
+    fig.suptitle("Final score vs delay")
+    written += _save(fig, out, "score_vs_delay")
+
+    # 3. final score vs group size, one panel per delay
+    fig, axes = _row(len(delays), 4, sharey=True)
+    for ax, delay in zip(axes, delays):
+        _line_by_algorithm(ax, frame[frame["delay"] == delay], "group", score)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("group size G")
+        ax.set_title(f"delay {delay}")
+    axes[0].set_ylabel(score_label)
+    axes[-1].legend()
+    fig.suptitle("Final score vs group size")
+    written += _save(fig, out, "score_vs_group")
+
+    # 4. ratio diagnostics vs delay
+    panels = [("capped", "fraction capped / clipped"), ("ratio/ess_frac", "ESS / G"),
+              ("ratio/shortfall", "shortfall sum(rho - w) / sum(rho)")]
+    numeric = numeric.copy()
+    capped_cols = [c for c in ("ratio/frac_groups_capped", "ratio/frac_traj_capped", "ratio/frac_tokens_clipped")
+                   if c in numeric.columns]
+    numeric["capped"] = numeric[capped_cols].bfill(axis=1).iloc[:, 0] if capped_cols else np.nan
+    fig, axes = _row(3)
+    for ax, (col, label) in zip(axes, panels):
+        if col in numeric.columns:
+            _line_by_algorithm(ax, numeric[numeric["group"] == G], "delay", col)
+        ax.set_xscale("symlog", linthresh=1)
+        ax.set_xlabel("delay d")
+        ax.set_ylabel(label)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"Ratio diagnostics vs delay (G = {G}; gmc: groups, tic: trajectories, grpo: tokens)")
+    written += _save(fig, out, "ratio_diagnostics")
+
+    # 5. staleness vs response length under the latency model
+    fig, ax = plt.subplots(figsize=(5, 3.6))
+    lat = frame[frame["delay"] == "latency"]
+    for algo, grp in lat.groupby("algorithm"):
+        rows = [r for d in grp["run_dir"] for r in read_jsonl(Path(d) / "groups.jsonl")]
+        gdf = pd.DataFrame(rows)
+        bins = pd.cut(gdf["length_max"], bins=8)
+        stats = gdf.groupby(bins, observed=True)["staleness"].mean()
+        centers = [b.mid for b in stats.index]
+        ax.plot(centers, stats.values, marker="o", color=METHOD_COLORS.get(algo), label=algo)
+    if lat.empty:
+        ax.text(0.5, 0.5, "no latency-model runs in this sweep", ha="center", va="center", transform=ax.transAxes)
+    else:
+        ax.legend()
+    ax.set_xlabel("longest response in the group (tokens)")
+    ax.set_ylabel("mean staleness (optimizer steps)")
+    ax.set_title("Latency model: long answers arrive staler")
+    written += _save(fig, out, "staleness_vs_length")
     return written

@@ -14,6 +14,7 @@ has room to improve (method.md section 5; the paper's models are Qwen3 from the 
 from __future__ import annotations
 
 import logging
+import random
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -117,6 +118,11 @@ class TinyModelConfig:
     """BPE vocabulary (256 byte symbols + merges + special tokens)."""
     target_accuracy: float = 0.4
     """Stop the warm start once greedy accuracy on held-out problems reaches this."""
+    answer_noise: float = 0.5
+    """Fraction of warm-start solutions whose boxed answer is off by one (the worked steps stay
+    right). The warm-started policy then hesitates between the right answer and its neighbour
+    after a right computation: a mistake that greedy decoding makes about half the time and
+    that RL can learn away within a few hundred steps."""
     max_steps: int = 1500
     max_seconds: float = 150.0
     batch_size: int = 64
@@ -157,10 +163,11 @@ def build_tiny_model(out: str | Path, cfg: TinyModelConfig = TinyModelConfig(), 
     start = time.time()
     torch.manual_seed(cfg.seed)
     task = task or SyntheticTask()
-    train = task.generate("train", 20000, seed=cfg.seed)
+    train = task.generate("train", 5000, seed=cfg.seed)
     held_out = task.generate("test", cfg.eval_problems, seed=cfg.seed + 1)
     prompts = [PLAIN_TEMPLATE.format(problem=r.problem) for r in train]
-    targets = [" " + solution_steps(r.meta["expression"]) for r in train]
+    noise = random.Random(cfg.seed)
+    targets = [" " + solution_steps(r.meta["expression"], int(noise.random() < cfg.answer_noise)) for r in train]
     tokenizer = _train_tokenizer([p + t for p, t in zip(prompts, targets)], cfg.vocab_size)
     head_dim = cfg.hidden_size // cfg.num_heads
     mcfg = Qwen3Config(vocab_size=len(tokenizer), hidden_size=cfg.hidden_size,

@@ -1,0 +1,73 @@
+"""The GPU half of the benchmarks (see bench/gpu.sh): vLLM rollouts + weight sync, and training
+steps with 8-bit AdamW, on a random-init Qwen3-0.6B-sized model with the tiny tokenizer."""
+
+import importlib.util
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+OUT = Path(sys.argv[1] if len(sys.argv) > 1 else "bench/results")
+TOKENIZER = Path("results/models/tiny")
+result: dict = {"cuda": torch.cuda.is_available(), "torch": torch.__version__}
+
+
+def qwen3_0_6b(vocab: int):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    cfg = Qwen3Config(vocab_size=vocab, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                      num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=4096,
+                      tie_word_embeddings=True)
+    return Qwen3ForCausalLM(cfg).to(torch.bfloat16)
+
+
+def main() -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(TOKENIZER)
+    with tempfile.TemporaryDirectory() as tmp:
+        model = qwen3_0_6b(len(tok))
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        result["parameters"] = sum(p.numel() for p in model.parameters())
+        if importlib.util.find_spec("bitsandbytes"):
+            from gmc.config import load_train_config
+            from gmc.trainer import Trainer, read_jsonl
+
+            cfg = load_train_config(None, [f"model={tmp}", "model_dtype=bfloat16", "optimizer=adamw8bit", "steps=5",
+                                           "checkpoint_every=0", "lr=1e-6", "prompts_per_step=8", "group_size=8",
+                                           "sampling.max_new_tokens=256", "engine=hf"])
+            run = Path(tmp) / "run"
+            t = time.perf_counter()
+            Trainer(cfg, run, progress=False).run()
+            rows = read_jsonl(run / "metrics.jsonl")
+            result["train_8bit_adamw"] = {"seconds": time.perf_counter() - t,
+                                          "step_seconds": [r["time/step_seconds"] for r in rows],
+                                          "peak_gpu_gb": torch.cuda.max_memory_allocated() / 2**30}
+        else:
+            result["train_8bit_adamw"] = "skipped: bitsandbytes is not installed"
+        if importlib.util.find_spec("vllm"):
+            from gmc.data import PLAIN_TEMPLATE, SyntheticTask
+            from gmc.rollout import SamplingConfig, VLLMEngine
+
+            engine = VLLMEngine(tmp, dtype="bfloat16", gpu_memory_utilization=0.3)
+            prompts = [PLAIN_TEMPLATE.format(problem=r.problem) for r in SyntheticTask().generate("test", 64)]
+            t = time.perf_counter()
+            groups = engine.generate(prompts, 8, SamplingConfig(max_new_tokens=256))
+            dt = time.perf_counter() - t
+            tokens = sum(s.length for g in groups for s in g)
+            t = time.perf_counter()
+            engine.sync_weights(model.cuda())
+            torch.cuda.synchronize()
+            result["vllm"] = {"tokens": tokens, "tokens_per_s": tokens / dt, "weight_sync_s": time.perf_counter() - t}
+        else:
+            result["vllm"] = "skipped: vllm is not installed"
+    (OUT / "gpu.json").write_text(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

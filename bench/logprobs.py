@@ -1,0 +1,62 @@
+"""Response log-probs at Qwen3's vocabulary (151,936): chunked against naive log_softmax + gather.
+
+Random hidden states and LM head on CPU, float32, forward and backward. Peak memory is measured
+in a fresh process per variant (ru_maxrss), time in this process; results must agree.
+Run: python bench/logprobs.py
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+from common import peak_rss_mb, timeit, write_result  # noqa: E402
+
+from gmc.policy import token_logprobs_from_hidden  # noqa: E402
+
+N, T, H, V = 8, 256, 256, 151_936
+SETUP = f"""
+import torch
+from gmc.policy import token_logprobs_from_hidden
+torch.manual_seed(0)
+hidden = torch.randn({N}, {T}, {H}, requires_grad=True)
+weight = (torch.randn({V}, {H}) * 0.02).requires_grad_(True)
+targets = torch.randint(0, {V}, ({N}, {T}))
+"""
+NAIVE = "lp = torch.log_softmax(hidden @ weight.T, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1); lp.sum().backward()"
+CHUNKED = "lp = token_logprobs_from_hidden(weight, hidden, targets, chunk_size=512); lp.sum().backward()"
+BASELINE = ""
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    hidden = torch.randn(N, T, H, requires_grad=True)
+    weight = (torch.randn(V, H) * 0.02).requires_grad_(True)
+    targets = torch.randint(0, V, (N, T))
+    naive = torch.log_softmax(hidden @ weight.T, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    chunked = token_logprobs_from_hidden(weight, hidden, targets, chunk_size=512)
+    max_diff = float((naive - chunked).abs().max())
+
+    def run(code):
+        scope = {"torch": torch, "token_logprobs_from_hidden": token_logprobs_from_hidden,
+                 "hidden": hidden, "weight": weight, "targets": targets}
+        return lambda: exec(code, scope)
+
+    t_naive = timeit(run(NAIVE), repeat=3)
+    t_chunk = timeit(run(CHUNKED), repeat=3)
+    base = peak_rss_mb(SETUP + BASELINE)
+    mem_naive = peak_rss_mb(SETUP + NAIVE) - base
+    mem_chunk = peak_rss_mb(SETUP + CHUNKED) - base
+    write_result("logprobs", {
+        "shape": {"N": N, "T": T, "hidden": H, "vocab": V},
+        "max_abs_diff": max_diff,
+        "naive": {**t_naive, "peak_extra_mb": mem_naive},
+        "chunked": {**t_chunk, "peak_extra_mb": mem_chunk, "chunk_size": 512},
+        "memory_ratio_naive_over_chunked": mem_naive / mem_chunk,
+        "time_ratio_chunked_over_naive": t_chunk["median_s"] / t_naive["median_s"],
+    })
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+"""Training step against TRL's GRPOTrainer: the same tiny model, prompts per step, group size,
+token limit, sampling (temperature 1, top_p 1), reward (our grader), learning rate and
+optimizer (AdamW), on CPU without vLLM, one optimizer step per generation batch, no KL.
+
+Ours: ``gmc`` trainer in synchronous mode (generate, grade, behaviour log-probs, loss, step).
+Theirs: ``trl.GRPOTrainer``. Reports the median seconds per step after warm-up, completion
+tokens per second, and the ratio. Needs the bench extra (``pip install -e '.[bench]'``).
+Run: python bench/trl_step.py [MODEL_DIR] [STEPS]
+"""
+
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import write_result  # noqa: E402
+
+from gmc.config import load_train_config  # noqa: E402
+from gmc.data import PLAIN_TEMPLATE, SyntheticTask  # noqa: E402
+from gmc.rewards import Grader  # noqa: E402
+from gmc.trainer import Trainer, read_jsonl  # noqa: E402
+
+PROMPTS, G, MAX_NEW, LR = 8, 8, 48, 2e-4
+
+
+def run_ours(model_dir: str, steps: int, tmp: Path) -> dict:
+    cfg = load_train_config(None, [f"model={model_dir}", "device=cpu", f"steps={steps}", "checkpoint_every=0",
+                                   "algorithm=grpo", "delay.mode=sync", f"group_size={G}",
+                                   f"prompts_per_step={PROMPTS}", f"lr={LR}", f"sampling.max_new_tokens={MAX_NEW}"])
+    Trainer(cfg, tmp / "ours", progress=False).run()
+    rows = read_jsonl(tmp / "ours" / "metrics.jsonl")[2:]
+    step = statistics.median(r["time/step_seconds"] for r in rows)
+    tokens = statistics.mean(r["rollout/response_length_mean"] * r["rollout/samples"] for r in rows)
+    return {"step_seconds_median": step, "completion_tokens_per_step": tokens, "tokens_per_s": tokens / step,
+            "reward_last": statistics.mean(r["rollout/reward_mean"] for r in rows[-5:])}
+
+
+def run_trl(model_dir: str, steps: int, tmp: Path) -> dict:
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    records = SyntheticTask().generate("train", 2000, seed=0)
+    data = Dataset.from_list([{"prompt": PLAIN_TEMPLATE.format(problem=r.problem), "answer": r.answer} for r in records])
+    grader = Grader()
+
+    def reward(completions, answer, **_):
+        return [g.reward for g in grader.grade_batch(completions, answer)]
+
+    times: list[float] = []
+
+    class Timer(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):
+            self.t = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            times.append(time.perf_counter() - self.t)
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    tok.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    args = GRPOConfig(output_dir=str(tmp / "trl"), per_device_train_batch_size=PROMPTS * G, num_generations=G,
+                      max_completion_length=MAX_NEW, temperature=1.0, top_p=1.0, top_k=0, learning_rate=LR,
+                      beta=0.0, num_iterations=1, gradient_accumulation_steps=1, max_steps=steps, use_cpu=True,
+                      report_to=[], logging_steps=1, save_strategy="no", lr_scheduler_type="constant",
+                      warmup_steps=0, bf16=False, disable_dropout=True, seed=0)
+    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data, processing_class=tok,
+                          callbacks=[Timer()])
+    trainer.train()
+    grader.close()
+    logs = [h for h in trainer.state.log_history if "completions/mean_length" in h][2:]
+    step = statistics.median(times[2:])
+    tokens = statistics.mean(h["completions/mean_length"] for h in logs) * PROMPTS * G
+    return {"step_seconds_median": step, "completion_tokens_per_step": tokens, "tokens_per_s": tokens / step,
+            "reward_last": statistics.mean(h["reward"] for h in logs[-5:])}
+
+
+def main() -> None:
+    model_dir = sys.argv[1] if len(sys.argv) > 1 else "results/models/tiny"
+    steps = int(sys.argv[2]) if len(sys.argv) > 2 else 20
+    with tempfile.TemporaryDirectory() as tmp:
+        ours = run_ours(model_dir, steps, Path(tmp))
+        trl = run_trl(model_dir, steps, Path(tmp))
+    write_result("trl_step", {
+        "prompts_per_step": PROMPTS, "group_size": G, "max_new_tokens": MAX_NEW, "steps": steps,
+        "gmc": ours, "trl": trl,
+        "throughput_ratio_gmc_over_trl": ours["tokens_per_s"] / trl["tokens_per_s"],
+        "step_time_ratio_trl_over_gmc": trl["step_seconds_median"] / ours["step_seconds_median"],
+    })
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,279 @@
+"""Simulated asynchrony: a fixed-delay FIFO and a length-dependent latency model on a virtual
+clock (method.md section 4).
+
+Both sources hand the trainer, at every optimizer step, a list of :class:`Group` rollouts.
+A group stores token ids, masks, rewards, the behaviour log-probs (computed by the trainer
+model when the group was generated), the sampler's log-probs, the policy version that
+generated it and the version that consumed it. Old weights are never kept: memory is
+O(delay x batch x tokens), never O(delay x parameters).
+
+* :class:`FixedDelaySource`: at step ``t`` a batch is generated with the current weights and
+  pushed; the batch generated at ``t - d`` is popped. Warm-up ``prefill`` [choice]: the queue
+  starts with ``d`` batches from ``theta_0`` labelled with versions ``-d .. -1``, so the
+  staleness is exactly ``d`` from the first step (their behaviour policy is ``theta_0``, i.e.
+  ``theta_{t-d}`` with ``theta_k = theta_0`` for ``k < 0``). Warm-up ``ramp``: the queue starts
+  empty and the generator produces two batches per step until it is ``d`` batches ahead, so
+  staleness grows from 0 to ``d``. ``d = 0`` is synchronous on-policy training.
+* :class:`LatencySource`: ``K`` generation slots on a virtual clock. A group submitted at time
+  ``s`` completes at ``s + alpha + beta * L_max`` (plus ``noise_scale * LogNormal(0, noise_sigma)``),
+  ``L_max`` its longest response in tokens. A freed slot is refilled at once with the weights in
+  force at that moment. The trainer takes finished groups in completion order until its batch
+  is full (waiting, idle, if too few are done); one optimizer step advances the clock by
+  ``step_time``, and groups finishing during that step are refilled with the pre-update weights.
+  Long answers therefore arrive staler, which breaks the paper's Assumption 3 on purpose.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from typing import Literal
+
+import numpy as np
+import torch
+from torch import Tensor
+
+
+@dataclass
+class Group:
+    """One prompt's ``G`` responses with everything the trainer needs, and their provenance."""
+
+    prompt_index: int
+    prompt_ids: Tensor  # [P] int64, no padding
+    response_ids: Tensor  # [G, T] int64, right-padded
+    response_mask: Tensor  # [G, T] bool
+    rewards: Tensor  # [G] float32
+    behaviour_logp: Tensor  # [G, T] float32, trainer model at generation time
+    sampler_logp: Tensor  # [G, T] float32, as reported by the rollout engine
+    version: int  # policy version that generated it
+    submitted_at: float = 0.0
+    completed_at: float = 0.0
+    consumed_version: int | None = None
+
+    @property
+    def lengths(self) -> Tensor:
+        return self.response_mask.sum(-1)
+
+    @property
+    def max_length(self) -> int:
+        return int(self.lengths.max())
+
+    @property
+    def staleness(self) -> int:
+        if self.consumed_version is None:
+            raise ValueError("staleness is defined once the group is consumed")
+        return self.consumed_version - self.version
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.prompt_ids, self.response_ids, self.response_mask,
+                                                          self.rewards, self.behaviour_logp, self.sampler_logp))
+
+    def state(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_state(cls, state: dict) -> Group:
+        return cls(**state)
+
+
+MakeGroups = Callable[[int, int], list[Group]]
+"""``make_groups(n_prompts, version)``: generate, grade and score ``n_prompts`` groups with the
+current weights, labelled ``version``."""
+
+
+@dataclass(frozen=True)
+class DelayConfig:
+    """How stale the rollouts are (method.md section 4)."""
+
+    mode: Literal["sync", "fixed", "latency"] = "fixed"
+    """``sync``: generate then train, no queue; ``fixed``: FIFO of delay ``d``; ``latency``:
+    the length-dependent latency model."""
+    d: int = 0
+    """Fixed delay in optimizer steps."""
+    warmup: Literal["prefill", "ramp"] = "prefill"
+    """Fixed delay warm-up [choice]; see the module docstring."""
+    slots: int = 16
+    """Latency model: generation slots K (groups in flight)."""
+    alpha: float = 1.0
+    """Latency model: fixed cost of a group, in virtual seconds."""
+    beta: float = 0.05
+    """Latency model: cost per token of the group's longest response, virtual seconds."""
+    noise_scale: float = 0.0
+    """Latency model: scale of the additive log-normal noise (0: none)."""
+    noise_sigma: float = 0.5
+    step_time: float = 1.0
+    """Latency model: virtual seconds per optimizer step."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("sync", "fixed", "latency"):
+            raise ValueError(f"delay.mode must be 'sync', 'fixed' or 'latency', got {self.mode!r}")
+        if self.warmup not in ("prefill", "ramp"):
+            raise ValueError(f"delay.warmup must be 'prefill' or 'ramp', got {self.warmup!r}")
+        if self.d < 0:
+            raise ValueError(f"delay.d must be >= 0, got {self.d}")
+        if self.slots < 1:
+            raise ValueError(f"delay.slots must be >= 1, got {self.slots}")
+        for name in ("alpha", "beta", "noise_scale", "noise_sigma", "step_time"):
+            if not (math.isfinite(getattr(self, name)) and getattr(self, name) >= 0):
+                raise ValueError(f"delay.{name} must be a finite number >= 0, got {getattr(self, name)}")
+
+
+class SyncSource:
+    """No queue: every step trains on a batch generated with the current weights."""
+
+    def __init__(self, make_groups: MakeGroups, batch_prompts: int):
+        self.make_groups = make_groups
+        self.batch_prompts = batch_prompts
+
+    def next_batch(self, version: int) -> list[Group]:
+        batch = self.make_groups(self.batch_prompts, version)
+        for g in batch:
+            g.consumed_version = version
+        return batch
+
+    def queued_groups(self) -> list[Group]:
+        return []
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+    def stats(self) -> dict[str, float]:
+        groups = self.queued_groups()
+        return {"async/queue_groups": float(len(groups)), "async/queue_bytes": float(sum(g.nbytes() for g in groups))}
+
+
+class FixedDelaySource(SyncSource):
+    """FIFO of step batches with delay ``d`` (see the module docstring for the warm-ups)."""
+
+    def __init__(self, make_groups: MakeGroups, batch_prompts: int, d: int, warmup: str = "prefill"):
+        super().__init__(make_groups, batch_prompts)
+        self.d = d
+        self.warmup = warmup
+        self.queue: deque[list[Group]] = deque()
+        self.started = False
+
+    def next_batch(self, version: int) -> list[Group]:
+        if not self.started:
+            self.started = True
+            if self.warmup == "prefill":
+                for k in range(self.d):
+                    self.queue.append(self.make_groups(self.batch_prompts, version - self.d + k))
+        self.queue.append(self.make_groups(self.batch_prompts, version))
+        if self.warmup == "ramp" and len(self.queue) <= self.d:
+            self.queue.append(self.make_groups(self.batch_prompts, version))
+        batch = self.queue.popleft()
+        for g in batch:
+            g.consumed_version = version
+        return batch
+
+    def queued_groups(self) -> list[Group]:
+        return [g for b in self.queue for g in b]
+
+    def state_dict(self) -> dict:
+        return {"started": self.started, "queue": [[g.state() for g in b] for b in self.queue]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.started = state["started"]
+        self.queue = deque([Group.from_state(s) for s in b] for b in state["queue"])
+
+
+
+@dataclass(order=True)
+class _InFlight:
+    completes_at: float
+    seq: int
+    group: Group = field(compare=False)
+
+
+class LatencySource(SyncSource):
+    """``K`` generation slots and a virtual clock (see the module docstring)."""
+
+    def __init__(self, make_groups: MakeGroups, batch_prompts: int, cfg: DelayConfig, seed: int = 0):
+        super().__init__(make_groups, batch_prompts)
+        self.cfg = cfg
+        self.clock = 0.0
+        self.in_flight: list[_InFlight] = []
+        self.ready: list[Group] = []
+        self.seq = 0
+        self.idle_time = 0.0
+        self.rng = np.random.default_rng(seed)
+        self.started = False
+
+    def _latency(self, group: Group) -> float:
+        lat = self.cfg.alpha + self.cfg.beta * group.max_length
+        if self.cfg.noise_scale > 0:
+            lat += self.cfg.noise_scale * float(self.rng.lognormal(0.0, self.cfg.noise_sigma))
+        return lat
+
+    def _submit(self, n: int, at: float, version: int) -> None:
+        for g in self.make_groups(n, version):
+            g.submitted_at = at
+            g.completed_at = at + self._latency(g)
+            heapq.heappush(self.in_flight, _InFlight(g.completed_at, self.seq, g))
+            self.seq += 1
+
+    def _complete_until(self, until: float, version: int) -> None:
+        """Move every group finishing by ``until`` to ready, refilling its slot when it frees."""
+        while self.in_flight and self.in_flight[0].completes_at <= until:
+            item = heapq.heappop(self.in_flight)
+            self.ready.append(item.group)
+            self._submit(1, item.completes_at, version)
+
+    def next_batch(self, version: int) -> list[Group]:
+        if not self.started:
+            self.started = True
+            self._submit(self.cfg.slots, self.clock, version)
+        self._complete_until(self.clock, version)
+        while len(self.ready) < self.batch_prompts:  # trainer idles until enough groups are done
+            nxt = self.in_flight[0].completes_at
+            self.idle_time += nxt - self.clock
+            self.clock = nxt
+            self._complete_until(self.clock, version)
+        self.ready.sort(key=lambda g: g.completed_at)
+        batch, self.ready = self.ready[: self.batch_prompts], self.ready[self.batch_prompts :]
+        for g in batch:
+            g.consumed_version = version
+        # groups finishing while this step computes are refilled with the pre-update weights
+        self.clock += self.cfg.step_time
+        self._complete_until(self.clock, version)
+        return batch
+
+    def queued_groups(self) -> list[Group]:
+        return self.ready + [item.group for item in self.in_flight]
+
+    def state_dict(self) -> dict:
+        return {"clock": self.clock, "seq": self.seq, "idle_time": self.idle_time, "started": self.started,
+                "ready": [g.state() for g in self.ready],
+                "in_flight": [(i.completes_at, i.seq, i.group.state()) for i in self.in_flight],
+                "rng": self.rng.bit_generator.state}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.clock, self.seq, self.idle_time, self.started = state["clock"], state["seq"], state["idle_time"], state["started"]
+        self.ready = [Group.from_state(s) for s in state["ready"]]
+        self.in_flight = [_InFlight(c, s, Group.from_state(g)) for c, s, g in state["in_flight"]]
+        heapq.heapify(self.in_flight)
+        self.rng.bit_generator.state = state["rng"]
+
+    def stats(self) -> dict[str, float]:
+        return {**super().stats(), "async/clock": self.clock, "async/trainer_idle": self.idle_time,
+                "async/in_flight": float(len(self.in_flight))}
+
+
+def make_source(cfg: DelayConfig, make_groups: MakeGroups, batch_prompts: int, seed: int = 0) -> SyncSource:
+    if cfg.mode == "sync":
+        return SyncSource(make_groups, batch_prompts)
+    if cfg.mode == "fixed":
+        return FixedDelaySource(make_groups, batch_prompts, cfg.d, cfg.warmup)
+    return LatencySource(make_groups, batch_prompts, cfg, seed)
+
+
+def staleness_stats(batch: list[Group]) -> dict[str, float]:
+    s = torch.tensor([float(g.staleness) for g in batch])
+    return {"async/staleness_mean": float(s.mean()), "async/staleness_max": float(s.max()),
+            "async/staleness_min": float(s.min())}

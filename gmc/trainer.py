@@ -1,0 +1,524 @@
+"""The asynchronous training loop (method.md sections 3 and 4).
+
+Per step: sample prompts, generate a group per prompt with the current weights, grade, compute
+behaviour log-probs with the trainer model, push; pop what is due (:mod:`gmc.asynchrony`);
+compute advantages and the chosen estimator's loss (:mod:`gmc.estimators`); step the
+optimizer. The loop composes the other modules and owns no math of its own.
+
+A run directory holds ``config.yaml`` (resolved), ``run.json`` (provenance: run id, git
+revision, package versions, seed), ``metrics.jsonl`` (one line per step), ``groups.jsonl``
+(one line per consumed group: staleness, length, reward), ``checkpoint.pt`` (the latest, written
+atomically), and at the end ``model/`` and ``summary.json``. ``summary.json`` is written last:
+its presence marks a finished run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import platform
+import random
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+import numpy as np
+import torch
+import yaml
+from tqdm import tqdm
+
+from gmc.asynchrony import Group, make_source, staleness_stats
+from gmc.config import TrainConfig, to_dict
+from gmc.data import SyntheticTask, format_prompt, load_dataset, load_file
+from gmc.estimators import advantages_for, get_estimator
+from gmc.io import atomic_dir, atomic_path, write_json, write_text
+from gmc.policy import load_policy, parameter_bytes, response_logprobs
+from gmc.rewards import Grader
+from gmc.rollout import make_engine
+from gmc.tracking import flatten
+
+log = logging.getLogger(__name__)
+
+TIME_PREFIX = "time/"
+"""Wall-clock metrics; everything else in ``metrics.jsonl`` is reproducible from the seed."""
+
+
+class NonFiniteError(RuntimeError):
+    """Too many consecutive steps with a non-finite loss or gradient."""
+
+
+# ---------------------------------------------------------------------------------------------
+# data cursor
+
+
+class PromptCursor:
+    """Walks a seeded permutation of the training records, epoch after epoch; resumable."""
+
+    def __init__(self, records, seed: int):
+        self.records = records
+        self.seed = seed
+        self.epoch = 0
+        self.pos = 0
+        self._order = self._permutation()
+
+    def _permutation(self) -> list[int]:
+        return np.random.default_rng([self.seed, self.epoch]).permutation(len(self.records)).tolist()
+
+    def take(self, n: int) -> list[int]:
+        out = []
+        for _ in range(n):
+            if self.pos == len(self._order):
+                self.epoch, self.pos = self.epoch + 1, 0
+                self._order = self._permutation()
+            out.append(self._order[self.pos])
+            self.pos += 1
+        return out
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "pos": self.pos}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.pos = state["epoch"], state["pos"]
+        self._order = self._permutation()
+
+
+def training_records(cfg: TrainConfig):
+    if cfg.train_data == "synthetic":
+        return SyntheticTask(**to_dict(cfg.synthetic)).generate("train", 5000, seed=cfg.seed)
+    if Path(cfg.train_data).suffix in (".jsonl", ".json", ".parquet"):
+        return load_file(cfg.train_data)
+    return load_dataset(cfg.train_data, source=cfg.data_source, root=cfg.data_root)
+
+
+# ---------------------------------------------------------------------------------------------
+# batching
+
+
+@dataclass
+class Collated:
+    input_ids: torch.Tensor  # [N, P+T]
+    attention_mask: torch.Tensor  # [N, P+T]
+    prompt_len: int  # P
+    response_mask: torch.Tensor  # [N, T] bool
+
+
+def collate(prompts: list[torch.Tensor], responses: list[torch.Tensor], lengths: list[int], pad_id: int,
+            device) -> Collated:
+    """Left-pad prompts to a common length P, right-pad responses to T."""
+    P = max(len(p) for p in prompts)
+    T = max(max(lengths), 1)
+    N = len(prompts)
+    ids = torch.full((N, P + T), pad_id, dtype=torch.long)
+    attn = torch.zeros((N, P + T), dtype=torch.long)
+    for i, (p, r, n) in enumerate(zip(prompts, responses, lengths)):
+        ids[i, P - len(p) : P] = p
+        ids[i, P : P + n] = r[:n]
+        attn[i, P - len(p) : P + n] = 1
+    resp_mask = attn[:, P:].bool()
+    return Collated(ids.to(device), attn.to(device), P, resp_mask.to(device))
+
+
+def collate_groups(groups: list[Group], pad_id: int, device) -> Collated:
+    prompts, responses, lengths = [], [], []
+    for g in groups:
+        for i in range(g.response_ids.shape[0]):
+            prompts.append(g.prompt_ids)
+            responses.append(g.response_ids[i])
+            lengths.append(int(g.response_mask[i].sum()))
+    return collate(prompts, responses, lengths, pad_id, device)
+
+
+# ---------------------------------------------------------------------------------------------
+# provenance
+
+
+def git_revision() -> str:
+    try:
+        root = Path(__file__).resolve().parents[1]
+        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True, timeout=10)
+        if rev.returncode == 0:
+            return rev.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return "unknown"
+
+
+def package_versions() -> dict[str, str]:
+    out = {}
+    for name in ("gmc", "torch", "transformers", "tokenizers", "numpy", "math-verify", "mlflow", "bitsandbytes", "vllm"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# the trainer
+
+
+class Trainer:
+    """One training run in ``out``; :meth:`run` trains (or resumes) to ``cfg.steps``."""
+
+    def __init__(self, cfg: TrainConfig, out: str | Path, resume: bool = False, progress: bool = True):
+        self.cfg = cfg
+        self.out = Path(out)
+        self.progress = progress
+        self.ckpt_path = self.out / "checkpoint.pt"
+        if (self.out / "summary.json").exists() and not resume:
+            raise FileExistsError(f"{self.out}: a finished run is already there; choose another --out")
+        if self.ckpt_path.exists() and not resume:
+            raise FileExistsError(f"{self.out}: holds a checkpoint; pass --resume to continue it, or choose another --out")
+        self.out.mkdir(parents=True, exist_ok=True)
+        random.seed(cfg.seed)
+        np.random.seed(cfg.seed)
+        torch.manual_seed(cfg.seed)
+
+        self.model, self.tokenizer = load_policy(cfg.model, cfg.model_dtype, cfg.device, cfg.gradient_checkpointing)
+        self.device = next(self.model.parameters()).device
+        self.pad_id = self.tokenizer.pad_token_id
+        self.engine = make_engine(cfg.engine, self.model, self.tokenizer, model_path=cfg.model, seed=cfg.seed)
+        self.records = training_records(cfg)
+        self.cursor = PromptCursor(self.records, cfg.seed)
+        self.grader = Grader()
+        self.loss_fn = get_estimator(cfg.algorithm)
+        # seq_sum_const divides by the generation token limit of this run
+        self.est_cfg = dataclasses.replace(cfg.estimator, max_new_tokens=cfg.sampling.max_new_tokens)
+        self.source = make_source(cfg.delay, self._make_groups, cfg.prompts_per_step, seed=cfg.seed)
+        self.optimizer = self._make_optimizer()
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
+        self.step = 0
+        self.consecutive_nonfinite = 0
+        self.skipped = 0
+        self._gen_log: list[dict] = []
+        if resume and self.ckpt_path.exists() and self._checkpoint_matches_config():
+            self._load_checkpoint()
+        else:
+            self._start_fresh()
+
+    # -- setup ------------------------------------------------------------------------------
+
+    def _make_optimizer(self):
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        kind = self.cfg.optimizer
+        if kind == "auto":
+            kind = "adamw8bit" if self.device.type == "cuda" else "adamw"
+        if kind == "adamw8bit":
+            import bitsandbytes as bnb
+
+            return bnb.optim.AdamW8bit(params, lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)
+        return torch.optim.AdamW(params, lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)
+
+    def _lr_factor(self, step: int) -> float:
+        cfg = self.cfg
+        if step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        frac = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+        if cfg.lr_schedule == "linear":
+            return max(0.0, 1.0 - frac)
+        if cfg.lr_schedule == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * min(1.0, frac)))
+        return 1.0
+
+    def _start_fresh(self) -> None:
+        for name in ("metrics.jsonl", "groups.jsonl"):
+            (self.out / name).unlink(missing_ok=True)
+        write_text(self.out / "config.yaml", yaml.safe_dump(to_dict(self.cfg), sort_keys=False))
+        self.run_info = {
+            "run_id": uuid.uuid4().hex,
+            "git_revision": git_revision(),
+            "packages": package_versions(),
+            "python": platform.python_version(),
+            "seed": self.cfg.seed,
+            "device": str(self.device),
+            "parameter_bytes": parameter_bytes(self.model),
+        }
+        write_json(self.out / "run.json", self.run_info)
+
+    # -- rollouts -----------------------------------------------------------------------------
+
+    def _make_groups(self, n: int, version: int) -> list[Group]:
+        """Generate, grade and score ``n`` groups with the current weights."""
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        idx = self.cursor.take(n)
+        recs = [self.records[i] for i in idx]
+        prompts = [format_prompt(self.tokenizer, r.problem, cfg.thinking) for r in recs]
+        sample_groups = self.engine.generate(prompts, cfg.group_size, cfg.sampling)
+        flat = [s for g in sample_groups for s in g]
+        golds = [r.answer for r in recs for _ in range(cfg.group_size)]
+        grades = self.grader.grade_batch([s.text for s in flat], golds)
+        t_gen = time.perf_counter() - t0
+        lengths = [s.length for s in flat]
+        prompt_t = [torch.tensor(s.prompt_ids, dtype=torch.long) for s in flat]
+        resp_t = [torch.tensor(s.token_ids if s.token_ids else [self.pad_id], dtype=torch.long) for s in flat]
+        batch = collate(prompt_t, resp_t, lengths, self.pad_id, self.device)
+        with torch.no_grad():
+            behaviour = response_logprobs(self.model, batch.input_ids, batch.attention_mask, batch.prompt_len,
+                                          chunk_size=cfg.logprob_chunk_size).float().cpu()
+        groups = []
+        G = cfg.group_size
+        for k, rec_index in enumerate(idx):
+            rows = range(k * G, (k + 1) * G)
+            Tg = max(1, max(lengths[i] for i in rows))
+            resp = torch.full((G, Tg), self.pad_id, dtype=torch.long)
+            sampler = torch.zeros(G, Tg)
+            for j, i in enumerate(rows):
+                resp[j, : lengths[i]] = torch.tensor(flat[i].token_ids, dtype=torch.long)
+                sampler[j, : lengths[i]] = torch.tensor(flat[i].logprobs)
+            mask = torch.arange(Tg).unsqueeze(0) < torch.tensor([lengths[i] for i in rows]).unsqueeze(1)
+            groups.append(Group(
+                prompt_index=rec_index,
+                prompt_ids=prompt_t[k * G],
+                response_ids=resp,
+                response_mask=mask,
+                rewards=torch.tensor([grades[i].reward for i in rows], dtype=torch.float32),
+                behaviour_logp=torch.where(mask, behaviour[k * G : (k + 1) * G, :Tg], 0.0),
+                sampler_logp=sampler,
+                version=version,
+            ))
+        self._gen_log.append({
+            "n": len(flat), "tokens": sum(lengths), "seconds": time.perf_counter() - t0, "gen_seconds": t_gen,
+            "reward_sum": sum(g.reward for g in grades), "length_max": max(lengths),
+            "truncated": sum(s.finish_reason == "length" for s in flat),
+            "mismatch": float(max((torch.tensor(s.logprobs) - behaviour[i, : s.length]).abs().max().item() if s.length else 0.0
+                                  for i, s in enumerate(flat))),
+        })
+        return groups
+
+    def _rollout_metrics(self) -> dict[str, float]:
+        logs, self._gen_log = self._gen_log, []
+        if not logs:
+            return {}
+        n = sum(g["n"] for g in logs)
+        tokens = sum(g["tokens"] for g in logs)
+        seconds = sum(g["seconds"] for g in logs)
+        return {
+            "rollout/reward_mean": sum(g["reward_sum"] for g in logs) / n,
+            "rollout/response_length_mean": tokens / n,
+            "rollout/response_length_max": float(max(g["length_max"] for g in logs)),
+            "rollout/frac_truncated": sum(g["truncated"] for g in logs) / n,
+            "rollout/samples": float(n),
+            "rollout/logp_mismatch_max": max(g["mismatch"] for g in logs),
+            "time/rollout_seconds": seconds,
+            "time/rollout_tokens_per_second": tokens / max(seconds, 1e-9),
+        }
+
+    # -- one step -----------------------------------------------------------------------------
+
+    def train_step(self) -> dict[str, float]:
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        batch = self.source.next_batch(self.step)
+        t1 = time.perf_counter()
+        B, G = len(batch), cfg.group_size
+        col = collate_groups(batch, self.pad_id, self.device)
+        T = col.response_mask.shape[1]
+        behaviour = torch.zeros(B * G, T)
+        for k, g in enumerate(batch):
+            behaviour[k * G : (k + 1) * G, : g.behaviour_logp.shape[1]] = g.behaviour_logp
+        rewards = torch.stack([g.rewards for g in batch])  # [B, G]
+        mask = col.response_mask.view(B, G, T)
+        self.model.train()
+        logp = response_logprobs(self.model, col.input_ids, col.attention_mask, col.prompt_len,
+                                 chunk_size=cfg.logprob_chunk_size).view(B, G, T)
+        adv = advantages_for(rewards.to(self.device), mask.sum(-1), self.est_cfg)
+        loss, stats = self.loss_fn(logp, behaviour.view(B, G, T).to(self.device), mask, adv, self.est_cfg)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+        finite = bool(torch.isfinite(loss)) and bool(torch.isfinite(grad_norm))
+        if finite:
+            self.optimizer.step()
+            self.scheduler.step()
+            self.consecutive_nonfinite = 0
+        else:
+            self.skipped += 1
+            self.consecutive_nonfinite += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        self.engine.sync_weights(self.model)
+        t2 = time.perf_counter()
+        metrics = {
+            "train/loss": float(loss.detach()) if finite else float("nan"),
+            "train/grad_norm": float(grad_norm),
+            "train/lr": self.scheduler.get_last_lr()[0],
+            "train/reward_mean": float(rewards.mean()),
+            "train/frac_groups_all_same": float((rewards.std(-1) == 0).float().mean()),
+            "train/response_length_mean": float(mask.sum(-1).float().mean()),
+            "train/skipped_steps": float(self.skipped),
+            **stats,
+            **self._rollout_metrics(),
+            **staleness_stats(batch),
+            **self.source.stats(),
+            "time/step_seconds": t2 - t0,
+            "time/update_seconds": t2 - t1,
+        }
+        self._last_batch = batch
+        if not finite and self.consecutive_nonfinite >= cfg.max_nonfinite_steps:
+            raise NonFiniteError(
+                f"{self.consecutive_nonfinite} consecutive steps with a non-finite loss or gradient at step "
+                f"{self.step}; the last good checkpoint is {self.ckpt_path if self.ckpt_path.exists() else 'none'}"
+            )
+        return metrics
+
+    # -- checkpoints ----------------------------------------------------------------------
+
+    def _rng_state(self) -> dict:
+        state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+                 "engine": self.engine.generator_state() if hasattr(self.engine, "generator_state") else None}
+        if torch.cuda.is_available():
+            state["cuda"] = torch.cuda.get_rng_state_all()
+        return state
+
+    def save_checkpoint(self) -> None:
+        state = {
+            "step": self.step, "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(), "rng": self._rng_state(), "cursor": self.cursor.state_dict(),
+            "source": self.source.state_dict(), "skipped": self.skipped,
+            "consecutive_nonfinite": self.consecutive_nonfinite, "run_info": self.run_info,
+        }
+        with atomic_path(self.ckpt_path) as tmp:
+            torch.save(state, tmp)
+
+    def _checkpoint_matches_config(self) -> bool:
+        """A checkpoint made under another config is not resumed: the run starts afresh."""
+        saved = yaml.safe_load((self.out / "config.yaml").read_text()) if (self.out / "config.yaml").exists() else None
+        current = yaml.safe_load(yaml.safe_dump(to_dict(self.cfg)))
+        if saved == current:
+            return True
+        changed = sorted(k for k in set(flatten(saved or {})) | set(flatten(current))
+                         if flatten(saved or {}).get(k) != flatten(current).get(k))
+        log.warning("%s: the checkpoint was made with another config (changed: %s); starting afresh",
+                    self.out, ", ".join(changed) or "unknown")
+        return False
+
+    def _load_checkpoint(self) -> None:
+        state = torch.load(self.ckpt_path, map_location=self.device, weights_only=False)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        rng = state["rng"]
+        random.setstate(rng["python"])
+        np.random.set_state(rng["numpy"])
+        torch.set_rng_state(rng["torch"])
+        if rng.get("engine") is not None and hasattr(self.engine, "set_generator_state"):
+            self.engine.set_generator_state(rng["engine"])
+        if "cuda" in rng and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
+        self.cursor.load_state_dict(state["cursor"])
+        self.source.load_state_dict(state["source"])
+        self.step = state["step"]
+        self.skipped = state["skipped"]
+        self.consecutive_nonfinite = state["consecutive_nonfinite"]
+        self.run_info = state["run_info"]
+        self.engine.sync_weights(self.model)
+        for name in ("metrics.jsonl", "groups.jsonl"):
+            truncate_jsonl(self.out / name, self.step)
+        log.info("resumed %s at step %d", self.out, self.step)
+
+    # -- the loop -------------------------------------------------------------------------
+
+    def run(self) -> dict:
+        cfg = self.cfg
+        tracker = None
+        if cfg.tracking_uri:
+            from gmc.tracking import LiveTracker
+
+            tracker = LiveTracker(cfg.tracking_uri, cfg.experiment, self.out, self.run_info["run_id"], to_dict(cfg))
+        bar = tqdm(total=cfg.steps, initial=self.step, desc=f"train {cfg.algorithm}", disable=not self.progress,
+                   unit="step")
+        try:
+            with (self.out / "metrics.jsonl").open("a") as mfile, (self.out / "groups.jsonl").open("a") as gfile:
+                while self.step < cfg.steps:
+                    metrics = self.train_step()
+                    record = {"step": self.step, **metrics}
+                    mfile.write(json.dumps(record) + "\n")
+                    mfile.flush()
+                    for g in self._last_batch:
+                        gfile.write(json.dumps({
+                            "step": self.step, "version": g.version, "staleness": g.staleness,
+                            "length_max": g.max_length, "length_mean": float(g.lengths.float().mean()),
+                            "reward_mean": float(g.rewards.mean()), "submitted_at": g.submitted_at,
+                            "completed_at": g.completed_at}) + "\n")
+                    gfile.flush()
+                    if tracker:
+                        tracker.log(record)
+                    bar.update(1)
+                    bar.set_postfix(reward=f"{metrics['train/reward_mean']:.3f}",
+                                    stale=f"{metrics['async/staleness_mean']:.1f}")
+                    self.step += 1
+                    if (cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0) or self.step == cfg.steps:
+                        self.save_checkpoint()
+        finally:
+            bar.close()
+            self.grader.close()
+        with atomic_dir(self.out / "model") as tmp:
+            self.model.save_pretrained(tmp)
+            self.tokenizer.save_pretrained(tmp)
+        summary = summarize_metrics(self.out / "metrics.jsonl")
+        summary["run_id"] = self.run_info["run_id"]
+        write_json(self.out / "summary.json", summary)
+        if tracker:
+            tracker.finish(summary)
+        return summary
+
+
+# ---------------------------------------------------------------------------------------------
+# metrics files
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    """Lines of a JSONL file; a torn last line (a crash mid-write) is ignored."""
+    rows = []
+    p = Path(path)
+    if not p.exists():
+        return rows
+    with p.open() as fh:
+        for line in fh:
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                break
+    return rows
+
+
+def truncate_jsonl(path: Path, step: int) -> None:
+    """Keep the lines with ``step < step`` (what a checkpoint at ``step`` had seen)."""
+    rows = [r for r in read_jsonl(path) if r["step"] < step]
+    with atomic_path(path) as tmp:
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def summarize_metrics(path: str | Path, window: int = 20) -> dict:
+    rows = read_jsonl(path)
+    if not rows:
+        return {"steps": 0}
+
+    def mean(key, part):
+        vals = [r[key] for r in part if key in r and r[key] is not None and math.isfinite(r[key])]
+        return sum(vals) / len(vals) if vals else None
+
+    head, tail = rows[:window], rows[-window:]
+    out: dict = {"steps": len(rows)}
+    for key in ("rollout/reward_mean", "train/reward_mean"):
+        out[f"{key}_first{window}"] = mean(key, head)
+        out[f"{key}_last{window}"] = mean(key, tail)
+    for key in ("async/staleness_mean", "ratio/frac_groups_capped", "ratio/frac_traj_capped",
+                "ratio/frac_tokens_clipped", "ratio/ess_frac", "ratio/shortfall", "time/step_seconds"):
+        out[key] = mean(key, rows)
+    out["train/skipped_steps"] = rows[-1].get("train/skipped_steps", 0.0)
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def main_train(config: str | None, overrides: list[str], out: str, resume: bool) -> dict:
+    from gmc.config import load_train_config
+
+    cfg = load_train_config(config, overrides)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return Trainer(cfg, out, resume=resume).run()

@@ -1,0 +1,129 @@
+"""The delay queue and the latency model, driven by a deterministic group generator."""
+
+import numpy as np
+import pytest
+import torch
+
+from gmc.asynchrony import (
+    DelayConfig,
+    FixedDelaySource,
+    Group,
+    LatencySource,
+    SyncSource,
+    make_source,
+)
+
+
+class Generator:
+    """Makes groups whose response lengths are drawn from a seeded RNG; records each call."""
+
+    def __init__(self, G=4, seed=0, max_len=64):
+        self.rng = np.random.default_rng(seed)
+        self.G, self.max_len, self.calls = G, max_len, []
+
+    def __call__(self, n, version):
+        self.calls.append((n, version))
+        out = []
+        for _ in range(n):
+            lengths = torch.tensor(self.rng.integers(1, self.max_len + 1, self.G))
+            T = int(lengths.max())
+            mask = torch.arange(T).unsqueeze(0) < lengths.unsqueeze(1)
+            out.append(Group(len(self.calls), torch.arange(5), torch.zeros(self.G, T, dtype=torch.long), mask,
+                             torch.rand(self.G), torch.zeros(self.G, T), torch.zeros(self.G, T), version))
+        return out
+
+
+@pytest.mark.parametrize("d", [1, 3, 8])
+def test_prefill_staleness_is_exactly_d(d):
+    gen = Generator()
+    src = FixedDelaySource(gen, batch_prompts=2, d=d, warmup="prefill")
+    for t in range(20):
+        batch = src.next_batch(t)
+        assert [g.staleness for g in batch] == [d, d]
+        assert all(g.version == t - d for g in batch)
+        assert len(src.queued_groups()) == 2 * d  # bounded
+    # prefill generated d batches up front, then one per step
+    assert len(gen.calls) == d + 20
+
+
+def test_ramp_staleness_grows_to_d():
+    d = 4
+    src = FixedDelaySource(Generator(), batch_prompts=1, d=d, warmup="ramp")
+    stale = [src.next_batch(t)[0].staleness for t in range(30)]
+    assert stale[0] == 0
+    assert all(b >= a for a, b in zip(stale, stale[1:]))
+    assert stale[-1] == d
+    assert max(len(src.queued_groups()) for _ in [0]) <= d + 1
+
+
+def test_delay_zero_equals_sync():
+    a, b = Generator(seed=1), Generator(seed=1)
+    fixed = FixedDelaySource(a, 3, d=0)
+    sync = SyncSource(b, 3)
+    for t in range(5):
+        x, y = fixed.next_batch(t), sync.next_batch(t)
+        assert [g.version for g in x] == [g.version for g in y] == [t] * 3
+        for gx, gy in zip(x, y):
+            assert torch.equal(gx.response_mask, gy.response_mask)
+    assert a.calls == b.calls
+    assert fixed.queued_groups() == []
+
+
+def test_latency_model_long_answers_arrive_staler():
+    cfg = DelayConfig(mode="latency", slots=16, alpha=0.5, beta=0.2, step_time=1.0)
+    src = LatencySource(Generator(G=2, seed=3, max_len=60), batch_prompts=4, cfg=cfg)
+    stale, lengths = [], []
+    for t in range(150):
+        batch = src.next_batch(t)
+        for g in batch:
+            stale.append(g.staleness)
+            lengths.append(g.max_length)
+            assert g.completed_at == pytest.approx(g.submitted_at + 0.5 + 0.2 * g.max_length)
+            assert g.completed_at <= src.clock
+        assert len(src.queued_groups()) <= cfg.slots + 4 + cfg.slots  # in flight + ready, bounded
+        assert len(src.in_flight) == cfg.slots
+    corr = np.corrcoef(stale[100:], lengths[100:])[0, 1]
+    assert corr > 0.3, corr
+    assert min(stale) >= 0
+
+
+def test_latency_completion_order_and_idle_time():
+    cfg = DelayConfig(mode="latency", slots=2, alpha=5.0, beta=0.0, step_time=1.0)
+    src = LatencySource(Generator(G=2), batch_prompts=2, cfg=cfg)
+    batch = src.next_batch(0)
+    assert [g.completed_at for g in batch] == [5.0, 5.0]
+    assert src.idle_time == pytest.approx(5.0)  # the trainer waited for the first groups
+    batch = src.next_batch(1)  # refills were submitted at t=5 with version 0
+    assert [g.version for g in batch] == [0, 0] and batch[0].completed_at == 10.0
+
+
+def test_latency_noise_is_seeded_and_state_round_trips():
+    cfg = DelayConfig(mode="latency", slots=4, alpha=1.0, beta=0.1, noise_scale=1.0)
+    a = LatencySource(Generator(seed=5), 2, cfg, seed=9)
+    for t in range(5):
+        a.next_batch(t)
+    state = a.state_dict()
+    b = LatencySource(Generator(seed=5), 2, cfg, seed=9)
+    b.load_state_dict(state)
+    assert b.clock == a.clock and len(b.in_flight) == len(a.in_flight)
+    assert [i.completes_at for i in sorted(b.in_flight)] == [i.completes_at for i in sorted(a.in_flight)]
+    assert a.rng.random() == b.rng.random()
+
+
+def test_fixed_state_round_trip_and_queue_bytes():
+    a = FixedDelaySource(Generator(seed=2), 2, d=3)
+    for t in range(4):
+        a.next_batch(t)
+    b = FixedDelaySource(Generator(seed=2), 2, d=3)
+    b.load_state_dict(a.state_dict())
+    assert [g.version for g in b.queued_groups()] == [g.version for g in a.queued_groups()]
+    stats = a.stats()
+    assert stats["async/queue_groups"] == 6 and stats["async/queue_bytes"] > 0
+
+
+def test_delay_config_validation():
+    with pytest.raises(ValueError, match="delay.mode"):
+        DelayConfig(mode="async")
+    with pytest.raises(ValueError, match="delay.d"):
+        DelayConfig(d=-1)
+    assert isinstance(make_source(DelayConfig(mode="sync"), Generator(), 1), SyncSource)

@@ -1,0 +1,93 @@
+# Sweep points, paths and helpers shared by the rules. Every output path names its parameters.
+import itertools
+from pathlib import Path
+
+RESULTS = config["results"]
+# conda environment for --sdm conda: the GPU one when the jobs ask for GPUs
+CONDA_ENV = (
+    "../../envs/gpu.yaml"
+    if config["resources"]["train_gpus"]
+    else "../../envs/cpu.yaml"
+)
+SWEEP = config["sweep"]
+LATENCY = config["latency"]
+BENCHMARKS = config["evaluate"]["benchmarks"]
+
+
+wildcard_constraints:
+    algo="[a-z]+",
+    delay=r"\d+|latency",
+    group=r"\d+",
+    seed=r"\d+",
+
+
+def _run_dirs():
+    dirs = [
+        f"{RESULTS}/train/algo~{a}/delay~{d}/group~{g}/seed~{s}"
+        for a, d, g, s in itertools.product(
+            SWEEP["algorithms"], SWEEP["delays"], SWEEP["group_sizes"], SWEEP["seeds"]
+        )
+    ]
+    if LATENCY["enabled"]:
+        dirs += [
+            f"{RESULTS}/train/algo~{a}/delay~latency/group~{g}/seed~{s}"
+            for a, g, s in itertools.product(
+                LATENCY["algorithms"], LATENCY["group_sizes"], SWEEP["seeds"]
+            )
+        ]
+    return dirs
+
+
+def _model_dir():
+    name = config["model"]["name"]
+    if name == "tiny":
+        return f"{RESULTS}/models/tiny"
+    return f"{RESULTS}/models/{'--'.join(Path(name).parts)}"
+
+
+RUN_DIRS = _run_dirs()
+MODEL_DIR = _model_dir()
+TRAIN_DONE = [f"{d}/summary.json" for d in RUN_DIRS]
+EVAL_DIRS = [
+    str(Path(RESULTS, "eval", Path(d).relative_to(Path(RESULTS, "train"))))
+    for d in RUN_DIRS
+] + [f"{RESULTS}/eval/base"]
+EVAL_DONE = [f"{d}/{b}.json" for d in EVAL_DIRS for b in BENCHMARKS]
+MLFLOW_DONE = f"{RESULTS}/mlflow/synced.json"
+TABLE_NAMES = ["main", "diagnostics"]
+TABLES = [
+    f"{RESULTS}/tables/{t}.{ext}" for t in TABLE_NAMES for ext in ("csv", "md", "tex")
+]
+FIGURE_NAMES = [
+    "reward_vs_step",
+    "score_vs_delay",
+    "score_vs_group",
+    "ratio_diagnostics",
+    "staleness_vs_length",
+]
+FIGURES = [f"{RESULTS}/figures/{f}.png" for f in FIGURE_NAMES]
+THEORY = [
+    f"{RESULTS}/theory/{f}"
+    for f in (
+        "fixed_policy.csv",
+        "delayed_summary.csv",
+        "theory_bias_vs_G_exact_baseline.png",
+        "theory_shortfall_vs_eps.png",
+        "theory_reward_vs_delay.png",
+    )
+]
+
+
+def train_overrides(wildcards):
+    sets = {
+        "algorithm": wildcards.algo,
+        "group_size": wildcards.group,
+        "seed": wildcards.seed,
+    }
+    if wildcards.delay == "latency":
+        sets["delay.mode"] = "latency"
+        sets.update({f"delay.{k}": v for k, v in LATENCY["delay"].items()})
+    else:
+        sets["delay.mode"] = "fixed"
+        sets["delay.d"] = wildcards.delay
+    return " ".join(f"--set {k}={v}" for k, v in sets.items())

@@ -1,0 +1,16 @@
+rule prepare_data:
+    """Load and check every data set the sweep needs; fail early on bad data."""
+    output:
+        f"{RESULTS}/data/manifest.json",
+    log:
+        f"{RESULTS}/logs/prepare_data.log",
+    conda:
+        CONDA_ENV
+    params:
+        train=config["train"].get("train_data", "synthetic"),
+        source=config["data"]["source"],
+        root=f"--data-root {config['data']['root']}" if config["data"]["root"] else "",
+        benchmarks=" ".join(BENCHMARKS),
+    shell:
+        "python -m gmc prepare-data --train {params.train} --benchmarks {params.benchmarks} "
+        "--source {params.source} {params.root} --out {output} > {log} 2>&1"

@@ -1,0 +1,82 @@
+rule eval_config:
+    """The EvalConfig every evaluation job reads (config.yaml's evaluate and data sections)."""
+    output:
+        f"{RESULTS}/configs/eval.yaml",
+    log:
+        f"{RESULTS}/logs/eval_config.log",
+    conda:
+        CONDA_ENV
+    params:
+        kind="eval",
+        values=dict(
+            config["evaluate"],
+            data_source=config["data"]["source"],
+            data_root=config["data"]["root"],
+        ),
+    script:
+        "../scripts/write_config.py"
+
+
+rule evaluate:
+    """Greedy accuracy and Pass@1 of one trained checkpoint on every benchmark (model loaded once)."""
+    input:
+        summary=f"{RESULTS}/train/algo~{{algo}}/delay~{{delay}}/group~{{group}}/seed~{{seed}}/summary.json",
+        cfg=f"{RESULTS}/configs/eval.yaml",
+    output:
+        [
+            f"{RESULTS}/eval/algo~{{algo}}/delay~{{delay}}/group~{{group}}/seed~{{seed}}/{b}.json"
+            for b in BENCHMARKS
+        ],
+    log:
+        f"{RESULTS}/logs/eval/algo~{{algo}}/delay~{{delay}}/group~{{group}}/seed~{{seed}}.log",
+    conda:
+        CONDA_ENV
+    threads: 1
+    resources:
+        gpu=config["resources"]["eval_gpus"],
+    params:
+        model=lambda wildcards, input: str(Path(input.summary).parent / "model"),
+        out=lambda wildcards, output: str(Path(output[0]).parent),
+    shell:
+        "OMP_NUM_THREADS={threads} python -m gmc evaluate --model {params.model} --out {params.out} "
+        "--config {input.cfg} > {log} 2>&1"
+
+
+rule evaluate_base:
+    """The starting point: the base model before RL."""
+    input:
+        model=MODEL_DIR,
+        cfg=f"{RESULTS}/configs/eval.yaml",
+    output:
+        [f"{RESULTS}/eval/base/{b}.json" for b in BENCHMARKS],
+    log:
+        f"{RESULTS}/logs/eval/base.log",
+    conda:
+        CONDA_ENV
+    threads: 1
+    resources:
+        gpu=config["resources"]["eval_gpus"],
+    params:
+        out=lambda wildcards, output: str(Path(output[0]).parent),
+    shell:
+        "OMP_NUM_THREADS={threads} python -m gmc evaluate --model {input.model} --out {params.out} "
+        "--config {input.cfg} > {log} 2>&1"
+
+
+rule mlflow_sync:
+    """Import every finished run into the sqlite MLflow store (idempotent)."""
+    input:
+        TRAIN_DONE,
+    output:
+        MLFLOW_DONE,
+    log:
+        f"{RESULTS}/logs/mlflow_sync.log",
+    conda:
+        CONDA_ENV
+    params:
+        dirs=lambda wildcards, input: " ".join(str(Path(p).parent) for p in input),
+        uri=config["mlflow"]["tracking_uri"],
+        experiment=config["mlflow"]["experiment"],
+    shell:
+        "python -m gmc mlflow-sync {params.dirs} --tracking-uri {params.uri} "
+        "--experiment {params.experiment} --out {output} > {log} 2>&1"

@@ -1,0 +1,36 @@
+rule train_config:
+    """The TrainConfig keys shared by every sweep point (config.yaml's train section)."""
+    output:
+        f"{RESULTS}/configs/train.yaml",
+    log:
+        f"{RESULTS}/logs/train_config.log",
+    conda:
+        CONDA_ENV
+    params:
+        kind="train",
+        values=config["train"],
+    script:
+        "../scripts/write_config.py"
+
+
+rule train:
+    """One training run; rerunning a killed job resumes from its checkpoint."""
+    input:
+        model=MODEL_DIR,
+        base=f"{RESULTS}/configs/train.yaml",
+        data=f"{RESULTS}/data/manifest.json",
+    output:
+        f"{RESULTS}/train/algo~{{algo}}/delay~{{delay}}/group~{{group}}/seed~{{seed}}/summary.json",
+    log:
+        f"{RESULTS}/logs/train/algo~{{algo}}/delay~{{delay}}/group~{{group}}/seed~{{seed}}.log",
+    conda:
+        CONDA_ENV
+    threads: 1
+    resources:
+        gpu=config["resources"]["train_gpus"],
+    params:
+        dir=lambda wildcards, output: str(Path(output[0]).parent),
+        overrides=train_overrides,
+    shell:
+        "OMP_NUM_THREADS={threads} TQDM_MININTERVAL=10 python -m gmc train --config {input.base} "
+        "--set model={input.model} {params.overrides} --out {params.dir} --resume > {log} 2>&1"
