@@ -22,7 +22,7 @@ METHOD_COLORS = {"grpo": "tab:blue", "tic": "tab:orange", "gmc": "tab:green", "i
 
 def _row(n: int, width: float = 4.0, sharey: bool = False):
     """A figure with ``n`` panels side by side; returns ``(fig, axes)``."""
-    fig, axes = plt.subplots(1, n, figsize=(width * n, 3.4), sharey=sharey, squeeze=False)
+    fig, axes = plt.subplots(1, n, figsize=(width * n, 3.6), sharey=sharey, squeeze=False, layout="constrained")
     return fig, axes[0]
 
 
@@ -210,7 +210,7 @@ def run_figures(results: str | Path, out: str | Path | None = None) -> list[Path
     written += _save(fig, out, "ratio_diagnostics")
 
     # 5. staleness vs response length under the latency model
-    fig, ax = plt.subplots(figsize=(5, 3.6))
+    fig, ax = plt.subplots(figsize=(5, 3.6), layout="constrained")
     lat = frame[frame["delay"] == "latency"]
     for algo, grp in lat.groupby("algorithm"):
         rows = [r for d in grp["run_dir"] for r in read_jsonl(Path(d) / "groups.jsonl")]

@@ -35,7 +35,7 @@ def test_default_config_dry_run_plans_the_sweep(tmp_path):
     assert out.returncode == 0, out.stderr
     text = out.stdout + out.stderr
     assert "build_tiny_model" in text and "theory_lab" in text
-    assert "results/train/algo~gmc/delay~16/group~8/seed~0/summary.json" in text
+    assert "results/train/algo~gmc/delay~32/group~8/seed~0/summary.json" in text
 
 
 def test_paper_preset_dry_run_plans_the_full_sweep(tmp_path):
