@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import platform
-import resource
 import statistics
 import subprocess
 import sys
@@ -30,10 +29,9 @@ def timeit(fn, repeat: int = 5, warmup: int = 1) -> dict:
 
 def peak_rss_mb(code: str) -> float:
     """Peak resident memory (MB) of a fresh Python process running ``code``."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    subprocess.run([sys.executable, "-c", code], check=True)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return max(after, before) / 1024.0
+    probe = "\nimport resource\nprint(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
+    out = subprocess.run([sys.executable, "-c", code + probe], check=True, capture_output=True, text=True)
+    return int(out.stdout.strip().splitlines()[-1]) / 1024.0
 
 
 def write_result(name: str, payload: dict) -> Path:

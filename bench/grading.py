@@ -1,8 +1,9 @@
 """Grading throughput with the process pool (2 workers), against grading in one process.
 
 Three answer sets from MATH500: the reference answers themselves (the fast path decides them),
-answers rewritten into an equivalent but different form (math-verify must decide), and wrong
-answers. Also the worst-case latency of a pathological answer. Run: python bench/grading.py
+answers rewritten into an equivalent but different form (math-verify must decide), and answers
+with a digit appended (mostly wrong; a few, like ``\\frac{1}{2}1``, stay equivalent). Also the
+worst-case latency of a pathological answer. Run: python bench/grading.py
 """
 
 import sys
@@ -37,7 +38,7 @@ def main() -> None:
     sets = {
         "reference": [f"\\boxed{{{g}}}" for g in golds],
         "rewritten": [f"\\boxed{{{rewrite(g)}}}" for g in golds],
-        "wrong": [f"\\boxed{{{g}1}}" for g in golds],
+        "appended": [f"\\boxed{{{g}1}}" for g in golds],
     }
     result = {"items": len(golds), "workers": 2}
     with Grader(workers=2, timeout=5.0) as grader:

@@ -30,6 +30,7 @@ import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
+from functools import cached_property
 from typing import Literal
 
 import numpy as np
@@ -46,7 +47,8 @@ class Group:
     response_ids: Tensor  # [G, T] int64, right-padded
     response_mask: Tensor  # [G, T] bool
     rewards: Tensor  # [G] float32
-    behaviour_logp: Tensor  # [G, T] float32, trainer model at generation time
+    behaviour_logp: Tensor | None  # [G, T] float32, trainer model at generation time; None when
+    # the group is consumed in the step that made it (the training forward gives them exactly)
     sampler_logp: Tensor  # [G, T] float32, as reported by the rollout engine
     version: int  # policy version that generated it
     submitted_at: float = 0.0
@@ -67,9 +69,11 @@ class Group:
             raise ValueError("staleness is defined once the group is consumed")
         return self.consumed_version - self.version
 
+    @cached_property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.prompt_ids, self.response_ids, self.response_mask,
-                                                          self.rewards, self.behaviour_logp, self.sampler_logp))
+        tensors = (self.prompt_ids, self.response_ids, self.response_mask, self.rewards, self.behaviour_logp,
+                   self.sampler_logp)
+        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
     def state(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -145,7 +149,7 @@ class SyncSource:
 
     def stats(self) -> dict[str, float]:
         groups = self.queued_groups()
-        return {"async/queue_groups": float(len(groups)), "async/queue_bytes": float(sum(g.nbytes() for g in groups))}
+        return {"async/queue_groups": float(len(groups)), "async/queue_bytes": float(sum(g.nbytes for g in groups))}
 
 
 class FixedDelaySource(SyncSource):
@@ -211,27 +215,35 @@ class LatencySource(SyncSource):
             lat += self.cfg.noise_scale * float(self.rng.lognormal(0.0, self.cfg.noise_sigma))
         return lat
 
-    def _submit(self, n: int, at: float, version: int) -> None:
-        for g in self.make_groups(n, version):
+    def _submit(self, times: list[float], version: int) -> None:
+        """Fill one slot at each of ``times``; the groups are generated in one batched call."""
+        for at, g in zip(times, self.make_groups(len(times), version)):
             g.submitted_at = at
             g.completed_at = at + self._latency(g)
             heapq.heappush(self.in_flight, _InFlight(g.completed_at, self.seq, g))
             self.seq += 1
 
     def _complete_until(self, until: float, version: int) -> None:
-        """Move every group finishing by ``until`` to ready, refilling its slot when it frees."""
+        """Move every group finishing by ``until`` to ready, refilling its slot when it frees
+        (all with ``version``: the weights do not change before ``until``)."""
         while self.in_flight and self.in_flight[0].completes_at <= until:
-            item = heapq.heappop(self.in_flight)
-            self.ready.append(item.group)
-            self._submit(1, item.completes_at, version)
+            freed = []
+            while self.in_flight and self.in_flight[0].completes_at <= until:
+                item = heapq.heappop(self.in_flight)
+                self.ready.append(item.group)
+                freed.append(item.completes_at)
+            self._submit(freed, version)
 
     def next_batch(self, version: int) -> list[Group]:
         if not self.started:
             self.started = True
-            self._submit(self.cfg.slots, self.clock, version)
+            self._submit([self.clock] * self.cfg.slots, version)
         self._complete_until(self.clock, version)
-        while len(self.ready) < self.batch_prompts:  # trainer idles until enough groups are done
-            nxt = self.in_flight[0].completes_at
+        while len(self.ready) < self.batch_prompts:
+            # the trainer idles until enough groups are done: jump to the completion that fills
+            # the batch, so the slots freed meanwhile are refilled in one batched generation
+            need = self.batch_prompts - len(self.ready)
+            nxt = heapq.nsmallest(need, self.in_flight)[-1].completes_at
             self.idle_time += nxt - self.clock
             self.clock = nxt
             self._complete_until(self.clock, version)

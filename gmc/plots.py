@@ -172,6 +172,7 @@ def run_figures(results: str | Path, out: str | Path | None = None) -> list[Path
         for algo, grp in lat.groupby("algorithm"):
             ax.axhline(grp[score].mean(), color=METHOD_COLORS.get(algo), ls=":", lw=1)
         ax.set_xscale("symlog", linthresh=1)
+        ax.set_xlim(-0.5, 1.5 * max(numeric["delay"].max(), 1))
         ax.set_xlabel("delay d (optimizer steps)")
         ax.set_title(f"G = {g}" + (" (dotted: latency model)" if len(lat) else ""))
     axes[0].set_ylabel(score_label)
@@ -203,6 +204,7 @@ def run_figures(results: str | Path, out: str | Path | None = None) -> list[Path
         if col in numeric.columns:
             _line_by_algorithm(ax, numeric[numeric["group"] == G], "delay", col)
         ax.set_xscale("symlog", linthresh=1)
+        ax.set_xlim(-0.5, 1.5 * max(numeric["delay"].max(), 1))
         ax.set_xlabel("delay d")
         ax.set_ylabel(label)
     axes[0].legend(fontsize=8)

@@ -108,7 +108,7 @@ class HFEngine:
     def set_generator_state(self, state: Tensor) -> None:
         self.generator.set_state(state)
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def generate(self, prompts: list[str], n: int, sampling: SamplingConfig) -> list[list[Sample]]:
         flat = [p for p in prompts for _ in range(n)]
         samples: list[Sample] = []

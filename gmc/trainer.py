@@ -192,6 +192,9 @@ class Trainer:
         # seq_sum_const divides by the generation token limit of this run
         self.est_cfg = dataclasses.replace(cfg.estimator, max_new_tokens=cfg.sampling.max_new_tokens)
         self.source = make_source(cfg.delay, self._make_groups, cfg.prompts_per_step, seed=cfg.seed)
+        # on-policy steps (sync, or fixed delay 0) train on the batch they generate, with the same
+        # weights: the training forward gives the behaviour log-probs exactly, no extra pass needed
+        self.on_policy = cfg.delay.mode == "sync" or (cfg.delay.mode == "fixed" and cfg.delay.d == 0)
         self.optimizer = self._make_optimizer()
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         self.step = 0
@@ -259,10 +262,12 @@ class Trainer:
         lengths = [s.length for s in flat]
         prompt_t = [torch.tensor(s.prompt_ids, dtype=torch.long) for s in flat]
         resp_t = [torch.tensor(s.token_ids if s.token_ids else [self.pad_id], dtype=torch.long) for s in flat]
-        batch = collate(prompt_t, resp_t, lengths, self.pad_id, self.device)
-        with torch.no_grad():
-            behaviour = response_logprobs(self.model, batch.input_ids, batch.attention_mask, batch.prompt_len,
-                                          chunk_size=cfg.logprob_chunk_size).float().cpu()
+        behaviour = None
+        if not self.on_policy:
+            batch = collate(prompt_t, resp_t, lengths, self.pad_id, self.device)
+            with torch.no_grad():
+                behaviour = response_logprobs(self.model, batch.input_ids, batch.attention_mask, batch.prompt_len,
+                                              chunk_size=cfg.logprob_chunk_size).float().cpu()
         groups = []
         G = cfg.group_size
         for k, rec_index in enumerate(idx):
@@ -280,16 +285,18 @@ class Trainer:
                 response_ids=resp,
                 response_mask=mask,
                 rewards=torch.tensor([grades[i].reward for i in rows], dtype=torch.float32),
-                behaviour_logp=torch.where(mask, behaviour[k * G : (k + 1) * G, :Tg], 0.0),
+                behaviour_logp=None if behaviour is None else torch.where(mask, behaviour[k * G : (k + 1) * G, :Tg], 0.0),
                 sampler_logp=sampler,
                 version=version,
             ))
+        mismatch = None
+        if behaviour is not None:
+            mismatch = max(float((torch.tensor(s.logprobs) - behaviour[i, : s.length]).abs().max()) if s.length else 0.0
+                           for i, s in enumerate(flat))
         self._gen_log.append({
             "n": len(flat), "tokens": sum(lengths), "seconds": time.perf_counter() - t0, "gen_seconds": t_gen,
             "reward_sum": sum(g.reward for g in grades), "length_max": max(lengths),
-            "truncated": sum(s.finish_reason == "length" for s in flat),
-            "mismatch": float(max((torch.tensor(s.logprobs) - behaviour[i, : s.length]).abs().max().item() if s.length else 0.0
-                                  for i, s in enumerate(flat))),
+            "truncated": sum(s.finish_reason == "length" for s in flat), "mismatch": mismatch,
         })
         return groups
 
@@ -300,16 +307,19 @@ class Trainer:
         n = sum(g["n"] for g in logs)
         tokens = sum(g["tokens"] for g in logs)
         seconds = sum(g["seconds"] for g in logs)
-        return {
+        out = {
             "rollout/reward_mean": sum(g["reward_sum"] for g in logs) / n,
             "rollout/response_length_mean": tokens / n,
             "rollout/response_length_max": float(max(g["length_max"] for g in logs)),
             "rollout/frac_truncated": sum(g["truncated"] for g in logs) / n,
             "rollout/samples": float(n),
-            "rollout/logp_mismatch_max": max(g["mismatch"] for g in logs),
             "time/rollout_seconds": seconds,
             "time/rollout_tokens_per_second": tokens / max(seconds, 1e-9),
         }
+        mismatches = [g["mismatch"] for g in logs if g["mismatch"] is not None]
+        if mismatches:
+            out["rollout/logp_mismatch_max"] = max(mismatches)
+        return out
 
     # -- one step -----------------------------------------------------------------------------
 
@@ -321,16 +331,20 @@ class Trainer:
         B, G = len(batch), cfg.group_size
         col = collate_groups(batch, self.pad_id, self.device)
         T = col.response_mask.shape[1]
-        behaviour = torch.zeros(B * G, T)
-        for k, g in enumerate(batch):
-            behaviour[k * G : (k + 1) * G, : g.behaviour_logp.shape[1]] = g.behaviour_logp
         rewards = torch.stack([g.rewards for g in batch])  # [B, G]
         mask = col.response_mask.view(B, G, T)
         self.model.train()
         logp = response_logprobs(self.model, col.input_ids, col.attention_mask, col.prompt_len,
                                  chunk_size=cfg.logprob_chunk_size).view(B, G, T)
+        if all(g.behaviour_logp is None for g in batch):
+            behaviour = logp.detach()
+        else:
+            behaviour = torch.zeros(B * G, T)
+            for k, g in enumerate(batch):
+                behaviour[k * G : (k + 1) * G, : g.behaviour_logp.shape[1]] = g.behaviour_logp
+            behaviour = behaviour.view(B, G, T).to(self.device)
         adv = advantages_for(rewards.to(self.device), mask.sum(-1), self.est_cfg)
-        loss, stats = self.loss_fn(logp, behaviour.view(B, G, T).to(self.device), mask, adv, self.est_cfg)
+        loss, stats = self.loss_fn(logp, behaviour, mask, adv, self.est_cfg)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
         finite = bool(torch.isfinite(loss)) and bool(torch.isfinite(grad_norm))
