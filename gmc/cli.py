@@ -87,21 +87,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _prepare_data(args: argparse.Namespace) -> None:
-    from gmc.data import SyntheticTask, load_dataset, load_file
+    """Load every set the sweep needs with the loaders training and evaluation use."""
+    from gmc.config import TrainConfig
+    from gmc.evaluate import EvalConfig, benchmark_records
     from gmc.io import write_json
+    from gmc.trainer import training_records
 
-    manifest = {}
-    if args.train == "synthetic":
-        manifest["train/synthetic"] = len(SyntheticTask().generate("train", 5000))
-    elif args.train.endswith((".jsonl", ".json", ".parquet")):
-        manifest[f"train/{args.train}"] = len(load_file(args.train))
-    else:
-        manifest[f"train/{args.train}"] = len(load_dataset(args.train, args.source, args.data_root))
+    train = TrainConfig(train_data=args.train, data_source=args.source, data_root=args.data_root)
+    manifest = {f"train/{args.train}": len(training_records(train))}
+    evaluation = EvalConfig(data_source=args.source, data_root=args.data_root)
     for name in args.benchmarks:
-        if name == "synthetic":
-            manifest["eval/synthetic"] = len(SyntheticTask().generate("test", 200))
-        else:
-            manifest[f"eval/{name}"] = len(load_dataset(name, args.source, args.data_root))
+        manifest[f"eval/{name}"] = len(benchmark_records(name, evaluation))
     write_json(args.out, manifest)
     print(json.dumps(manifest, indent=2))
 

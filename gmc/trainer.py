@@ -35,7 +35,7 @@ from tqdm import tqdm
 
 from gmc.asynchrony import Group, make_source, staleness_stats
 from gmc.config import TrainConfig, to_dict
-from gmc.data import SyntheticTask, format_prompt, load_dataset, load_file
+from gmc.data import format_prompt, load_dataset, load_file
 from gmc.estimators import advantages_for, get_estimator
 from gmc.io import atomic_dir, atomic_path, write_json, write_text
 from gmc.policy import load_policy, parameter_bytes, response_logprobs
@@ -90,7 +90,7 @@ class PromptCursor:
 
 def training_records(cfg: TrainConfig):
     if cfg.train_data == "synthetic":
-        return SyntheticTask(**to_dict(cfg.synthetic)).generate("train", 5000, seed=cfg.seed)
+        return cfg.synthetic.generate("train", 5000, seed=cfg.seed)
     if Path(cfg.train_data).suffix in (".jsonl", ".json", ".parquet"):
         return load_file(cfg.train_data)
     return load_dataset(cfg.train_data, source=cfg.data_source, root=cfg.data_root)
@@ -258,7 +258,6 @@ class Trainer:
         flat = [s for g in sample_groups for s in g]
         golds = [r.answer for r in recs for _ in range(cfg.group_size)]
         grades = self.grader.grade_batch([s.text for s in flat], golds)
-        t_gen = time.perf_counter() - t0
         lengths = [s.length for s in flat]
         prompt_t = [torch.tensor(s.prompt_ids, dtype=torch.long) for s in flat]
         resp_t = [torch.tensor(s.token_ids if s.token_ids else [self.pad_id], dtype=torch.long) for s in flat]
@@ -294,7 +293,7 @@ class Trainer:
             mismatch = max(float((torch.tensor(s.logprobs) - behaviour[i, : s.length]).abs().max()) if s.length else 0.0
                            for i, s in enumerate(flat))
         self._gen_log.append({
-            "n": len(flat), "tokens": sum(lengths), "seconds": time.perf_counter() - t0, "gen_seconds": t_gen,
+            "n": len(flat), "tokens": sum(lengths), "seconds": time.perf_counter() - t0,
             "reward_sum": sum(g.reward for g in grades), "length_max": max(lengths),
             "truncated": sum(s.finish_reason == "length" for s in flat), "mismatch": mismatch,
         })
