@@ -19,7 +19,6 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("build-tiny-model", help="build and warm-start the tiny CPU policy")
     p.add_argument("--out", required=True, help="folder for the saved model and tokenizer")
     p.add_argument("--target-accuracy", type=float, default=0.4)
-    p.add_argument("--max-seconds", type=float, default=150.0)
     p.add_argument("--max-steps", type=int, default=1500)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_build_tiny_model)
@@ -171,8 +170,8 @@ def _mlflow_sync(args: argparse.Namespace) -> None:
 def _build_tiny_model(args: argparse.Namespace) -> None:
     from gmc.policy import TinyModelConfig, build_tiny_model
 
-    cfg = TinyModelConfig(target_accuracy=args.target_accuracy, max_seconds=args.max_seconds,
-                          max_steps=args.max_steps, seed=args.seed)
+    cfg = TinyModelConfig(target_accuracy=args.target_accuracy, max_steps=args.max_steps,
+                          seed=args.seed)
     summary = build_tiny_model(args.out, cfg)
     print(f"tiny model: {summary['parameters']:,} parameters, greedy accuracy {summary['greedy_accuracy']:.3f} "
           f"after {summary['steps']} steps in {summary['seconds']:.0f} s -> {args.out}")

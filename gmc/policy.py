@@ -124,7 +124,8 @@ class TinyModelConfig:
     after a right computation: a mistake that greedy decoding makes about half the time and
     that RL can learn away within a few hundred steps."""
     max_steps: int = 1500
-    max_seconds: float = 150.0
+    """Step budget of the warm start: the build stops on accuracy or steps, never on wall-clock
+    time, so the same seed gives the same model on every machine."""
     batch_size: int = 64
     lr: float = 3e-3
     eval_every: int = 50
@@ -193,7 +194,7 @@ def build_tiny_model(out: str | Path, cfg: TinyModelConfig = TinyModelConfig(), 
     acc, step, history = 0.0, 0, []
     bar = tqdm(total=cfg.max_steps, desc="warm start", disable=not progress)
     model.train()
-    while step < cfg.max_steps and time.time() - start < cfg.max_seconds:
+    while step < cfg.max_steps:
         idx = torch.randint(0, len(train), (cfg.batch_size,), generator=gen).tolist()
         enc = tokenizer([prompts[i] + targets[i] + eos for i in idx], return_tensors="pt", padding=True)
         n_prompt = [len(tokenizer(prompts[i])["input_ids"]) for i in idx]

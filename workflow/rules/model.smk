@@ -13,7 +13,7 @@ if config["model"]["name"] == "tiny":
             tiny=config["model"]["tiny"],
         shell:
             "OMP_NUM_THREADS={threads} python -m gmc build-tiny-model --out {output} "
-            "--target-accuracy {params.tiny[target_accuracy]} --max-seconds {params.tiny[max_seconds]} "
+            "--target-accuracy {params.tiny[target_accuracy]} --max-steps {params.tiny[max_steps]} "
             "--seed {params.tiny[seed]} > {log} 2>&1"
 
 else:
