@@ -5,10 +5,11 @@ each :class:`Sample` with its token ids, text, the sampler's per-token log-probs
 finish reason (``stop`` at EOS, ``length`` at the token limit).
 
 * :class:`HFEngine` runs on any machine: batched sampling with a KV cache over left-padded
-  prompts, temperature and top-p, seeded by the engine's own generator (same seed, same
-  samples). The sampler's log-probs are those of the distribution actually sampled (after
-  temperature and top-p); for training rollouts (temperature 1, top_p 1) they equal the
-  policy's own log-probs.
+  prompts (:mod:`gmc.decoding`: one prefill per prompt shared by its samples, finished answers
+  leave the batch), temperature and top-p, seeded by the engine's own generator (same seed,
+  same samples). The sampler's log-probs are those of the distribution actually sampled
+  (after temperature and top-p); for training rollouts (temperature 1, top_p 1) they equal
+  the policy's own log-probs.
 * :class:`VLLMEngine` (GPU, the ``gpu`` extra) wraps an in-process ``vllm.LLM`` that returns
   log-probs and takes new weights from the trainer after each optimizer step.
 """
@@ -21,7 +22,7 @@ from typing import Literal, Protocol
 import torch
 from torch import Tensor
 
-from gmc.policy import position_ids_from_mask
+from gmc.decoding import make_decoder
 
 
 @dataclass(frozen=True)
@@ -80,13 +81,16 @@ def _sample_next(logits: Tensor, sampling: SamplingConfig, generator: torch.Gene
         drop_sorted = (cum - sorted_logp.exp()) >= sampling.top_p  # keep the smallest nucleus
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         logp = torch.log_softmax(logp.masked_fill(drop, float("-inf")), dim=-1)
-    probs = logp.exp()
-    tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    # inverse-CDF sampling: u in (0, total], so the chosen token always has positive probability
+    cdf = logp.exp().cumsum(-1)
+    u = (1 - torch.rand(cdf.shape[0], 1, generator=generator, device=cdf.device)) * cdf[:, -1:]
+    tok = (cdf < u).sum(-1)
     return tok, logp.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
 
 
 class HFEngine:
-    """Sampling with a Hugging Face causal LM and its KV cache, on any device."""
+    """Sampling with a Hugging Face causal LM and a KV cache, on any device; ``batch_size``
+    answers (prompts x samples) are decoded together."""
 
     def __init__(self, model, tokenizer, seed: int = 0, batch_size: int = 256):
         self.model = model
@@ -110,57 +114,53 @@ class HFEngine:
 
     @torch.inference_mode()
     def generate(self, prompts: list[str], n: int, sampling: SamplingConfig) -> list[list[Sample]]:
-        flat = [p for p in prompts for _ in range(n)]
-        samples: list[Sample] = []
-        for start in range(0, len(flat), self.batch_size):
-            samples += self._generate_batch(flat[start : start + self.batch_size], sampling)
-        return [samples[i * n : (i + 1) * n] for i in range(len(prompts))]
+        per_batch = max(1, self.batch_size // n)
+        groups: list[list[Sample]] = []
+        for start in range(0, len(prompts), per_batch):
+            groups += self._generate_batch(prompts[start : start + per_batch], n, sampling)
+        return groups
 
-    def _generate_batch(self, prompts: list[str], sampling: SamplingConfig) -> list[Sample]:
+    def _generate_batch(self, prompts: list[str], n: int, sampling: SamplingConfig) -> list[list[Sample]]:
         was_training = self.model.training
         self.model.eval()
         enc = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-        ids = enc["input_ids"].to(self.device)
-        mask = enc["attention_mask"].to(self.device)
-        N = ids.shape[0]
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
-                         use_cache=True, logits_to_keep=1)
-        past = out.past_key_values
-        logits = out.logits[:, -1]
-        next_pos = mask.sum(-1, keepdim=True)
+        ids, mask = enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device)
+        decoder = make_decoder(self.model, capacity=ids.shape[1] + sampling.max_new_tokens)
+        logits = decoder.prefill(ids, mask, copies=n)
+        N, T = len(prompts) * n, sampling.max_new_tokens
         eos = torch.tensor(sorted(self.eos_ids), device=self.device)
-        tokens, logps = [], []
+        tokens = torch.full((N, T), self.pad_id, dtype=torch.long, device=self.device)
+        logps = torch.zeros(N, T, device=self.device)
+        lengths = torch.full((N,), T, dtype=torch.long, device=self.device)
+        stopped = torch.zeros(N, dtype=torch.bool, device=self.device)
+        rows = torch.arange(N, device=self.device)  # the output row of each decoder row
         done = torch.zeros(N, dtype=torch.bool, device=self.device)
-        for _ in range(sampling.max_new_tokens):
+        for t in range(T):
             tok, lp = _sample_next(logits, sampling, self.generator)
-            tok = torch.where(done, torch.full_like(tok, self.pad_id), tok)
-            tokens.append(tok)
-            logps.append(lp)
-            done = done | torch.isin(tok, eos)
-            if bool(done.all()):
+            live = rows[~done]
+            tokens[live, t], logps[live, t] = tok[~done], lp[~done]
+            ended = ~done & torch.isin(tok, eos)
+            lengths[rows[ended]], stopped[rows[ended]] = t + 1, True
+            done |= ended
+            n_done = int(done.sum())
+            if n_done == len(rows) or t + 1 == T:
                 break
-            mask = torch.cat([mask, torch.ones(N, 1, dtype=mask.dtype, device=self.device)], dim=1)
-            out = self.model(input_ids=tok.unsqueeze(-1), attention_mask=mask, position_ids=next_pos,
-                             past_key_values=past, use_cache=True)
-            past = out.past_key_values
-            logits = out.logits[:, -1]
-            next_pos = next_pos + 1
+            if 4 * n_done >= len(rows):  # drop finished rows once they are a quarter of the batch
+                keep = (~done).nonzero().squeeze(1)
+                decoder.keep(keep)
+                rows, done, tok = rows[keep], done[keep], tok[keep]
+            logits = decoder.step(tok)
         if was_training:
             self.model.train()
-        tok_mat = torch.stack(tokens, 1).tolist()
-        lp_mat = torch.stack(logps, 1).tolist()
+        tok_rows, lp_rows = tokens.tolist(), logps.tolist()
+        lengths_, stopped_ = lengths.tolist(), stopped.tolist()
+        prompt_ids = [[t for t, m in zip(r, k) if m] for r, k in zip(enc["input_ids"].tolist(), enc["attention_mask"].tolist())]
         samples = []
-        prompt_rows = enc["input_ids"].tolist()
-        prompt_masks = enc["attention_mask"].tolist()
         for row in range(N):
-            toks, lps = tok_mat[row], lp_mat[row]
-            end = next((i + 1 for i, t in enumerate(toks) if t in self.eos_ids), None)
-            reason = "stop" if end is not None else "length"
-            end = end or len(toks)
-            prompt_ids = [t for t, m in zip(prompt_rows[row], prompt_masks[row]) if m]
-            samples.append(Sample(toks[:end], self.tokenizer.decode(toks[:end], skip_special_tokens=True),
-                                  lps[:end], reason, prompt_ids))
-        return samples
+            end = lengths_[row]
+            samples.append(Sample(tok_rows[row][:end], self.tokenizer.decode(tok_rows[row][:end], skip_special_tokens=True),
+                                  lp_rows[row][:end], "stop" if stopped_[row] else "length", prompt_ids[row // n]))
+        return [samples[i * n : (i + 1) * n] for i in range(len(prompts))]
 
 
 class VLLMEngine:

@@ -6,8 +6,14 @@ import pytest
 import torch
 
 from gmc.data import PLAIN_TEMPLATE, SyntheticTask
-from gmc.policy import load_policy, response_logprobs, token_logprobs_from_hidden
-from gmc.rollout import HFEngine, SamplingConfig, make_engine
+from gmc.decoding import HFDecoder, Qwen3Decoder, make_decoder
+from gmc.policy import (
+    load_policy,
+    position_ids_from_mask,
+    response_logprobs,
+    token_logprobs_from_hidden,
+)
+from gmc.rollout import HFEngine, SamplingConfig, _sample_next, make_engine
 
 
 def prompts_for(n, seed=0):
@@ -42,25 +48,137 @@ def test_tiny_model_reloads_with_identical_logits(tiny_model_dir, tiny_policy):
     assert torch.equal(a, b)
 
 
-def test_sampler_logprobs_match_recomputed_policy_logprobs(tiny_policy):
-    model, tok = tiny_policy
-    engine = HFEngine(model, tok, seed=1)
-    prompts = prompts_for(3)
-    groups = engine.generate(prompts, 4, SamplingConfig(temperature=1.0, top_p=1.0, max_new_tokens=24))
-    flat = [s for g in groups for s in g]
+def recomputed_logprobs(model, tok, flat):
+    """The policy's log-probs of each sample's response, from one full forward of the batch."""
     P = max(len(s.prompt_ids) for s in flat)
     T = max(s.length for s in flat)
-    pad = tok.pad_token_id
-    ids = torch.full((len(flat), P + T), pad)
+    ids = torch.full((len(flat), P + T), tok.pad_token_id)
     attn = torch.zeros(len(flat), P + T, dtype=torch.long)
     for i, s in enumerate(flat):
         ids[i, P - len(s.prompt_ids) : P] = torch.tensor(s.prompt_ids)
         ids[i, P : P + s.length] = torch.tensor(s.token_ids)
         attn[i, P - len(s.prompt_ids) : P + s.length] = 1
     with torch.no_grad():
-        lp = response_logprobs(model, ids, attn, P)
+        return response_logprobs(model, ids, attn, P)
+
+
+def test_sampler_logprobs_match_recomputed_policy_logprobs(tiny_policy):
+    model, tok = tiny_policy
+    engine = HFEngine(model, tok, seed=1)
+    groups = engine.generate(prompts_for(3), 4, SamplingConfig(temperature=1.0, top_p=1.0, max_new_tokens=24))
+    flat = [s for g in groups for s in g]
+    assert len({s.length for s in flat}) > 1, "answers of different lengths: rows leave the batch at different steps"
+    lp = recomputed_logprobs(model, tok, flat)
     for i, s in enumerate(flat):
         torch.testing.assert_close(lp[i, : s.length], torch.tensor(s.logprobs), rtol=0, atol=1e-4)
+
+
+def decode_logits(decoder, ids, mask, copies, tokens, keep_at=None, keep=None):
+    """Prefill, then feed ``tokens [N, k]`` one column at a time; drop to rows ``keep`` after
+    ``keep_at`` steps. Returns the logits of each step, ``nan`` for dropped rows."""
+    N, k = tokens.shape
+    first = decoder.prefill(ids, mask, copies)
+    out = torch.full((N, k + 1, first.shape[-1]), float("nan"))
+    out[:, 0] = first
+    rows = torch.arange(N)
+    for j in range(k):
+        if j == keep_at:
+            decoder.keep(keep)
+            rows = rows[keep]
+        out[rows, j + 1] = decoder.step(tokens[rows, j])
+    return out
+
+
+@pytest.mark.parametrize("kind", ["qwen3", "hf"])
+def test_decoders_match_the_full_forward_with_shared_prefill_and_dropped_rows(tiny_policy, kind):
+    model, tok = tiny_policy
+    enc = tok(prompts_for(3, seed=4), return_tensors="pt", padding=True, add_special_tokens=False)
+    ids, mask = enc["input_ids"], enc["attention_mask"]
+    assert (mask == 0).any(), "the prompts differ in length, so some rows are left-padded"
+    copies, k, P = 2, 6, ids.shape[1]
+    tokens = torch.randint(2, model.config.vocab_size, (len(ids) * copies, k), generator=torch.Generator().manual_seed(0))
+    full_ids = torch.cat([ids.repeat_interleave(copies, 0), tokens], 1)
+    full_mask = torch.cat([mask.repeat_interleave(copies, 0), torch.ones_like(tokens)], 1)
+    keep = torch.tensor([0, 3, 5])
+    with torch.inference_mode():
+        ref = model(input_ids=full_ids, attention_mask=full_mask, position_ids=position_ids_from_mask(full_mask)).logits
+        decoder = Qwen3Decoder(model, P + k) if kind == "qwen3" else HFDecoder(model)
+        got = decode_logits(decoder, ids, mask, copies, tokens, keep_at=3, keep=keep)
+    ref = ref[:, P - 1 :]
+    torch.testing.assert_close(got[:, :4], ref[:, :4], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got[keep, 4:], ref[keep, 4:], rtol=1e-4, atol=1e-4)
+    assert got[[1, 2, 4], 4:].isnan().all()
+
+
+def test_decoder_choice_and_cache_limits(tiny_policy):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    model, tok = tiny_policy
+    assert Qwen3Decoder.supports(model) and isinstance(make_decoder(model, 8), Qwen3Decoder)
+    llama = LlamaForCausalLM(LlamaConfig(vocab_size=model.config.vocab_size, hidden_size=32, intermediate_size=64,
+                                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1))
+    assert not Qwen3Decoder.supports(llama) and isinstance(make_decoder(llama, 8), HFDecoder)
+    decoder = Qwen3Decoder(model, capacity=4)
+    ids = torch.ones(1, 3, dtype=torch.long)
+    with torch.inference_mode():
+        decoder.prefill(ids, torch.ones_like(ids))
+        decoder.step(torch.ones(1, dtype=torch.long))
+        with pytest.raises(ValueError, match="4 positions"):
+            decoder.step(torch.ones(1, dtype=torch.long))
+
+
+def test_engine_with_another_architecture_samples_the_policy(tiny_policy):
+    """A non-Qwen3 model goes through its own forward; the sampler's log-probs are still the policy's."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    _, tok = tiny_policy
+    torch.manual_seed(0)
+    llama = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=2, num_key_value_heads=1, eos_token_id=tok.eos_token_id,
+                                         pad_token_id=tok.pad_token_id)).eval()
+    groups = HFEngine(llama, tok, seed=0).generate(prompts_for(2), 3, SamplingConfig(max_new_tokens=10))
+    flat = [s for g in groups for s in g]
+    lp = recomputed_logprobs(llama, tok, flat)
+    for i, s in enumerate(flat):
+        torch.testing.assert_close(lp[i, : s.length], torch.tensor(s.logprobs), rtol=0, atol=1e-4)
+
+
+def test_sampling_follows_the_distribution_and_never_picks_a_zero_probability_token():
+    probs = torch.tensor([0.0, 0.5, 0.3, 0.2, 0.0])
+    logits = probs.log().repeat(40_000, 1)
+    tok, lp = _sample_next(logits, SamplingConfig(), torch.Generator().manual_seed(0))
+    freq = torch.bincount(tok, minlength=5).float() / len(tok)
+    assert freq[0] == 0 and freq[4] == 0
+    torch.testing.assert_close(freq, probs, rtol=0, atol=0.01)
+    torch.testing.assert_close(lp, probs.log()[tok])
+
+
+def test_prompt_sharing_log_probs_equal_row_by_row(tiny_policy):
+    """Rows of a group share one forward of their prompt; values and gradients equal the
+    unshared computation (each row alone), also under gradient checkpointing (no sharing)."""
+    model, tok = tiny_policy
+    prompts = [p for p in prompts_for(3, seed=2) for _ in range(3)]
+    enc = tok([p + " 1+2=3." for p in prompts], return_tensors="pt", padding=True, add_special_tokens=False)
+    P = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)["input_ids"].shape[1]
+    ids, mask = enc["input_ids"], enc["attention_mask"]
+    ids[1::3, -2:], mask[1::3, -2:] = tok.pad_token_id, 0  # some responses end earlier
+    resp = mask[:, P:].bool()
+    params = [p for p in model.parameters()]
+    model.train()
+    try:
+        shared = response_logprobs(model, ids, mask, P)
+        alone = torch.cat([response_logprobs(model, ids[i : i + 1], mask[i : i + 1], P) for i in range(len(ids))])
+        torch.testing.assert_close(shared[resp], alone[resp], rtol=1e-5, atol=1e-5)
+        g_shared = torch.autograd.grad(shared[resp].sum(), params)
+        g_alone = torch.autograd.grad(alone[resp].sum(), params)
+        for a, b in zip(g_shared, g_alone):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+        model.gradient_checkpointing_enable()
+        checkpointed = response_logprobs(model, ids, mask, P)
+        torch.testing.assert_close(checkpointed[resp], alone[resp], rtol=1e-5, atol=1e-5)
+    finally:
+        model.gradient_checkpointing_disable()
+        model.eval()
 
 
 def test_engine_is_reproducible_for_a_seed(tiny_policy):
@@ -92,8 +210,6 @@ def test_eos_and_length_limits(tiny_policy):
 
 
 def test_top_p_restricts_to_the_nucleus():
-    from gmc.rollout import _sample_next
-
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]])).repeat(2000, 1)
     gen = torch.Generator().manual_seed(0)
     tok, lp = _sample_next(logits, SamplingConfig(top_p=0.7), gen)
