@@ -17,7 +17,9 @@ O(delay x batch x tokens), never O(delay x parameters).
 * :class:`LatencySource`: ``K`` generation slots on a virtual clock. A group submitted at time
   ``s`` completes at ``s + alpha + beta * L_max`` (plus ``noise_scale * LogNormal(0, noise_sigma)``),
   ``L_max`` its longest response in tokens. A freed slot is refilled at once with the weights in
-  force at that moment. The trainer takes finished groups in completion order until its batch
+  force at that moment. (What a refill generates depends on those weights, not on the moment,
+  so the refills between two optimizer steps are generated together, in one batched call, as
+  soon as the clock could need one of their completion times.) The trainer takes finished groups in completion order until its batch
   is full (waiting, idle, if too few are done); one optimizer step advances the clock by
   ``step_time``, and groups finishing during that step are refilled with the pre-update weights.
   Long answers therefore arrive staler, which breaks the paper's Assumption 3 on purpose.
@@ -47,8 +49,9 @@ class Group:
     response_ids: Tensor  # [G, T] int64, right-padded
     response_mask: Tensor  # [G, T] bool
     rewards: Tensor  # [G] float32
-    behaviour_logp: Tensor | None  # [G, T] float32, trainer model at generation time; None when
-    # the group is consumed in the step that made it (the training forward gives them exactly)
+    behaviour_logp: Tensor | None  # [G, T] float32, trainer model at generation time (or the
+    # sampler's own, behaviour_logprobs: sampler); None when the group is consumed in the step
+    # that made it (the training forward gives them exactly)
     sampler_logp: Tensor  # [G, T] float32, as reported by the rollout engine
     version: int  # policy version that generated it
     submitted_at: float = 0.0
@@ -73,7 +76,8 @@ class Group:
     def nbytes(self) -> int:
         tensors = (self.prompt_ids, self.response_ids, self.response_mask, self.rewards, self.behaviour_logp,
                    self.sampler_logp)
-        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+        unique = {id(t): t for t in tensors if t is not None}  # behaviour may be the sampler's tensor
+        return sum(t.numel() * t.element_size() for t in unique.values())
 
     def state(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -204,6 +208,7 @@ class LatencySource(SyncSource):
         self.clock = 0.0
         self.in_flight: list[_InFlight] = []
         self.ready: list[Group] = []
+        self.pending: list[float] = []  # times of refilled slots whose groups are not generated yet
         self.seq = 0
         self.idle_time = 0.0
         self.rng = np.random.default_rng(seed)
@@ -215,35 +220,51 @@ class LatencySource(SyncSource):
             lat += self.cfg.noise_scale * float(self.rng.lognormal(0.0, self.cfg.noise_sigma))
         return lat
 
-    def _submit(self, times: list[float], version: int) -> None:
-        """Fill one slot at each of ``times``; the groups are generated in one batched call."""
+    def _flush(self, version: int) -> None:
+        """Generate the groups of every slot refilled since the last flush, in one batched call
+        (all with ``version``: refills are only deferred while the weights stay the same)."""
+        times, self.pending = self.pending, []
+        if not times:
+            return
         for at, g in zip(times, self.make_groups(len(times), version)):
             g.submitted_at = at
             g.completed_at = at + self._latency(g)
             heapq.heappush(self.in_flight, _InFlight(g.completed_at, self.seq, g))
             self.seq += 1
 
+    def _may_finish_by(self, until: float) -> bool:
+        """Could a refilled, not yet generated group finish by ``until``? Its latency is at least
+        ``alpha + beta``: every response has a token."""
+        return bool(self.pending) and min(self.pending) + self.cfg.alpha + self.cfg.beta <= until
+
     def _complete_until(self, until: float, version: int) -> None:
-        """Move every group finishing by ``until`` to ready, refilling its slot when it frees
-        (all with ``version``: the weights do not change before ``until``)."""
-        while self.in_flight and self.in_flight[0].completes_at <= until:
-            freed = []
+        """Move every group finishing by ``until`` to ready; each freed slot is refilled at the
+        moment it frees, with ``version`` (the weights do not change before ``until``)."""
+        while True:
+            if self._may_finish_by(until):
+                self._flush(version)
+            if not (self.in_flight and self.in_flight[0].completes_at <= until):
+                return
             while self.in_flight and self.in_flight[0].completes_at <= until:
                 item = heapq.heappop(self.in_flight)
                 self.ready.append(item.group)
-                freed.append(item.completes_at)
-            self._submit(freed, version)
+                self.pending.append(item.completes_at)
 
     def next_batch(self, version: int) -> list[Group]:
         if not self.started:
             self.started = True
-            self._submit([self.clock] * self.cfg.slots, version)
+            self.pending = [self.clock] * self.cfg.slots
         self._complete_until(self.clock, version)
         while len(self.ready) < self.batch_prompts:
-            # the trainer idles until enough groups are done: jump to the completion that fills
-            # the batch, so the slots freed meanwhile are refilled in one batched generation
+            # the trainer idles until enough groups are done: jump to the completion that fills the batch
             need = self.batch_prompts - len(self.ready)
+            if self.pending and len(self.in_flight) < need:
+                self._flush(version)
+                continue
             nxt = heapq.nsmallest(need, self.in_flight)[-1].completes_at
+            if self._may_finish_by(nxt):
+                self._flush(version)
+                continue
             self.idle_time += nxt - self.clock
             self.clock = nxt
             self._complete_until(self.clock, version)
@@ -254,6 +275,7 @@ class LatencySource(SyncSource):
         # groups finishing while this step computes are refilled with the pre-update weights
         self.clock += self.cfg.step_time
         self._complete_until(self.clock, version)
+        self._flush(version)
         return batch
 
     def queued_groups(self) -> list[Group]:

@@ -68,6 +68,13 @@ class TrainConfig:
     """Training rollouts: temperature 1, top_p 1 so behaviour log-probs describe what was sampled."""
     engine: Literal["hf", "vllm"] = "hf"
     delay: DelayConfig = field(default_factory=DelayConfig)
+    behaviour_logprobs: Literal["trainer", "sampler"] = "trainer"
+    """Behaviour log-probs of a stale batch [choice]. ``trainer``: recomputed by the trainer model
+    when the batch is generated (method.md section 4; one no-grad forward per batch).
+    ``sampler``: the rollout engine's own log-probs, no extra pass; with the HF engine they come
+    from the same weights (equal to float32 rounding), with vLLM from its own kernels, so the
+    sampler/trainer mismatch enters the ratios (what ``tis`` corrects). Needs sampling at
+    temperature 1, top_p 1. On-policy steps need neither: the training forward gives them."""
     seed: int = 0
     checkpoint_every: int = 50
     """Write a checkpoint every N steps (and at the end); 0: only at the end."""
@@ -94,10 +101,13 @@ class TrainConfig:
             raise ConfigError("checkpoint_every must be >= 0 and max_nonfinite_steps >= 1")
         choices = {"lr_schedule": ("constant", "linear", "cosine"), "optimizer": ("auto", "adamw", "adamw8bit"),
                    "engine": ("hf", "vllm"), "data_source": ("local", "hub"),
-                   "model_dtype": ("float32", "bfloat16", "float16")}
+                   "model_dtype": ("float32", "bfloat16", "float16"), "behaviour_logprobs": ("trainer", "sampler")}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"{name}: must be one of {allowed}, got {getattr(self, name)!r}")
+        if self.behaviour_logprobs == "sampler" and (self.sampling.temperature != 1 or self.sampling.top_p != 1):
+            raise ConfigError("behaviour_logprobs: 'sampler' needs sampling.temperature 1 and sampling.top_p 1, "
+                              "so that the sampler's log-probs are the policy's")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -261,12 +261,13 @@ class Trainer:
         lengths = [s.length for s in flat]
         prompt_t = [torch.tensor(s.prompt_ids, dtype=torch.long) for s in flat]
         resp_t = [torch.tensor(s.token_ids if s.token_ids else [self.pad_id], dtype=torch.long) for s in flat]
-        behaviour = None
-        if not self.on_policy:
+        behaviour, t_behaviour = None, time.perf_counter()
+        if not self.on_policy and cfg.behaviour_logprobs == "trainer":
             batch = collate(prompt_t, resp_t, lengths, self.pad_id, self.device)
             with torch.no_grad():
                 behaviour = response_logprobs(self.model, batch.input_ids, batch.attention_mask, batch.prompt_len,
                                               chunk_size=cfg.logprob_chunk_size).float().cpu()
+        t_behaviour = time.perf_counter() - t_behaviour
         groups = []
         G = cfg.group_size
         for k, rec_index in enumerate(idx):
@@ -278,13 +279,17 @@ class Trainer:
                 resp[j, : lengths[i]] = torch.tensor(flat[i].token_ids, dtype=torch.long)
                 sampler[j, : lengths[i]] = torch.tensor(flat[i].logprobs)
             mask = torch.arange(Tg).unsqueeze(0) < torch.tensor([lengths[i] for i in rows]).unsqueeze(1)
+            if behaviour is not None:
+                group_behaviour = torch.where(mask, behaviour[k * G : (k + 1) * G, :Tg], 0.0)
+            else:  # on-policy: the training forward gives them; else behaviour_logprobs: sampler
+                group_behaviour = None if self.on_policy else sampler
             groups.append(Group(
                 prompt_index=rec_index,
                 prompt_ids=prompt_t[k * G],
                 response_ids=resp,
                 response_mask=mask,
                 rewards=torch.tensor([grades[i].reward for i in rows], dtype=torch.float32),
-                behaviour_logp=None if behaviour is None else torch.where(mask, behaviour[k * G : (k + 1) * G, :Tg], 0.0),
+                behaviour_logp=group_behaviour,
                 sampler_logp=sampler,
                 version=version,
             ))
@@ -294,6 +299,7 @@ class Trainer:
                            for i, s in enumerate(flat))
         self._gen_log.append({
             "n": len(flat), "tokens": sum(lengths), "seconds": time.perf_counter() - t0,
+            "behaviour_seconds": t_behaviour,
             "reward_sum": sum(g.reward for g in grades), "length_max": max(lengths),
             "truncated": sum(s.finish_reason == "length" for s in flat), "mismatch": mismatch,
         })
@@ -314,6 +320,8 @@ class Trainer:
             "rollout/samples": float(n),
             "time/rollout_seconds": seconds,
             "time/rollout_tokens_per_second": tokens / max(seconds, 1e-9),
+            "time/behaviour_seconds": sum(g["behaviour_seconds"] for g in logs),
+            "rollout/generate_calls": float(len(logs)),
         }
         mismatches = [g["mismatch"] for g in logs if g["mismatch"] is not None]
         if mismatches:

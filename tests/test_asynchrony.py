@@ -127,3 +127,24 @@ def test_delay_config_validation():
     with pytest.raises(ValueError, match="delay.d"):
         DelayConfig(d=-1)
     assert isinstance(make_source(DelayConfig(mode="sync"), Generator(), 1), SyncSource)
+
+
+@pytest.mark.parametrize("alpha,beta,noise", [(1.0, 0.5, 0.0), (0.1, 0.05, 1.0)])
+def test_latency_refills_carry_the_weights_of_the_moment_their_slot_frees(alpha, beta, noise):
+    cfg = DelayConfig(mode="latency", slots=24, alpha=alpha, beta=beta, noise_scale=noise, step_time=1.0)
+    gen = Generator(G=2, seed=4, max_len=30)
+    src = LatencySource(gen, batch_prompts=8, cfg=cfg, seed=1)
+    ends, consumed = [], []
+    for t in range(60):
+        consumed += src.next_batch(t)
+        ends.append(src.clock)  # the weights change after this moment
+        assert not src.pending  # every refill of the step is generated before its weights change
+    groups = consumed + src.queued_groups()
+    frees = {0.0} | {g.completed_at for g in groups}
+    for g in groups:
+        # the weights in force when the slot freed: one version per optimizer step finished before
+        assert g.version == sum(e < g.submitted_at for e in ends)
+        assert g.submitted_at in frees
+    assert len(src.in_flight) == cfg.slots
+    # refills are batched: far fewer generation calls than refilled slots
+    assert len(gen.calls) <= 2 * 60 and sum(n for n, _ in gen.calls) == len(groups)

@@ -53,6 +53,30 @@ def test_prefill_staleness_logged_per_group(tmp_path, tiny_model_dir):
     assert "ratio/frac_traj_capped" in metrics[0] and "rollout/reward_mean" in metrics[0]
 
 
+def test_behaviour_logprobs_from_the_trainer_or_the_sampler(tmp_path, tiny_model_dir):
+    """Stale groups carry behaviour log-probs recomputed by the trainer model (a separate pass),
+    or, with behaviour_logprobs: sampler, the engine's own; with the HF engine they agree."""
+    cfg = load_train_config(None, small_config(tiny_model_dir, **{"delay.d": 2, "steps": 2}))
+    trainer = Trainer(cfg, tmp_path / "trainer", progress=False)
+    groups = trainer._make_groups(2, version=0)
+    metrics = trainer._rollout_metrics()
+    trainer.grader.close()
+    assert metrics["rollout/logp_mismatch_max"] < 1e-4 and metrics["time/behaviour_seconds"] > 0
+    for g in groups:
+        assert g.behaviour_logp is not g.sampler_logp
+        torch.testing.assert_close(g.behaviour_logp, g.sampler_logp, rtol=0, atol=1e-4)
+    out = train(tmp_path, "sampler", tiny_model_dir, **{"delay.d": 2, "behaviour_logprobs": "sampler"})
+    metrics = read_jsonl(out / "metrics.jsonl")
+    assert all("rollout/logp_mismatch_max" not in r for r in metrics)
+    assert {g["staleness"] for g in read_jsonl(out / "groups.jsonl")} == {2}
+    sampler = Trainer(load_train_config(None, small_config(tiny_model_dir, **{"delay.d": 2, "behaviour_logprobs": "sampler"})),
+                      tmp_path / "sampler_groups", progress=False)
+    assert all(g.behaviour_logp is g.sampler_logp for g in sampler._make_groups(2, version=0))
+    sampler.grader.close()
+    with pytest.raises(ConfigError, match="behaviour_logprobs: 'sampler' needs"):
+        load_train_config(None, ["behaviour_logprobs=sampler", "sampling.top_p=0.9"])
+
+
 def test_latency_mode_runs(tmp_path, tiny_model_dir):
     out = train(tmp_path, "lat", tiny_model_dir, **{"delay.mode": "latency", "delay.slots": 6, "delay.beta": 0.1})
     metrics = read_jsonl(out / "metrics.jsonl")
