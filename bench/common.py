@@ -1,4 +1,4 @@
-"""Shared helpers of the benchmarks: timing, peak memory in a child process, JSON output."""
+"""Shared helpers of the benchmarks: interleaved timing, peak memory in a child process, JSON output."""
 
 from __future__ import annotations
 
@@ -15,16 +15,20 @@ import torch
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def timeit(fn, repeat: int = 5, warmup: int = 1) -> dict:
-    """Median and min wall time of ``fn()`` over ``repeat`` runs after ``warmup`` runs."""
+def interleaved(fns: dict, rounds: int = 9, warmup: int = 1) -> dict[str, dict]:
+    """Median and min wall time of each ``fn()``, run in alternation (one call of each per round,
+    in rotating order) so that every variant sees the same machine state."""
+    names = list(fns)
     for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return {"median_s": statistics.median(times), "min_s": min(times), "repeat": repeat}
+        for fn in fns.values():
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            t = time.perf_counter()
+            fns[name]()
+            times[name].append(time.perf_counter() - t)
+    return {name: {"median_s": statistics.median(ts), "min_s": min(ts), "repeat": rounds} for name, ts in times.items()}
 
 
 def peak_rss_mb(code: str) -> float:

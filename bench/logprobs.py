@@ -12,7 +12,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-from common import peak_rss_mb, timeit, write_result  # noqa: E402
+from common import interleaved, peak_rss_mb, write_result  # noqa: E402
 
 from gmc.policy import token_logprobs_from_hidden  # noqa: E402
 
@@ -49,8 +49,8 @@ def main() -> None:
                  "hidden": hidden, "weight": weight, "targets": targets}
         return lambda: exec(code, scope)
 
-    t_naive = timeit(run(NAIVE), repeat=3)
-    t_chunk = timeit(run(CHUNKED), repeat=3)
+    timed = interleaved({"naive": run(NAIVE), "chunked": run(CHUNKED)}, rounds=3)
+    t_naive, t_chunk = timed["naive"], timed["chunked"]
     write_result("logprobs", {
         "shape": {"N": N, "T": T, "hidden": H, "vocab": V},
         "max_abs_diff": max_diff,

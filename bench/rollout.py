@@ -1,7 +1,9 @@
 """Rollout throughput on the tiny model: HFEngine against a plain ``model.generate`` loop.
 
 Same prompts, n samples each, temperature 1, top_p 1, the same token limit. The alternative
-is Hugging Face ``generate`` with ``output_scores`` (needed for the sampler's log-probs).
+is Hugging Face ``generate`` with ``output_scores`` (needed for the sampler's log-probs). A
+third row runs the engine's loop through the model's own forward (``HFDecoder``) instead of
+the lean Qwen3 decoder, to show what each part contributes.
 Run: python bench/rollout.py [MODEL_DIR]   (default results/models/tiny)
 """
 
@@ -11,9 +13,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-from common import timeit, write_result  # noqa: E402
+from common import interleaved, write_result  # noqa: E402
 
+import gmc.rollout  # noqa: E402
 from gmc.data import PLAIN_TEMPLATE, SyntheticTask  # noqa: E402
+from gmc.decoding import HFDecoder  # noqa: E402
 from gmc.policy import load_policy  # noqa: E402
 from gmc.rollout import HFEngine, SamplingConfig  # noqa: E402
 
@@ -33,6 +37,15 @@ def main() -> None:
         groups = engine.generate(prompts, N, sampling)
         tokens["ours"] = sum(s.length for g in groups for s in g)
 
+    def ours_hf_forward():
+        lean = gmc.rollout.make_decoder
+        gmc.rollout.make_decoder = lambda model, capacity: HFDecoder(model)
+        try:
+            groups = engine.generate(prompts, N, sampling)
+        finally:
+            gmc.rollout.make_decoder = lean
+        tokens["ours_hf_forward"] = sum(s.length for g in groups for s in g)
+
     enc = tok([p for p in prompts for _ in range(N)], return_tensors="pt", padding=True)
 
     @torch.no_grad()
@@ -46,13 +59,15 @@ def main() -> None:
         tokens["hf"] = int(valid.sum())
         return logp
 
-    t_ours = timeit(ours, repeat=5)
-    t_hf = timeit(hf_generate, repeat=5)
+    timed = interleaved({"ours": ours, "ours_hf_forward": ours_hf_forward, "hf": hf_generate}, rounds=9)
+    t_ours, t_ours_hf, t_hf = timed["ours"], timed["ours_hf_forward"], timed["hf"]
     ours_tps = tokens["ours"] / t_ours["median_s"]
+    ours_hf_tps = tokens["ours_hf_forward"] / t_ours_hf["median_s"]
     hf_tps = tokens["hf"] / t_hf["median_s"]
     write_result("rollout", {
         "prompts": PROMPTS, "samples_per_prompt": N, "max_new_tokens": MAX_NEW,
         "hf_engine": {**t_ours, "tokens": tokens["ours"], "tokens_per_s": ours_tps},
+        "hf_engine_model_forward": {**t_ours_hf, "tokens": tokens["ours_hf_forward"], "tokens_per_s": ours_hf_tps},
         "model_generate": {**t_hf, "tokens": tokens["hf"], "tokens_per_s": hf_tps},
         "ratio_tokens_per_s": ours_tps / hf_tps,
     })

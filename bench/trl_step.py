@@ -4,8 +4,10 @@ optimizer (AdamW), on CPU without vLLM, one optimizer step per generation batch,
 
 Ours: ``gmc`` trainer in synchronous mode (generate, grade, behaviour log-probs, loss, step).
 Theirs: ``trl.GRPOTrainer``. Reports the median seconds per step after warm-up, completion
-tokens per second, and the ratio. Needs the bench extra (``pip install -e '.[bench]'``).
-Run: python bench/trl_step.py [MODEL_DIR] [STEPS]
+tokens per second, and the ratio. The two run in alternation (``REPEATS`` runs each, the order
+flipping every time) and their steps are pooled, so both see the same machine. Needs the
+bench extra (``pip install -e '.[bench]'``).
+Run: python bench/trl_step.py [MODEL_DIR] [STEPS] [REPEATS]
 """
 
 import statistics
@@ -26,19 +28,18 @@ from gmc.trainer import Trainer, read_jsonl  # noqa: E402
 PROMPTS, G, MAX_NEW, LR = 8, 8, 48, 2e-4
 
 
-def run_ours(model_dir: str, steps: int, tmp: Path) -> dict:
+def run_ours(model_dir: str, steps: int, out: Path) -> dict:
     cfg = load_train_config(None, [f"model={model_dir}", "device=cpu", f"steps={steps}", "checkpoint_every=0",
                                    "algorithm=grpo", "delay.mode=sync", f"group_size={G}",
                                    f"prompts_per_step={PROMPTS}", f"lr={LR}", f"sampling.max_new_tokens={MAX_NEW}"])
-    Trainer(cfg, tmp / "ours", progress=False).run()
-    rows = read_jsonl(tmp / "ours" / "metrics.jsonl")[2:]
-    step = statistics.median(r["time/step_seconds"] for r in rows)
-    tokens = statistics.mean(r["rollout/response_length_mean"] * r["rollout/samples"] for r in rows)
-    return {"step_seconds_median": step, "completion_tokens_per_step": tokens, "tokens_per_s": tokens / step,
+    Trainer(cfg, out, progress=False).run()
+    rows = read_jsonl(out / "metrics.jsonl")[2:]
+    return {"step_seconds": [r["time/step_seconds"] for r in rows],
+            "tokens": [r["rollout/response_length_mean"] * r["rollout/samples"] for r in rows],
             "reward_last": statistics.mean(r["rollout/reward_mean"] for r in rows[-5:])}
 
 
-def run_trl(model_dir: str, steps: int, tmp: Path) -> dict:
+def run_trl(model_dir: str, steps: int, out: Path) -> dict:
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -62,7 +63,7 @@ def run_trl(model_dir: str, steps: int, tmp: Path) -> dict:
     tok = AutoTokenizer.from_pretrained(model_dir)
     tok.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(model_dir)
-    args = GRPOConfig(output_dir=str(tmp / "trl"), per_device_train_batch_size=PROMPTS * G, num_generations=G,
+    args = GRPOConfig(output_dir=str(out), per_device_train_batch_size=PROMPTS * G, num_generations=G,
                       max_completion_length=MAX_NEW, temperature=1.0, top_p=1.0, top_k=0, learning_rate=LR,
                       beta=0.0, num_iterations=1, gradient_accumulation_steps=1, max_steps=steps, use_cpu=True,
                       report_to=[], logging_steps=1, save_strategy="no", lr_scheduler_type="constant",
@@ -72,18 +73,28 @@ def run_trl(model_dir: str, steps: int, tmp: Path) -> dict:
     trainer.train()
     grader.close()
     logs = [h for h in trainer.state.log_history if "completions/mean_length" in h][2:]
-    step = statistics.median(times[2:])
-    tokens = statistics.mean(h["completions/mean_length"] for h in logs) * PROMPTS * G
-    return {"step_seconds_median": step, "completion_tokens_per_step": tokens, "tokens_per_s": tokens / step,
+    return {"step_seconds": times[2:], "tokens": [h["completions/mean_length"] * PROMPTS * G for h in logs],
             "reward_last": statistics.mean(h["reward"] for h in logs[-5:])}
+
+
+def pooled(runs: list[dict]) -> dict:
+    step = statistics.median(t for r in runs for t in r["step_seconds"])
+    tokens = statistics.mean(n for r in runs for n in r["tokens"])
+    return {"step_seconds_median": step, "completion_tokens_per_step": tokens, "tokens_per_s": tokens / step,
+            "runs": len(runs), "reward_last": [r["reward_last"] for r in runs]}
 
 
 def main() -> None:
     model_dir = sys.argv[1] if len(sys.argv) > 1 else "results/models/tiny"
     steps = int(sys.argv[2]) if len(sys.argv) > 2 else 20
+    repeats = int(sys.argv[3]) if len(sys.argv) > 3 else 2
+    runs: dict[str, list[dict]] = {"gmc": [], "trl": []}
     with tempfile.TemporaryDirectory() as tmp:
-        ours = run_ours(model_dir, steps, Path(tmp))
-        trl = run_trl(model_dir, steps, Path(tmp))
+        for r in range(repeats):
+            order = [("gmc", run_ours), ("trl", run_trl)]
+            for name, fn in order if r % 2 == 0 else order[::-1]:
+                runs[name].append(fn(model_dir, steps, Path(tmp) / f"{name}{r}"))
+    ours, trl = pooled(runs["gmc"]), pooled(runs["trl"])
     write_result("trl_step", {
         "prompts_per_step": PROMPTS, "group_size": G, "max_new_tokens": MAX_NEW, "steps": steps,
         "gmc": ours, "trl": trl,

@@ -1,0 +1,46 @@
+"""Where the time of our training step goes: a pyinstrument profile of the synchronous step of
+``bench/trl_step.py`` (same model, batch, group size, token limit and sampling), written to
+``bench/results/trl_step_profile.txt``. Needs the bench extra.
+Run: python bench/profile_step.py [MODEL_DIR] [STEPS]
+"""
+
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import RESULTS  # noqa: E402
+from pyinstrument import Profiler  # noqa: E402
+from trl_step import G, LR, MAX_NEW, PROMPTS  # noqa: E402
+
+from gmc.config import load_train_config  # noqa: E402
+from gmc.io import write_text  # noqa: E402
+from gmc.trainer import Trainer  # noqa: E402
+
+
+def main() -> None:
+    model_dir = sys.argv[1] if len(sys.argv) > 1 else "results/models/tiny"
+    steps = int(sys.argv[2]) if len(sys.argv) > 2 else 15
+    cfg = load_train_config(None, [f"model={model_dir}", "device=cpu", f"steps={steps + 2}", "checkpoint_every=0",
+                                   "algorithm=grpo", "delay.mode=sync", f"group_size={G}",
+                                   f"prompts_per_step={PROMPTS}", f"lr={LR}", f"sampling.max_new_tokens={MAX_NEW}"])
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = Trainer(cfg, Path(tmp) / "run", progress=False)
+        for _ in range(2):  # warm-up
+            trainer.train_step()
+            trainer.step += 1
+        profiler = Profiler()
+        profiler.start()
+        for _ in range(steps):
+            trainer.train_step()
+            trainer.step += 1
+        profiler.stop()
+        trainer.grader.close()
+    text = profiler.output_text(unicode=False, color=False)
+    write_text(RESULTS / "trl_step_profile.txt", text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
