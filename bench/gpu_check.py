@@ -1,5 +1,7 @@
-"""The GPU half of the benchmarks (see bench/gpu.sh): vLLM rollouts + weight sync, and training
-steps with 8-bit AdamW, on a random-init Qwen3-0.6B-sized model with the tiny tokenizer."""
+"""The GPU half of the benchmarks (see bench/gpu.sh): the HF engine's lean Qwen3 decoder against
+the model's own forward (agreement and tokens/s in bfloat16), vLLM rollouts + weight sync, and
+training steps with 8-bit AdamW, on a random-init Qwen3-0.6B-sized model with the tiny
+tokenizer."""
 
 import importlib.util
 import json
@@ -24,6 +26,46 @@ def qwen3_0_6b(vocab: int):
     return Qwen3ForCausalLM(cfg).to(torch.bfloat16)
 
 
+def hf_engine(model, tok) -> dict:
+    """Decoder agreement with the model's forward, and HFEngine tokens/s with either decoder."""
+    import gmc.rollout
+    from gmc.data import PLAIN_TEMPLATE, SyntheticTask
+    from gmc.decoding import HFDecoder, Qwen3Decoder
+    from gmc.policy import position_ids_from_mask
+    from gmc.rollout import HFEngine, SamplingConfig
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    model = model.to(device).eval()
+    prompts = [PLAIN_TEMPLATE.format(problem=r.problem) for r in SyntheticTask().generate("test", 32)]
+    enc = tok(prompts[:8], return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+    tokens = torch.randint(2, len(tok), (8, 16), device=device)
+    ids, mask = torch.cat([enc["input_ids"], tokens], 1), torch.cat([enc["attention_mask"], torch.ones_like(tokens)], 1)
+    P = enc["input_ids"].shape[1]
+    with torch.inference_mode():
+        ref = model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask)).logits[:, P - 1 : -1]
+        decoder = Qwen3Decoder(model, ids.shape[1])
+        got = [decoder.prefill(enc["input_ids"], enc["attention_mask"])]
+        got += [decoder.step(tokens[:, j]) for j in range(tokens.shape[1] - 1)]
+    out = {"max_abs_logit_diff_bf16": float((torch.stack(got, 1).float() - ref.float()).abs().max()),
+           "logit_scale": float(ref.float().abs().max())}
+    sampling = SamplingConfig(max_new_tokens=256)
+    lean = gmc.rollout.make_decoder
+    for name, make in [("lean", lean), ("model_forward", lambda m, capacity: HFDecoder(m))]:
+        gmc.rollout.make_decoder = make
+        engine = HFEngine(model, tok, seed=0)
+        engine.generate(prompts[:4], 8, sampling)
+        sync()
+        t = time.perf_counter()
+        groups = engine.generate(prompts, 8, sampling)
+        sync()
+        n = sum(s.length for g in groups for s in g)
+        out[name] = {"tokens": n, "tokens_per_s": n / (time.perf_counter() - t)}
+    gmc.rollout.make_decoder = lean
+    out["ratio_lean_over_model_forward"] = out["lean"]["tokens_per_s"] / out["model_forward"]["tokens_per_s"]
+    return out
+
+
 def main() -> None:
     from transformers import AutoTokenizer
 
@@ -33,6 +75,7 @@ def main() -> None:
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
         result["parameters"] = sum(p.numel() for p in model.parameters())
+        result["hf_engine"] = hf_engine(model, tok)
         if importlib.util.find_spec("bitsandbytes"):
             from gmc.config import load_train_config
             from gmc.trainer import Trainer, read_jsonl

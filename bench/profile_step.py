@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import RESULTS  # noqa: E402
 from pyinstrument import Profiler  # noqa: E402
-from trl_step import G, LR, MAX_NEW, PROMPTS  # noqa: E402
+from trl_step import LR, MAX_NEW, PROMPTS, G  # noqa: E402
 
 from gmc.config import load_train_config  # noqa: E402
 from gmc.io import write_text  # noqa: E402
