@@ -1,7 +1,8 @@
 """Where the time of our training step goes: a pyinstrument profile of the synchronous step of
 ``bench/trl_step.py`` (same model, batch, group size, token limit and sampling), written to
-``bench/results/trl_step_profile.txt``. Needs the bench extra.
-Run: python bench/profile_step.py [MODEL_DIR] [STEPS]
+``bench/results/trl_step_profile.txt``; with ``key=value`` overrides (e.g. ``delay.mode=fixed
+delay.d=16``) the profile of that setting, written to ``step_profile_<overrides>.txt``.
+Needs the bench extra. Run: python bench/profile_step.py [MODEL_DIR] [STEPS] [KEY=VALUE ...]
 """
 
 import sys
@@ -22,9 +23,11 @@ from gmc.trainer import Trainer  # noqa: E402
 def main() -> None:
     model_dir = sys.argv[1] if len(sys.argv) > 1 else "results/models/tiny"
     steps = int(sys.argv[2]) if len(sys.argv) > 2 else 15
+    overrides = sys.argv[3:]
     cfg = load_train_config(None, [f"model={model_dir}", "device=cpu", f"steps={steps + 2}", "checkpoint_every=0",
                                    "algorithm=grpo", "delay.mode=sync", f"group_size={G}",
-                                   f"prompts_per_step={PROMPTS}", f"lr={LR}", f"sampling.max_new_tokens={MAX_NEW}"])
+                                   f"prompts_per_step={PROMPTS}", f"lr={LR}", f"sampling.max_new_tokens={MAX_NEW}",
+                                   *overrides])
     with tempfile.TemporaryDirectory() as tmp:
         trainer = Trainer(cfg, Path(tmp) / "run", progress=False)
         for _ in range(2):  # warm-up
@@ -38,7 +41,8 @@ def main() -> None:
         profiler.stop()
         trainer.grader.close()
     text = profiler.output_text(unicode=False, color=False)
-    write_text(RESULTS / "trl_step_profile.txt", text)
+    name = "step_profile_" + "_".join(o.replace("=", "-") for o in overrides) if overrides else "trl_step_profile"
+    write_text(RESULTS / f"{name}.txt", text)
     print(text)
 
 
