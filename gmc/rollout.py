@@ -121,18 +121,32 @@ class HFEngine:
         return groups
 
     def _generate_batch(self, prompts: list[str], n: int, sampling: SamplingConfig) -> list[list[Sample]]:
-        was_training = self.model.training
-        self.model.eval()
         enc = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
         ids, mask = enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device)
-        decoder = make_decoder(self.model, capacity=ids.shape[1] + sampling.max_new_tokens)
-        logits = decoder.prefill(ids, mask, copies=n)
-        N, T = len(prompts) * n, sampling.max_new_tokens
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            decoder = make_decoder(self.model, capacity=ids.shape[1] + sampling.max_new_tokens)
+            tokens, logps, lengths = self._decode(decoder, decoder.prefill(ids, mask, copies=n), sampling)
+        finally:
+            self.model.train(was_training)
+        tok_rows, lp_rows, lengths = tokens.tolist(), logps.tolist(), lengths.tolist()
+        prompt_ids = [[t for t, m in zip(r, k) if m] for r, k in zip(enc["input_ids"].tolist(), enc["attention_mask"].tolist())]
+        samples = []
+        for row, (toks, lps, end) in enumerate(zip(tok_rows, lp_rows, lengths)):
+            reason = "stop" if toks[end - 1] in self.eos_ids else "length"
+            samples.append(Sample(toks[:end], self.tokenizer.decode(toks[:end], skip_special_tokens=True), lps[:end],
+                                  reason, prompt_ids[row // n]))
+        return [samples[i * n : (i + 1) * n] for i in range(len(prompts))]
+
+    def _decode(self, decoder, logits: Tensor, sampling: SamplingConfig) -> tuple[Tensor, Tensor, Tensor]:
+        """Sample until every row has ended (EOS) or the token limit; returns the tokens and
+        log-probs ``[N, T]`` and each row's length (EOS included)."""
+        N, T = logits.shape[0], sampling.max_new_tokens
         eos = torch.tensor(sorted(self.eos_ids), device=self.device)
         tokens = torch.full((N, T), self.pad_id, dtype=torch.long, device=self.device)
         logps = torch.zeros(N, T, device=self.device)
         lengths = torch.full((N,), T, dtype=torch.long, device=self.device)
-        stopped = torch.zeros(N, dtype=torch.bool, device=self.device)
         rows = torch.arange(N, device=self.device)  # the output row of each decoder row
         done = torch.zeros(N, dtype=torch.bool, device=self.device)
         for t in range(T):
@@ -140,7 +154,7 @@ class HFEngine:
             live = rows[~done]
             tokens[live, t], logps[live, t] = tok[~done], lp[~done]
             ended = ~done & torch.isin(tok, eos)
-            lengths[rows[ended]], stopped[rows[ended]] = t + 1, True
+            lengths[rows[ended]] = t + 1
             done |= ended
             n_done = int(done.sum())
             if n_done == len(rows) or t + 1 == T:
@@ -150,17 +164,7 @@ class HFEngine:
                 decoder.keep(keep)
                 rows, done, tok = rows[keep], done[keep], tok[keep]
             logits = decoder.step(tok)
-        if was_training:
-            self.model.train()
-        tok_rows, lp_rows = tokens.tolist(), logps.tolist()
-        lengths_, stopped_ = lengths.tolist(), stopped.tolist()
-        prompt_ids = [[t for t, m in zip(r, k) if m] for r, k in zip(enc["input_ids"].tolist(), enc["attention_mask"].tolist())]
-        samples = []
-        for row in range(N):
-            end = lengths_[row]
-            samples.append(Sample(tok_rows[row][:end], self.tokenizer.decode(tok_rows[row][:end], skip_special_tokens=True),
-                                  lp_rows[row][:end], "stop" if stopped_[row] else "length", prompt_ids[row // n]))
-        return [samples[i * n : (i + 1) * n] for i in range(len(prompts))]
+        return tokens, logps, lengths
 
 
 class VLLMEngine:
