@@ -1,4 +1,5 @@
-"""Incremental decoding with a KV cache, the inner loop of :class:`gmc.rollout.HFEngine`.
+"""Incremental decoding with a KV cache, the inner loop of :class:`gmc.rollout.HFEngine` (the
+rollouts of training and evaluation, method.md sections 4 and 5).
 
 A decoder holds the cache of a batch of left-padded sequences and advances them together:
 
@@ -9,7 +10,7 @@ A decoder holds the cache of a batch of left-padded sequences and advances them 
 
 :class:`Qwen3Decoder` is a lean forward pass for Qwen3-architecture models (every model this
 project trains), written on the module's own weights with a preallocated cache and fused
-projections: the arithmetic of the Hugging Face forward (logits agree to float32 rounding,
+projections: the arithmetic of the Hugging Face forward (float32 logits agree within 1e-4,
 tested) without its per-call dispatch, which dominates decoding on CPU. :class:`HFDecoder`
 runs any other causal LM through its own forward and cache. :func:`make_decoder` picks.
 """
