@@ -13,9 +13,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import RESULTS  # noqa: E402
 from pyinstrument import Profiler  # noqa: E402
-from trl_step import LR, MAX_NEW, PROMPTS, G  # noqa: E402
+from trl_step import our_config  # noqa: E402
 
-from gmc.config import load_train_config  # noqa: E402
 from gmc.io import write_text  # noqa: E402
 from gmc.trainer import Trainer  # noqa: E402
 
@@ -24,10 +23,7 @@ def main() -> None:
     model_dir = sys.argv[1] if len(sys.argv) > 1 else "results/models/tiny"
     steps = int(sys.argv[2]) if len(sys.argv) > 2 else 15
     overrides = sys.argv[3:]
-    cfg = load_train_config(None, [f"model={model_dir}", "device=cpu", f"steps={steps + 2}", "checkpoint_every=0",
-                                   "algorithm=grpo", "delay.mode=sync", f"group_size={G}",
-                                   f"prompts_per_step={PROMPTS}", f"lr={LR}", f"sampling.max_new_tokens={MAX_NEW}",
-                                   *overrides])
+    cfg = our_config(model_dir, steps + 2, *overrides)
     with tempfile.TemporaryDirectory() as tmp:
         trainer = Trainer(cfg, Path(tmp) / "run", progress=False)
         for _ in range(2):  # warm-up

@@ -28,11 +28,16 @@ from gmc.trainer import Trainer, read_jsonl  # noqa: E402
 PROMPTS, G, MAX_NEW, LR = 8, 8, 48, 2e-4
 
 
+def our_config(model_dir: str, steps: int, *overrides: str):
+    """Our synchronous run with the settings both systems share (``key=value`` overrides last)."""
+    return load_train_config(None, [f"model={model_dir}", "device=cpu", f"steps={steps}", "checkpoint_every=0",
+                                    "algorithm=grpo", "delay.mode=sync", f"group_size={G}",
+                                    f"prompts_per_step={PROMPTS}", f"lr={LR}", f"sampling.max_new_tokens={MAX_NEW}",
+                                    *overrides])
+
+
 def run_ours(model_dir: str, steps: int, out: Path) -> dict:
-    cfg = load_train_config(None, [f"model={model_dir}", "device=cpu", f"steps={steps}", "checkpoint_every=0",
-                                   "algorithm=grpo", "delay.mode=sync", f"group_size={G}",
-                                   f"prompts_per_step={PROMPTS}", f"lr={LR}", f"sampling.max_new_tokens={MAX_NEW}"])
-    Trainer(cfg, out, progress=False).run()
+    Trainer(our_config(model_dir, steps), out, progress=False).run()
     rows = read_jsonl(out / "metrics.jsonl")[2:]
     return {"step_seconds": [r["time/step_seconds"] for r in rows],
             "tokens": [r["rollout/response_length_mean"] * r["rollout/samples"] for r in rows],

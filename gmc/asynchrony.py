@@ -19,9 +19,10 @@ O(delay x batch x tokens), never O(delay x parameters).
   ``L_max`` its longest response in tokens. A freed slot is refilled at once with the weights in
   force at that moment. (What a refill generates depends on those weights, not on the moment,
   so the refills between two optimizer steps are generated together, in one batched call, as
-  soon as the clock could need one of their completion times.) The trainer takes finished groups in completion order until its batch
-  is full (waiting, idle, if too few are done); one optimizer step advances the clock by
-  ``step_time``, and groups finishing during that step are refilled with the pre-update weights.
+  soon as the clock could need one of their completion times.) The trainer takes finished
+  groups in completion order until its batch is full (waiting, idle, if too few are done); one
+  optimizer step advances the clock by ``step_time``, and groups finishing during that step are
+  refilled with the pre-update weights.
   Long answers therefore arrive staler, which breaks the paper's Assumption 3 on purpose.
 """
 

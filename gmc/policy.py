@@ -144,7 +144,7 @@ class TinyModelConfig:
     that RL can learn away within a few hundred steps."""
     max_steps: int = 1500
     """Step budget of the warm start: the build stops on accuracy or steps, never on wall-clock
-    time, so the same seed gives the same model on every machine."""
+    time, so the model it makes does not depend on the machine's speed."""
     batch_size: int = 64
     lr: float = 3e-3
     eval_every: int = 50

@@ -261,13 +261,13 @@ class Trainer:
         lengths = [s.length for s in flat]
         prompt_t = [torch.tensor(s.prompt_ids, dtype=torch.long) for s in flat]
         resp_t = [torch.tensor(s.token_ids if s.token_ids else [self.pad_id], dtype=torch.long) for s in flat]
-        behaviour, t_behaviour = None, time.perf_counter()
+        behaviour, t_behaviour = None, time.perf_counter()  # the behaviour pass, timed alone
         if not self.on_policy and cfg.behaviour_logprobs == "trainer":
             batch = collate(prompt_t, resp_t, lengths, self.pad_id, self.device)
             with torch.no_grad():
                 behaviour = response_logprobs(self.model, batch.input_ids, batch.attention_mask, batch.prompt_len,
                                               chunk_size=cfg.logprob_chunk_size).float().cpu()
-        t_behaviour = time.perf_counter() - t_behaviour
+        behaviour_seconds = time.perf_counter() - t_behaviour
         groups = []
         G = cfg.group_size
         for k, rec_index in enumerate(idx):
@@ -299,7 +299,7 @@ class Trainer:
                            for i, s in enumerate(flat))
         self._gen_log.append({
             "n": len(flat), "tokens": sum(lengths), "seconds": time.perf_counter() - t0,
-            "behaviour_seconds": t_behaviour,
+            "behaviour_seconds": behaviour_seconds,
             "reward_sum": sum(g.reward for g in grades), "length_max": max(lengths),
             "truncated": sum(s.finish_reason == "length" for s in flat), "mismatch": mismatch,
         })
