@@ -78,7 +78,8 @@ def main() -> None:
         result["hf_engine"] = hf_engine(model, tok)
         if importlib.util.find_spec("bitsandbytes"):
             from gmc.config import load_train_config
-            from gmc.trainer import Trainer, read_jsonl
+            from gmc.io import read_jsonl
+            from gmc.trainer import Trainer
 
             cfg = load_train_config(None, [f"model={tmp}", "model_dtype=bfloat16", "optimizer=adamw8bit", "steps=5",
                                            "checkpoint_every=0", "lr=1e-6", "prompts_per_step=8", "group_size=8",

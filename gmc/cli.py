@@ -168,7 +168,7 @@ def _mlflow_sync(args: argparse.Namespace) -> None:
 
 
 def _build_tiny_model(args: argparse.Namespace) -> None:
-    from gmc.policy import TinyModelConfig, build_tiny_model
+    from gmc.tiny import TinyModelConfig, build_tiny_model
 
     cfg = TinyModelConfig(target_accuracy=args.target_accuracy, max_steps=args.max_steps,
                           seed=args.seed)

@@ -1,5 +1,7 @@
-"""Atomic file output: every artefact is written to a temporary file beside its target and
-renamed into place, so an interrupted job never leaves a file that looks finished."""
+"""File input and output without heavy dependencies: every artefact is written to a temporary
+file beside its target and renamed into place, so an interrupted job never leaves a file that
+looks finished; JSONL metrics files are read tolerating a torn last line; nested configs are
+flattened to dotted keys. Imports nothing from the rest of the package."""
 
 from __future__ import annotations
 
@@ -68,3 +70,36 @@ def save_figure(fig, path: str | os.PathLike, **kwargs: Any) -> None:
     fmt = Path(path).suffix.lstrip(".")
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format=fmt, bbox_inches="tight", **kwargs)
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    """Lines of a JSONL file; a torn last line (a crash mid-write) is ignored."""
+    rows = []
+    p = Path(path)
+    if not p.exists():
+        return rows
+    with p.open() as fh:
+        for line in fh:
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                break
+    return rows
+
+
+def truncate_jsonl(path: Path, step: int) -> None:
+    """Keep the lines with ``step < step`` (what a checkpoint at ``step`` had seen)."""
+    rows = [r for r in read_jsonl(path) if r["step"] < step]
+    with atomic_path(path) as tmp:
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, f"{key}."))
+        else:
+            out[key] = v
+    return out

@@ -16,19 +16,10 @@ from typing import Any
 
 import yaml
 
+from gmc.io import flatten, read_jsonl
+
 RUN_TAG = "gmc.run_id"
 _VALID = re.compile(r"^[\w\-./ ]+$")
-
-
-def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(flatten(v, f"{key}."))
-        else:
-            out[key] = v
-    return out
 
 
 def metric_items(record: dict[str, Any]):
@@ -105,8 +96,6 @@ def run_dir_name(run_dir: Path) -> str:
 
 def sync_run(run_dir: str | Path, uri: str, experiment: str = "gmc") -> str:
     """Import one finished run directory into MLflow; idempotent. Returns the MLflow run id."""
-    from gmc.trainer import read_jsonl
-
     run_dir = Path(run_dir)
     info_path, cfg_path = run_dir / "run.json", run_dir / "config.yaml"
     if not info_path.exists() or not cfg_path.exists():

@@ -37,11 +37,18 @@ from gmc.asynchrony import Group, make_source, staleness_stats
 from gmc.config import TrainConfig, to_dict
 from gmc.data import format_prompt, load_dataset, load_file
 from gmc.estimators import advantages_for, get_estimator
-from gmc.io import atomic_dir, atomic_path, write_json, write_text
+from gmc.io import (
+    atomic_dir,
+    atomic_path,
+    flatten,
+    read_jsonl,
+    truncate_jsonl,
+    write_json,
+    write_text,
+)
 from gmc.policy import load_policy, parameter_bytes, response_logprobs
 from gmc.rewards import Grader
 from gmc.rollout import make_engine
-from gmc.tracking import flatten
 
 log = logging.getLogger(__name__)
 
@@ -492,28 +499,6 @@ class Trainer:
 
 # ---------------------------------------------------------------------------------------------
 # metrics files
-
-
-def read_jsonl(path: str | Path) -> list[dict]:
-    """Lines of a JSONL file; a torn last line (a crash mid-write) is ignored."""
-    rows = []
-    p = Path(path)
-    if not p.exists():
-        return rows
-    with p.open() as fh:
-        for line in fh:
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                break
-    return rows
-
-
-def truncate_jsonl(path: Path, step: int) -> None:
-    """Keep the lines with ``step < step`` (what a checkpoint at ``step`` had seen)."""
-    rows = [r for r in read_jsonl(path) if r["step"] < step]
-    with atomic_path(path) as tmp:
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
 def summarize_metrics(path: str | Path, window: int = 20) -> dict:

@@ -23,7 +23,7 @@ def shared_data() -> Path:
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A briefly warm-started tiny policy, built once per test session."""
-    from gmc.policy import TinyModelConfig, build_tiny_model
+    from gmc.tiny import TinyModelConfig, build_tiny_model
 
     out = tmp_path_factory.mktemp("models") / "tiny"
     build_tiny_model(out, TinyModelConfig(max_steps=60, eval_every=30, eval_problems=16, batch_size=32),

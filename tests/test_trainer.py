@@ -12,7 +12,8 @@ import torch
 
 from gmc import estimators
 from gmc.config import ConfigError, TrainConfig, load_train_config
-from gmc.trainer import TIME_PREFIX, NonFiniteError, Trainer, read_jsonl
+from gmc.io import read_jsonl
+from gmc.trainer import TIME_PREFIX, NonFiniteError, Trainer
 
 
 def small_config(model_dir, **overrides):
