@@ -83,9 +83,10 @@ class TrainConfig:
     logprob_chunk_size: int = 4096
     """Positions per chunk of the LM head in the log-prob computation."""
     tracking_uri: str | None = None
-    """MLflow tracking URI for live logging (e.g. ``sqlite:///results/mlflow.db``); None: off."""
-    experiment: str = "gmc"
-    """MLflow experiment name."""
+    """MLflow tracking URI for live logging (e.g. ``sqlite:///results/mlflow.db``); None:
+    ``$MLFLOW_TRACKING_URI`` if set, else no live logging."""
+    experiment: str | None = None
+    """MLflow experiment name; None: ``$MLFLOW_EXPERIMENT_NAME`` if set, else ``gmc``."""
 
     def __post_init__(self) -> None:
         if self.algorithm not in ESTIMATORS:

@@ -454,18 +454,16 @@ class Trainer:
 
     def run(self) -> dict:
         cfg = self.cfg
-        tracker = None
-        if cfg.tracking_uri:
-            from gmc.tracking import LiveTracker
+        from gmc.tracking import live_tracker
 
-            tracker = LiveTracker(cfg.tracking_uri, cfg.experiment, self.out, self.run_info["run_id"], to_dict(cfg))
+        tracker = live_tracker(cfg.tracking_uri, cfg.experiment, self.out, self.run_info["run_id"], to_dict(cfg))
         bar = tqdm(total=cfg.steps, initial=self.step, desc=f"train {cfg.algorithm}", disable=not self.progress,
                    unit="step")
         try:
             with (self.out / "metrics.jsonl").open("a") as mfile, (self.out / "groups.jsonl").open("a") as gfile:
                 while self.step < cfg.steps:
                     metrics = self.train_step()
-                    record = {"step": self.step, **metrics}
+                    record = {"step": self.step, "time": time.time(), **metrics}
                     mfile.write(json.dumps(record) + "\n")
                     mfile.flush()
                     for g in self._last_batch:

@@ -81,26 +81,10 @@ def _loads_torch(argv: list[str], cwd: Path) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def fake_run_dir(results: Path, algo: str = "gmc", delay: int = 0, steps: int = 3) -> Path:
-    """A finished run directory as the trainer leaves it (files only, no model)."""
-    d = results / "train" / f"algo~{algo}" / f"delay~{delay}" / "group~4" / "seed~0"
-    d.mkdir(parents=True)
-    (d / "run.json").write_text(json.dumps({"run_id": f"{algo}-{delay}", "git_revision": "abc"}))
-    (d / "config.yaml").write_text(f"algorithm: {algo}\nestimator:\n  eps: 0.2\n")
-    rows = [{"step": s, "time": 1.7e9 + s, "rollout/reward_mean": 0.1 * s, "async/staleness_mean": delay}
-            for s in range(steps)]
-    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    groups = [{"step": s, "version": s, "staleness": delay, "length_max": 10, "length_mean": 8.0,
-               "reward_mean": 0.5, "submitted_at": 0.0, "completed_at": 1.0} for s in range(steps)]
-    (d / "groups.jsonl").write_text("".join(json.dumps(g) + "\n" for g in groups))
-    (d / "summary.json").write_text(json.dumps({"steps": steps, "rollout/reward_mean_last20": 0.1}))
-    return d
-
-
-def test_reading_commands_do_not_load_torch(tmp_path):
+def test_reading_commands_do_not_load_torch(tmp_path, make_run_dir):
     results = tmp_path / "results"
-    run = fake_run_dir(results)
-    fake_run_dir(results, algo="grpo")
+    run = make_run_dir(results)
+    make_run_dir(results, algo="grpo")
     assert _loads_torch(["mlflow-sync", str(run), "--tracking-uri", f"sqlite:///{tmp_path / 'm.db'}"],
                         tmp_path) == {"rc": 0, "torch": False}
     assert _loads_torch(["figures", "--results", str(results)], tmp_path) == {"rc": 0, "torch": False}
