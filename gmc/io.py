@@ -1,7 +1,9 @@
 """File input and output without heavy dependencies: every artefact is written to a temporary
 file beside its target and renamed into place, so an interrupted job never leaves a file that
 looks finished; JSONL metrics files are read tolerating a torn last line; nested configs are
-flattened to dotted keys. Imports nothing from the rest of the package."""
+flattened to dotted keys. Files and folders get the modes the umask allows (644 and 755
+under umask 022), not the private ones of ``mkstemp``/``mkdtemp``. Imports nothing from the
+rest of the package."""
 
 from __future__ import annotations
 
@@ -15,6 +17,12 @@ from pathlib import Path
 from typing import Any
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 @contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path in the target's folder; rename it onto ``path`` on success."""
@@ -25,6 +33,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     tmp_path = Path(tmp)
     try:
         yield tmp_path
+        os.chmod(tmp_path, 0o666 & ~_umask())
         os.replace(tmp_path, target)
     finally:
         tmp_path.unlink(missing_ok=True)
@@ -38,6 +47,7 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
     try:
         yield tmp
+        os.chmod(tmp, 0o777 & ~_umask())
         if target.exists():
             old = target.with_name(f".{target.name}.old")
             shutil.rmtree(old, ignore_errors=True)
