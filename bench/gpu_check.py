@@ -72,7 +72,8 @@ def estimators_on_cuda() -> dict:
     """Three stale steps of every estimator on the tiny model, bfloat16 over float32 masters."""
     from gmc.config import load_train_config
     from gmc.estimators import ESTIMATORS
-    from gmc.trainer import Trainer, read_jsonl
+    from gmc.io import read_jsonl
+    from gmc.trainer import Trainer
 
     out = {}
     optimizer = "adamw8bit" if importlib.util.find_spec("bitsandbytes") else "adamw"
@@ -140,7 +141,8 @@ def main() -> None:
         result["paper_shape_update"] = paper_shape_update(qwen3_0_6b(151936))
         if importlib.util.find_spec("bitsandbytes"):
             from gmc.config import load_train_config
-            from gmc.trainer import Trainer, read_jsonl
+            from gmc.io import read_jsonl
+            from gmc.trainer import Trainer
 
             cfg = load_train_config(None, [f"model={tmp}", "model_dtype=bfloat16", "optimizer=adamw8bit", "steps=5",
                                            "checkpoint_every=0", "lr=1e-6", "prompts_per_step=8", "group_size=8",

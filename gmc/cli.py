@@ -1,16 +1,26 @@
-"""Command line: ``gmc <subcommand> ...`` (also ``python -m gmc``)."""
+"""Command line: ``gmc <subcommand> ...`` (also ``python -m gmc``).
+
+Progress and messages of the ``gmc`` loggers go to stderr at INFO (DEBUG with ``--debug``). An
+error ends the command with one line on stderr, ``gmc <subcommand>: error: <message>``, and exit
+status 1; ``--debug`` shows the traceback instead.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
+
+from gmc import __version__
 
 
 def build_parser() -> argparse.ArgumentParser:
     from gmc import theory
 
     parser = argparse.ArgumentParser(prog="gmc", description="Asynchronous RL post-training with group-mass capping")
+    parser.add_argument("--version", action="version", version=f"gmc {__version__}")
+    parser.add_argument("--debug", action="store_true", help="debug logging; show the traceback of an error")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("theory", help="exactly solvable checks of the paper's claims (CSV + figures)")
     theory.add_arguments(p)
@@ -46,10 +56,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--benchmarks", nargs="+", default=None, help="shorthand for --set benchmarks=[...]")
     p.set_defaults(func=_evaluate)
 
-    p = sub.add_parser("mlflow-sync", help="import finished run directories into an MLflow store (idempotent)")
-    p.add_argument("run_dirs", nargs="+")
-    p.add_argument("--tracking-uri", default="sqlite:///results/mlflow.db")
-    p.add_argument("--experiment", default="gmc")
+    p = sub.add_parser("mlflow-sync", help="import run directories into MLflow, or bring earlier imports up to date")
+    p.add_argument("run_dirs", nargs="*", help="run directories (results/train/...)")
+    p.add_argument("--tracking-uri", default=None,
+                   help="default: $MLFLOW_TRACKING_URI, else sqlite:///results/mlflow.db")
+    p.add_argument("--experiment", default=None, help="default: $MLFLOW_EXPERIMENT_NAME, else gmc")
+    p.add_argument("--sweep", default=None, metavar="RESULTS",
+                   help="the sweep's results folder: make sure its parent run exists; with run directories, "
+                        "also log the base model's scores to it and mark it finished")
     p.add_argument("--out", default=None, help="optional JSON file mapping run directories to MLflow run ids")
     p.set_defaults(func=_mlflow_sync)
 
@@ -82,6 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("bundle")
     p.add_argument("--results", default="results")
     p.set_defaults(func=_import)
+    for p in sub.choices.values():  # --debug also after the subcommand
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return parser
 
 
@@ -157,18 +173,24 @@ def _evaluate(args: argparse.Namespace) -> None:
 
 def _mlflow_sync(args: argparse.Namespace) -> None:
     from gmc.io import write_json
-    from gmc.tracking import sync_run
+    from gmc.tracking import resolve_experiment, resolve_uri, sync_run, sync_sweep
 
+    if not args.run_dirs and not args.sweep:
+        raise ValueError("mlflow-sync: give run directories, --sweep RESULTS, or both")
+    uri, experiment = resolve_uri(args.tracking_uri), resolve_experiment(args.experiment)
+    out: dict = {"tracking_uri": uri, "experiment": experiment}
+    if args.sweep:
+        out["sweep"] = sync_sweep(args.sweep, uri, experiment, finish=bool(args.run_dirs))
     synced = {}
     for run_dir in args.run_dirs:
-        synced[run_dir] = sync_run(run_dir, args.tracking_uri, args.experiment)
+        synced[run_dir] = sync_run(run_dir, uri, experiment)
         print(f"{run_dir} -> MLflow run {synced[run_dir]}")
     if args.out:
-        write_json(args.out, {"tracking_uri": args.tracking_uri, "runs": synced})
+        write_json(args.out, {**out, "runs": synced})
 
 
 def _build_tiny_model(args: argparse.Namespace) -> None:
-    from gmc.policy import TinyModelConfig, build_tiny_model
+    from gmc.tiny import TinyModelConfig, build_tiny_model
 
     cfg = TinyModelConfig(target_accuracy=args.target_accuracy, max_steps=args.max_steps,
                           seed=args.seed)
@@ -188,10 +210,38 @@ def _grade_oracle(args: argparse.Namespace) -> None:
         write_json(args.out, table)
 
 
+def _configure_logging(debug: bool) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+    gmc_log = logging.getLogger("gmc")
+    gmc_log.handlers[:] = [handler]
+    gmc_log.setLevel(logging.DEBUG if debug else logging.INFO)
+    gmc_log.propagate = False
+
+
+def error_line(e: BaseException) -> str:
+    """An exception as one line: its message (whitespace collapsed), and the exception's type
+    where the message alone would not say what went wrong."""
+    message = " ".join(str(e).split())
+    if not message or isinstance(e, (KeyError, AttributeError, TypeError, IndexError, AssertionError)):
+        message = f"{type(e).__name__}: {message}" if message else type(e).__name__
+    return message
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    args.func(args)
+    _configure_logging(args.debug)
+    try:
+        args.func(args)
+    except KeyboardInterrupt:
+        print(f"gmc {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:
+        if args.debug:
+            raise
+        print(f"gmc {args.command}: error: {error_line(e)} (--debug for the traceback)", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -97,9 +97,10 @@ class TrainConfig:
     """Where the frozen reference policy of the KL term lives (``estimator.kl_coef > 0``):
     ``auto`` (the training device) or a device such as ``cpu``; loaded like the policy."""
     tracking_uri: str | None = None
-    """MLflow tracking URI for live logging (e.g. ``sqlite:///results/mlflow.db``); None: off."""
-    experiment: str = "gmc"
-    """MLflow experiment name."""
+    """MLflow tracking URI for live logging (e.g. ``sqlite:///results/mlflow.db``); None:
+    ``$MLFLOW_TRACKING_URI`` if set, else no live logging."""
+    experiment: str | None = None
+    """MLflow experiment name; None: ``$MLFLOW_EXPERIMENT_NAME`` if set, else ``gmc``."""
 
     def __post_init__(self) -> None:
         if self.algorithm not in ESTIMATORS:

@@ -6,7 +6,9 @@ give Pass@1, the mean correctness over samples, with its standard error across p
 the unbiased pass@k' estimator ``1 - C(n-c, k') / C(n, k')`` for every ``k' <= k``.
 
 Writes ``<out>/<benchmark>.json`` (the summary) and ``<out>/<benchmark>.completions.jsonl``
-(every completion with its extracted answer and grade), atomically.
+(every completion with its extracted answer and grade), atomically. The engine is called on
+chunks of about ``SAMPLES_PER_CALL`` completions, and the progress bar of each benchmark counts
+its completions (problems times ``1 + k``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from gmc.rollout import SamplingConfig, make_engine
 DEFAULT_SAMPLES = {"aime24": 16, "aime25": 16, "amc23": 16, "math500": 4, "minerva_math": 4, "olympiadbench": 4,
                    "synthetic": 4}
 """Samples per problem for Pass@1 (method.md section 5)."""
+SAMPLES_PER_CALL = 512
+"""Completions per engine call (a chunk of problems with all their samples)."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +99,18 @@ def summarize(name: str, golds: list[str], greedy_correct: list[bool] | None,
     return out
 
 
+def _generate(engine, prompts: list[str], k: int, sampling: SamplingConfig, bar) -> list:
+    """``engine.generate(prompts, k, sampling)`` in chunks of problems, advancing ``bar`` by the
+    completions of each chunk."""
+    step = max(1, SAMPLES_PER_CALL // k)
+    groups = []
+    for start in range(0, len(prompts), step):
+        chunk = prompts[start : start + step]
+        groups += engine.generate(chunk, k, sampling)
+        bar.update(len(chunk) * k)
+    return groups
+
+
 def evaluate(model_path: str, out: str | Path, cfg: EvalConfig = EvalConfig(), progress: bool = True) -> dict[str, dict]:
     """Evaluate one checkpoint on ``cfg.benchmarks``; returns the summaries by benchmark."""
     from gmc.policy import load_policy
@@ -105,25 +121,27 @@ def evaluate(model_path: str, out: str | Path, cfg: EvalConfig = EvalConfig(), p
     engine = make_engine(cfg.engine, model, tokenizer, model_path=model_path, seed=cfg.seed)
     summaries = {}
     with Grader() as grader:
-        for name in tqdm(cfg.benchmarks, desc="evaluate", disable=not progress):
+        for name in cfg.benchmarks:
             start = time.time()
             records = benchmark_records(name, cfg)
             prompts = [format_prompt(tokenizer, r.problem, cfg.thinking) for r in records]
             golds = [r.answer for r in records]
             rows = []
             greedy_correct = None
+            k = cfg.k_for(name)
+            bar = tqdm(total=len(records) * (int(cfg.greedy) + k), desc=f"evaluate {name} ({len(records)} problems)",
+                       unit="completion", disable=not progress)
             if cfg.greedy:
-                groups = engine.generate(prompts, 1, SamplingConfig(0.0, 1.0, cfg.max_new_tokens))
+                groups = _generate(engine, prompts, 1, SamplingConfig(0.0, 1.0, cfg.max_new_tokens), bar)
                 grades = grader.grade_batch([g[0].text for g in groups], golds)
                 greedy_correct = [g.correct for g in grades]
                 rows += [{"id": r.id, "mode": "greedy", "sample": 0, "completion": g[0].text, "answer": gr.answer,
                           "gold": r.answer, "correct": gr.correct, "reason": gr.reason, "length": g[0].length}
                          for r, g, gr in zip(records, groups, grades)]
-            k = cfg.k_for(name)
             sample_correct: list[list[bool]] = []
             if k:
                 sampling = SamplingConfig(cfg.temperature, cfg.top_p, cfg.max_new_tokens)
-                groups = engine.generate(prompts, k, sampling)
+                groups = _generate(engine, prompts, k, sampling, bar)
                 grades = grader.grade_batch([s.text for g in groups for s in g], [a for a in golds for _ in range(k)])
                 for i, (r, g) in enumerate(zip(records, groups)):
                     row_grades = grades[i * k : (i + 1) * k]
@@ -131,6 +149,7 @@ def evaluate(model_path: str, out: str | Path, cfg: EvalConfig = EvalConfig(), p
                     rows += [{"id": r.id, "mode": "sample", "sample": j, "completion": s.text, "answer": gr.answer,
                               "gold": r.answer, "correct": gr.correct, "reason": gr.reason, "length": s.length}
                              for j, (s, gr) in enumerate(zip(g, row_grades))]
+            bar.close()
             summary = summarize(name, golds, greedy_correct, sample_correct)
             summary.update({"model": str(model_path), "temperature": cfg.temperature, "top_p": cfg.top_p,
                             "max_new_tokens": cfg.max_new_tokens, "seconds": round(time.time() - start, 2)})

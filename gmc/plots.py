@@ -135,7 +135,7 @@ def run_figures(results: str | Path, out: str | Path | None = None) -> list[Path
     import numpy as np
 
     from gmc.analysis import collect
-    from gmc.trainer import read_jsonl
+    from gmc.io import read_jsonl
 
     results = Path(results)
     out = Path(out or results / "figures")

@@ -182,7 +182,7 @@ class VLLMEngine:
         except ImportError as e:
             raise ImportError(
                 "VLLMEngine needs vLLM, which is not installed. Install the GPU extra on a CUDA "
-                "machine: pip install 'gmc[gpu]' (or use rollout.engine: hf)."
+                "machine: pip install 'gmc[gpu]' (or set engine: hf in the train or evaluate config)."
             ) from e
         import os
 

@@ -37,11 +37,18 @@ from gmc.asynchrony import Group, make_source, staleness_stats
 from gmc.config import TrainConfig, to_dict
 from gmc.data import format_prompt, load_dataset, load_file
 from gmc.estimators import get_estimator
-from gmc.io import atomic_dir, atomic_path, write_json, write_text
+from gmc.io import (
+    atomic_dir,
+    atomic_path,
+    flatten,
+    read_jsonl,
+    truncate_jsonl,
+    write_json,
+    write_text,
+)
 from gmc.policy import DTYPES, load_policy, parameter_bytes
 from gmc.rewards import Grader
 from gmc.rollout import make_engine
-from gmc.tracking import flatten
 from gmc.update import Rows, Update, precision
 
 log = logging.getLogger(__name__)
@@ -402,18 +409,16 @@ class Trainer:
 
     def run(self) -> dict:
         cfg = self.cfg
-        tracker = None
-        if cfg.tracking_uri:
-            from gmc.tracking import LiveTracker
+        from gmc.tracking import live_tracker
 
-            tracker = LiveTracker(cfg.tracking_uri, cfg.experiment, self.out, self.run_info["run_id"], to_dict(cfg))
+        tracker = live_tracker(cfg.tracking_uri, cfg.experiment, self.out, self.run_info["run_id"], to_dict(cfg))
         bar = tqdm(total=cfg.steps, initial=self.step, desc=f"train {cfg.algorithm}", disable=not self.progress,
                    unit="step")
         try:
             with (self.out / "metrics.jsonl").open("a") as mfile, (self.out / "groups.jsonl").open("a") as gfile:
                 while self.step < cfg.steps:
                     metrics = self.train_step()
-                    record = {"step": self.step, **metrics}
+                    record = {"step": self.step, "time": time.time(), **metrics}
                     mfile.write(json.dumps(record) + "\n")
                     mfile.flush()
                     for g in self._last_batch:
@@ -450,28 +455,6 @@ class Trainer:
 
 # ---------------------------------------------------------------------------------------------
 # metrics files
-
-
-def read_jsonl(path: str | Path) -> list[dict]:
-    """Lines of a JSONL file; a torn last line (a crash mid-write) is ignored."""
-    rows = []
-    p = Path(path)
-    if not p.exists():
-        return rows
-    with p.open() as fh:
-        for line in fh:
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                break
-    return rows
-
-
-def truncate_jsonl(path: Path, step: int) -> None:
-    """Keep the lines with ``step < step`` (what a checkpoint at ``step`` had seen)."""
-    rows = [r for r in read_jsonl(path) if r["step"] < step]
-    with atomic_path(path) as tmp:
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
 def summarize_metrics(path: str | Path, window: int = 20) -> dict:

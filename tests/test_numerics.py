@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from gmc.config import ConfigError, load_train_config
-from gmc.trainer import TIME_PREFIX, Trainer, read_jsonl
+from gmc.io import read_jsonl
+from gmc.trainer import TIME_PREFIX, Trainer
 
 FROZEN = 1e-30  # an Adam step of this size leaves every float32 weight unchanged
 

@@ -12,7 +12,8 @@ import torch
 
 from gmc import estimators
 from gmc.config import ConfigError, TrainConfig, load_train_config
-from gmc.trainer import TIME_PREFIX, NonFiniteError, Trainer, read_jsonl
+from gmc.io import read_jsonl
+from gmc.trainer import TIME_PREFIX, NonFiniteError, Trainer
 
 
 def small_config(model_dir, **overrides):
@@ -23,7 +24,7 @@ def small_config(model_dir, **overrides):
 
 
 def without_time(rows):
-    return [{k: v for k, v in r.items() if not k.startswith(TIME_PREFIX)} for r in rows]
+    return [{k: v for k, v in r.items() if k != "time" and not k.startswith(TIME_PREFIX)} for r in rows]
 
 
 def train(tmp_path, name, model_dir, **overrides):
@@ -171,9 +172,13 @@ def test_live_tracking_writes_the_same_run(tmp_path, tiny_model_dir):
     out = train(tmp_path, "live", tiny_model_dir, steps=2, tracking_uri=uri)
     client = MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name("gmc")
+    (run,) = client.search_runs([exp.experiment_id])
+    lines = read_jsonl(out / "metrics.jsonl")
+    history = client.get_metric_history(run.info.run_id, "rollout/reward_mean")
+    assert [(m.step, m.timestamp) for m in history] == [(r["step"], int(r["time"] * 1000)) for r in lines]
+    assert sync_run(out, uri) == run.info.run_id
     assert len(client.search_runs([exp.experiment_id])) == 1
-    sync_run(out, uri)
-    assert len(client.search_runs([exp.experiment_id])) == 1
+    assert len(client.get_metric_history(run.info.run_id, "rollout/reward_mean")) == 2
 
 
 def test_config_errors_name_the_key(tmp_path):

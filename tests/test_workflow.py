@@ -80,6 +80,16 @@ def test_end_to_end_tiny_sweep(tmp_path):
         assert (results / "figures" / f"{name}.pdf").exists()
     synced = json.loads((results / "mlflow" / "synced.json").read_text())
     assert len(synced["runs"]) == 5
+    # logged live (tracking_uri is set), nested under the sweep's run, with the evaluation scores
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{results / 'mlflow.db'}")
+    mlflow_runs = client.search_runs([client.get_experiment_by_name("gmc").experiment_id])
+    parents = [r for r in mlflow_runs if "gmc.sweep" in r.data.tags]
+    children = [r for r in mlflow_runs if "gmc.run_id" in r.data.tags]
+    assert len(parents) == 1 and sorted(r.info.run_id for r in children) == sorted(synced["runs"].values())
+    assert all(r.data.tags["mlflow.parentRunId"] == synced["sweep"] == parents[0].info.run_id for r in children)
+    assert all("eval/synthetic/pass_at_1" in r.data.metrics for r in [*children, *parents])
     base = json.loads((results / "eval" / "base" / "synthetic.json").read_text())
     assert base["problems"] == 8 and base["k"] == 2
 
