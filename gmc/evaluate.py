@@ -121,6 +121,7 @@ def evaluate(model_path: str, out: str | Path, cfg: EvalConfig = EvalConfig(), p
     from gmc.policy import load_policy
 
     out = Path(out)
+    tasks = {name: benchmark_records(name, cfg) for name in cfg.benchmarks}  # bad data fails before the model loads
     model, tokenizer = load_policy(model_path, cfg.model_dtype, cfg.device)
     model.eval()
     engine = make_engine(cfg.engine, model, tokenizer, model_path=model_path, seed=cfg.seed)
@@ -128,7 +129,7 @@ def evaluate(model_path: str, out: str | Path, cfg: EvalConfig = EvalConfig(), p
     with Grader() as grader:
         for name in tqdm(cfg.benchmarks, desc="evaluate", disable=not progress):
             start = time.time()
-            records = benchmark_records(name, cfg)
+            records = tasks[name]
             prompts = [format_prompt(tokenizer, r.problem, cfg.thinking) for r in records]
             golds = [r.answer for r in records]
             rows = []

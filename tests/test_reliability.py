@@ -240,3 +240,130 @@ def test_evaluation_values_are_checked_up_front():
                       ("top_p=0", "top_p"), ("max_new_tokens=0", "max_new_tokens"), ("seed=-1", "seed")]:
         with pytest.raises(ConfigError, match=rf"^--set {re.escape(item)}: {key}"):
             load_config(EvalConfig, None, [item])
+
+
+# ---------------------------------------------------------------------------------------------
+# 6. grading cannot crash or stall
+
+
+HOSTILE = {
+    "newlines": "\n" * 1_000_000,
+    "unbalanced boxes": "\\boxed{" * 20_000,
+    "nested braces": "\\boxed{" + "{" * 50_000 + "}" * 49_999,
+    "phrase then spaces": "the answer is x" + " " * 200_000 + "y",
+    "answer line then spaces": "Answer: x" + " " * 200_000 + "y",
+    "many phrases": "the answer is $5$ so " * 50_000,
+    "nested bold": "\\boxed{" + "\\mathbf{" * 5_000 + "1" + "}" * 5_001,
+}
+
+
+@pytest.mark.parametrize("name", HOSTILE)
+def test_answer_extraction_is_linear_time(name):
+    from gmc.rewards import extract_answer
+
+    start = time.perf_counter()
+    extract_answer(HOSTILE[name])
+    assert time.perf_counter() - start < 1.0  # before: 10 s for 20k newlines, 5.7 s for 20k "\boxed{"
+
+
+def test_extraction_keeps_its_meaning():
+    from gmc.rewards import extract_answer
+
+    assert extract_answer("The answer is 3.5.") == "3.5"  # a decimal point does not end the answer
+    assert extract_answer("The answer is 5. The final answer is 6.") == "6"
+    assert extract_answer("the final answer is $5$ dollars") is None
+    assert extract_answer("The final answer is:\n\n42") == "42"
+    assert extract_answer("x\n  **Answer**: $7$ .\n") == "7"
+
+
+def test_long_integers_and_hostile_text_grade_without_crashing():
+    from gmc.rewards import Grader
+
+    big = "9" * 5_000  # past Python's 4,300-digit int conversion limit
+    completions = [f"\\boxed{{{big}}}", f"\\boxed{{0{big}}}", f"\\boxed{{{big[:-1]}8}}", "\\boxed{" + "x+" * 2_000 + "1}",
+                   *HOSTILE.values()]
+    golds = [big, big, big, "1", *["1"] * len(HOSTILE)]
+    with Grader(workers=2, timeout=1.0) as grader:
+        start = time.perf_counter()
+        grades = grader.grade_batch(completions, golds)
+        elapsed = time.perf_counter() - start
+    assert [g.reason for g in grades[:4]] == ["ok", "ok", "wrong", "too_long"]
+    assert all(g.reason in ("no_answer", "wrong", "parse_error", "timeout", "too_long") for g in grades[4:])
+    assert elapsed < 30
+
+
+# ---------------------------------------------------------------------------------------------
+# 7. bad data and model folders are caught before the model loads
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model was loaded before the data was checked")
+
+    monkeypatch.setattr("gmc.trainer.load_policy", refuse)
+    monkeypatch.setattr("gmc.policy.load_policy", refuse)
+
+
+@pytest.mark.parametrize("line, message", [
+    (b'{"problem": "1+1", "answer": "2\xff"}', r"train\.jsonl:2: not UTF-8 text \(byte 0xff\)"),
+    (b'{"problem": "1+1", "answer": true}', r"train\.jsonl:2: field 'answer' must be text"),
+    (b'{"problem": "1+1", "answer": {"a": 1}}', r"train\.jsonl:2: field 'answer' must be text"),
+    (b'{"problem": 7, "answer": "2"}', r"train\.jsonl:2: field 'problem' must be text"),
+])
+def test_bad_training_data_is_named_before_the_model_loads(tmp_path, tiny_model_dir, no_model_load, line, message):
+    from gmc.data import DataError
+
+    data = tmp_path / "train.jsonl"
+    data.write_bytes(b'{"problem": "2+2", "answer": "4"}\n' + line + b"\n")
+    with pytest.raises(DataError, match=message):
+        Trainer(small(tiny_model_dir, train_data=str(data)), tmp_path / "run", progress=False)
+    RunDir(tmp_path / "run").acquire()  # the failed start released the lock
+
+
+def test_long_integer_answers_load_as_text(tmp_path):
+    from gmc.data import load_file
+
+    big = "1" + "0" * 4_999
+    data = tmp_path / "train.jsonl"
+    data.write_text(f'{{"problem": "p", "answer": {big}}}\n{{"problem": "q", "answer": "000{big}"}}\n')
+    assert [r.answer for r in load_file(data)] == [big, big]
+
+
+def test_model_folders_are_checked_before_loading(tmp_path, tiny_model_dir):
+    from gmc.policy import load_policy
+    from gmc.preflight import ModelFolderError
+
+    def broken(name, damage):
+        folder = tmp_path / name
+        shutil.copytree(tiny_model_dir, folder)
+        damage(folder)
+        return str(folder)
+
+    no_tokenizer = broken("no_tokenizer", lambda f: (f / "tokenizer.json").unlink())
+    with pytest.raises(ModelFolderError, match="lacks a tokenizer"):
+        load_policy(no_tokenizer, device="cpu")
+
+    def truncate(folder):
+        weights = folder / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[:-1000])
+
+    with pytest.raises(ModelFolderError, match=r"model\.safetensors: incomplete safetensors file"):
+        load_policy(broken("half_written", truncate), device="cpu")
+    with pytest.raises(ModelFolderError, match=r"lacks config\.json; weights"):
+        load_policy(broken("empty", lambda f: [p.unlink() for p in f.iterdir() if not p.name.startswith("tok")]),
+                    device="cpu")
+    with pytest.raises(ModelFolderError, match="not found"):
+        load_policy(str(tmp_path / "nowhere" / "tiny"), device="cpu")
+
+
+def test_evaluation_data_is_checked_before_the_model_loads(tmp_path, no_model_load):
+    from gmc.data import DataError
+    from gmc.evaluate import EvalConfig, evaluate
+
+    bench = tmp_path / "data" / "benchmarks" / "aime24"
+    bench.mkdir(parents=True)
+    (bench / "test.jsonl").write_bytes(b'{"problem": "p", "answer": "1"}\n{"problem": "q", "answer": null}\n')
+    cfg = EvalConfig(benchmarks=("synthetic", "aime24"), data_root=str(tmp_path / "data"), limit=1)
+    with pytest.raises(DataError, match=r"aime24/test\.jsonl:2: missing or empty field 'answer'"):
+        evaluate("unused", tmp_path / "eval", cfg, progress=False)
