@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +20,29 @@ from gmc.rollout import SamplingConfig
 
 
 class ConfigError(ValueError):
-    """A configuration key or value is wrong; the message names it."""
+    """A configuration key or value is wrong; the message names it (``key``: the dotted key,
+    when one is to blame)."""
+
+    def __init__(self, message: str, key: str | None = None):
+        super().__init__(message)
+        self.key = key
+
+
+def check_number(owner, name: str, low: float | None = None, high: float | None = None, *,
+                 low_open: bool = False, prefix: str = "") -> None:
+    """Raise :class:`ConfigError` naming ``prefix + name`` unless ``getattr(owner, name)`` is a
+    finite number within ``[low, high]`` (``(low, high]`` when ``low_open``)."""
+    value = getattr(owner, name)
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    ok = ok and (low is None or (value > low if low_open else value >= low)) and (high is None or value <= high)
+    if not ok:
+        bounds = []
+        if low is not None:
+            bounds.append(f"{'>' if low_open else '>='} {low:g}")
+        if high is not None:
+            bounds.append(f"<= {high:g}")
+        raise ConfigError(f"{prefix}{name}: must be a finite number {' and '.join(bounds)}, got {value!r}".rstrip(),
+                          key=f"{prefix}{name}")
 
 
 @dataclass(frozen=True)
@@ -104,33 +127,42 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         if self.algorithm not in ESTIMATORS:
-            raise ConfigError(f"algorithm: unknown estimator {self.algorithm!r}; known: {sorted(ESTIMATORS)}")
-        for name in ("group_size", "prompts_per_step", "steps"):
+            raise ConfigError(f"algorithm: unknown estimator {self.algorithm!r}; known: {sorted(ESTIMATORS)}",
+                              key="algorithm")
+        for name in ("group_size", "prompts_per_step", "steps", "max_nonfinite_steps", "logprob_chunk_size"):
             if getattr(self, name) < 1:
-                raise ConfigError(f"{name}: must be >= 1, got {getattr(self, name)}")
+                raise ConfigError(f"{name}: must be >= 1, got {getattr(self, name)}", key=name)
         if self.group_size < 2:
-            raise ConfigError("group_size: group-normalised advantages need at least 2 responses per prompt")
-        if self.lr <= 0:
-            raise ConfigError(f"lr: must be > 0, got {self.lr}")
-        if self.checkpoint_every < 0 or self.max_nonfinite_steps < 1:
-            raise ConfigError("checkpoint_every must be >= 0 and max_nonfinite_steps >= 1")
+            raise ConfigError("group_size: group-normalised advantages need at least 2 responses per prompt",
+                              key="group_size")
+        for name in ("seed", "warmup_steps", "checkpoint_every"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name}: must be >= 0, got {getattr(self, name)}", key=name)
+        check_number(self, "lr", 0, low_open=True)
+        check_number(self, "max_grad_norm", 0, low_open=True)
+        check_number(self, "weight_decay", 0)
+        # training samples: a greedy policy has no log-probs to weight, so 0 is refused here
+        check_number(self.sampling, "temperature", 0, 10, low_open=True, prefix="sampling.")
         choices = {"lr_schedule": ("constant", "linear", "cosine"), "optimizer": ("auto", "adamw", "adamw8bit"),
                    "engine": ("hf", "vllm"), "data_source": ("local", "hub"),
                    "model_dtype": ("float32", "bfloat16", "float16"), "behaviour_logprobs": ("trainer", "sampler")}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
-                raise ConfigError(f"{name}: must be one of {allowed}, got {getattr(self, name)!r}")
+                raise ConfigError(f"{name}: must be one of {allowed}, got {getattr(self, name)!r}", key=name)
         if self.micro_batch_tokens < 0:
-            raise ConfigError(f"micro_batch_tokens: must be >= 0 (0: no budget), got {self.micro_batch_tokens}")
+            raise ConfigError(f"micro_batch_tokens: must be >= 0 (0: no budget), got {self.micro_batch_tokens}",
+                              key="micro_batch_tokens")
         if self.sampling.temperature <= 0:
             raise ConfigError("sampling.temperature: training samples at a temperature > 0 (its log-probs are "
-                              f"those of softmax(logits / temperature)), got {self.sampling.temperature}")
+                              f"those of softmax(logits / temperature)), got {self.sampling.temperature}",
+                              key="sampling.temperature")
         if self.sampling.top_p != 1:
             raise ConfigError("sampling.top_p: training needs 1: the ratios are of softmax(logits / temperature), "
-                              f"and a nucleus-truncated sampler is another distribution (got {self.sampling.top_p})")
+                              f"and a nucleus-truncated sampler is another distribution (got {self.sampling.top_p})",
+                              key="sampling.top_p")
         if self.behaviour_logprobs == "sampler" and (self.sampling.temperature != 1 or self.sampling.top_p != 1):
             raise ConfigError("behaviour_logprobs: 'sampler' needs sampling.temperature 1 and sampling.top_p 1, "
-                              "so that the sampler's log-probs are the policy's")
+                              "so that the sampler's log-probs are the policy's", key="behaviour_logprobs")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -155,20 +187,20 @@ def _coerce(value: Any, tp, key: str) -> Any:
                 return _coerce(value, a, key)
             except ConfigError as e:
                 errors.append(str(e))
-        raise ConfigError(errors[0] if errors else f"{key}: bad value {value!r}")
+        raise ConfigError(errors[0] if errors else f"{key}: bad value {value!r}", key=key)
     if origin is Literal:
         if value not in typing.get_args(tp):
-            raise ConfigError(f"{key}: must be one of {typing.get_args(tp)}, got {value!r}")
+            raise ConfigError(f"{key}: must be one of {typing.get_args(tp)}, got {value!r}", key=key)
         return value
     if origin is tuple:
         return tuple(value)
     if tp is bool:
         if not isinstance(value, bool):
-            raise ConfigError(f"{key}: expected true/false, got {value!r}")
+            raise ConfigError(f"{key}: expected true/false, got {value!r}", key=key)
         return value
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+            raise ConfigError(f"{key}: expected an integer, got {value!r}", key=key)
         return value
     if tp is float:
         if isinstance(value, str):  # YAML 1.1 reads 2e-4 (no dot) as a string
@@ -177,15 +209,15 @@ def _coerce(value: Any, tp, key: str) -> Any:
             except ValueError:
                 pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{key}: expected a number, got {value!r}")
+            raise ConfigError(f"{key}: expected a number, got {value!r}", key=key)
         return float(value)
     if tp is str:
         if not isinstance(value, str):
-            raise ConfigError(f"{key}: expected a string, got {value!r}")
+            raise ConfigError(f"{key}: expected a string, got {value!r}", key=key)
         return value
     if _is_dataclass_type(tp):
         if not isinstance(value, dict):
-            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+            raise ConfigError(f"{key}: expected a mapping, got {value!r}", key=key)
         return from_dict(tp, value, prefix=f"{key}.")
     return value
 
@@ -197,14 +229,17 @@ def from_dict(cls, data: dict[str, Any], prefix: str = ""):
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - known)
     if unknown:
-        raise ConfigError(f"unknown key {prefix}{unknown[0]!s}; known keys of {prefix or 'the config'}: {sorted(known)}")
+        raise ConfigError(f"unknown key {prefix}{unknown[0]!s}; known keys of {prefix or 'the config'}: {sorted(known)}",
+                          key=f"{prefix}{unknown[0]!s}")
     kwargs = {k: _coerce(v, hints[k], f"{prefix}{k}") for k, v in data.items()}
     try:
         return cls(**kwargs)
-    except ConfigError:
+    except ConfigError as e:
+        if prefix and e.key:
+            raise ConfigError(f"{prefix}{e}", key=f"{prefix}{e.key}") from None
         raise
     except (ValueError, TypeError) as e:
-        raise ConfigError(f"{prefix or 'config'}: {e}") from e
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'}: {e}", key=prefix.rstrip(".") or None) from e
 
 
 def to_dict(obj) -> dict[str, Any]:
@@ -216,7 +251,11 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     if "=" not in item:
         raise ConfigError(f"--set expects key=value, got {item!r}")
     key, raw = item.split("=", 1)
-    return key.strip().split("."), yaml.safe_load(raw) if raw.strip() else None
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"--set {item}: invalid YAML value: {e}") from None
+    return key.strip().split("."), value
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -224,11 +263,24 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     for item in overrides:
         path, value = parse_override(item)
         node = out
-        for part in path[:-1]:
-            node[part] = dict(node.get(part) or {})
+        for i, part in enumerate(path[:-1]):
+            inner = node.get(part)
+            if inner is not None and not isinstance(inner, dict):
+                raise ConfigError(f"--set {item}: {'.'.join(path[: i + 1])} is not a mapping")
+            node[part] = dict(inner or {})
             node = node[part]
         node[path[-1]] = value
     return out
+
+
+def _blame(error: ConfigError, path, overrides: list[str]) -> str:
+    """Where a bad value came from: the last ``--set`` item of its key, else the file."""
+    if error.key:
+        for item in reversed(overrides):
+            key = item.split("=", 1)[0].strip()
+            if key == error.key or key.startswith(f"{error.key}.") or error.key.startswith(f"{key}."):
+                return f"--set {item}: "
+    return f"{path}: " if path else ""
 
 
 def load_train_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
@@ -238,7 +290,8 @@ def load_train_config(path: str | Path | None = None, overrides: list[str] | Non
 
 def load_config(cls, path: str | Path | None = None, overrides: list[str] | None = None):
     """Read a YAML file (a missing file is an error), apply ``key=value`` overrides, and build
-    dataclass ``cls`` strictly (:func:`from_dict`)."""
+    dataclass ``cls`` strictly (:func:`from_dict`). An error names the ``--set`` item that gave
+    the bad value, or else the file."""
     data: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
@@ -254,5 +307,4 @@ def load_config(cls, path: str | Path | None = None, overrides: list[str] | None
     try:
         return from_dict(cls, data)
     except ConfigError as e:
-        where = f"{path}: " if path else ""
-        raise ConfigError(f"{where}{e}") from None
+        raise ConfigError(f"{_blame(e, path, overrides or [])}{e}", key=e.key) from None

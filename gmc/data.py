@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import random
 import re
@@ -92,9 +93,18 @@ _INT_RE = re.compile(r"^[+-]?\d+$")
 _FLOAT_INT_RE = re.compile(r"^([+-]?\d+)\.0*$")
 
 
+def canonical_int(digits: str) -> str:
+    """``"+007"`` -> ``"7"``, ``"-0"`` -> ``"0"``: as ``str(int(x))``, without Python's limit on
+    the number of digits an ``int`` may be parsed from."""
+    sign = "-" if digits.startswith("-") else ""
+    body = digits.lstrip("+-").lstrip("0") or "0"
+    return ("" if body == "0" else sign) + body
+
+
 def normalize_gold(value: Any) -> str:
     """Gold answers as strings: ``"025"`` -> ``"25"``, ``27.0`` -> ``"27"``, list -> joined,
-    surrounding ``$`` and whitespace removed; everything else kept as written."""
+    surrounding ``$`` and whitespace removed; everything else kept as written. Integers of any
+    length are handled as text."""
     if isinstance(value, bool):
         raise TypeError("a boolean is not a gold answer")
     if isinstance(value, (list, tuple)):
@@ -103,29 +113,30 @@ def normalize_gold(value: Any) -> str:
         return str(int(value))
     text = str(value).strip().strip("$").strip()
     if _INT_RE.match(text):
-        return str(int(text))
+        return canonical_int(text)
     m = _FLOAT_INT_RE.match(text)
     if m:
-        return str(int(m.group(1)))
+        return canonical_int(m.group(1))
     return text
 
 
+_BOXED_OPEN = re.compile(r"\\(?:boxed|fbox)\s*\{")
+
+
 def last_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}`` or ``\\fbox{...}`` (nested braces), else None."""
-    start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
-    while start >= 0:
-        i = text.find("{", start)
-        if i >= 0 and text[start:i].strip() in ("\\boxed", "\\fbox"):
-            depth = 0
-            for j in range(i, len(text)):
-                if text[j] == "{":
-                    depth += 1
-                elif text[j] == "}":
-                    depth -= 1
-                    if depth == 0:
-                        return text[i + 1 : j]
-        # unbalanced or not followed by a brace: try an earlier one
-        start = max(text.rfind("\\boxed", 0, start), text.rfind("\\fbox", 0, start))
+    """Content of the last ``\\boxed{...}`` or ``\\fbox{...}`` whose braces balance (nested
+    braces matched), else None. Linear time: one pass pairs every brace."""
+    closing: dict[int, int] = {}
+    stack: list[int] = []
+    for m in re.finditer(r"[{}]", text):
+        if m.group() == "{":
+            stack.append(m.start())
+        elif stack:
+            closing[stack.pop()] = m.start()
+    for m in reversed(list(_BOXED_OPEN.finditer(text))):
+        start = m.end() - 1
+        if start in closing:
+            return text[start + 1 : closing[start]]
     return None
 
 
@@ -155,10 +166,12 @@ def read_rows(path: str | os.PathLike) -> list[tuple[int, dict[str, Any]]]:
         import pandas as pd
 
         frame = pd.read_parquet(path)
-        rows = [(i + 1, row) for i, row in enumerate(frame.to_dict(orient="records"))]
+        rows = [(i + 1, {k: v.tolist() if hasattr(v, "tolist") else v for k, v in row.items()})  # numpy -> Python
+                for i, row in enumerate(frame.to_dict(orient="records"))]
     elif suffix == ".json":
+        data = path.read_bytes()
         try:
-            obj = json.loads(path.read_text())
+            obj = json.loads(_decode(data, path, 1), parse_int=_parse_int)
         except json.JSONDecodeError as e:
             raise DataError(f"{path}:{e.lineno}: invalid JSON: {e.msg}") from None
         if isinstance(obj, dict) and isinstance(obj.get("data"), list):
@@ -168,12 +181,13 @@ def read_rows(path: str | os.PathLike) -> list[tuple[int, dict[str, Any]]]:
         rows = list(enumerate(obj, start=1))
     elif suffix in (".jsonl", ".ndjson"):
         rows = []
-        with path.open() as fh:
-            for lineno, line in enumerate(fh, start=1):
+        with path.open("rb") as fh:
+            for lineno, raw in enumerate(fh, start=1):
+                line = _decode(raw, path, lineno)
                 if not line.strip():
                     continue
                 try:
-                    rows.append((lineno, json.loads(line)))
+                    rows.append((lineno, json.loads(line, parse_int=_parse_int)))
                 except json.JSONDecodeError as e:
                     raise DataError(f"{path}:{lineno}: invalid JSON: {e.msg}") from None
     else:
@@ -186,6 +200,32 @@ def read_rows(path: str | os.PathLike) -> list[tuple[int, dict[str, Any]]]:
     return rows
 
 
+def _decode(data: bytes, path: Path, first_line: int) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = first_line + data.count(b"\n", 0, e.start)
+        raise DataError(f"{path}:{line}: not UTF-8 text (byte 0x{data[e.start]:02x})") from None
+
+
+def _parse_int(digits: str) -> int | str:
+    """JSON integers; one too long for Python's int conversion is kept as its digits."""
+    return int(digits) if len(digits) <= 4000 else digits
+
+
+def _check_types(row: dict, where: str, lineno: int, name: str, problem_field: str, answer_field: str) -> None:
+    if not isinstance(row[problem_field], str):
+        raise DataError(f"{where}:{lineno}: field {problem_field!r} must be text, got "
+                        f"{type(row[problem_field]).__name__} (dataset {name!r})")
+    answer = row[answer_field]
+    parts = answer if isinstance(answer, (list, tuple)) else [answer]
+    for part in parts:
+        if isinstance(part, bool) or not isinstance(part, (str, int, float)) or (
+                isinstance(part, float) and not math.isfinite(part)):
+            raise DataError(f"{where}:{lineno}: field {answer_field!r} must be text, a finite number or a list of "
+                            f"them, got {part!r} (dataset {name!r})")
+
+
 def records_from_rows(rows, name: str, spec: DatasetSpec, where: str, problem_field: str,
                       answer_field: str, answer_from_boxed: bool = False) -> list[Record]:
     """Normalise raw rows; missing fields raise, duplicates (same problem text) are reported."""
@@ -196,6 +236,7 @@ def records_from_rows(rows, name: str, spec: DatasetSpec, where: str, problem_fi
         for fname in (problem_field, answer_field):
             if fname not in row or row[fname] is None or (isinstance(row[fname], str) and not row[fname].strip()):
                 raise DataError(f"{where}:{lineno}: missing or empty field {fname!r} (dataset {name!r})")
+        _check_types(row, where, lineno, name, problem_field, answer_field)
         answer = row[answer_field]
         if answer_from_boxed:
             answer = last_boxed(str(answer))
@@ -235,6 +276,8 @@ def load_dataset(name: str, source: str = "local", root: str | os.PathLike | Non
     ``datasets.load_dataset(spec.hub_id, ...)`` (needs a network connection).
     """
     spec = _spec(name)
+    if limit is not None and limit < 1:
+        raise DataError(f"limit must be >= 1 (or None for every problem), got {limit}")
     if source == "local":
         path = data_root(root) / spec.local
         rows = read_rows(path)

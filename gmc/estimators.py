@@ -91,6 +91,10 @@ class EstimatorConfig:
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"EstimatorConfig.{name} must be a finite number >= 0, got {value!r}")
+        if not (isinstance(self.is_log_ratio_clamp, (int, float)) and math.isfinite(self.is_log_ratio_clamp)
+                and self.is_log_ratio_clamp > 0):
+            raise ValueError(f"EstimatorConfig.is_log_ratio_clamp must be a finite number > 0, "
+                             f"got {self.is_log_ratio_clamp!r}")
         if self.eps_low >= 1:
             raise ValueError(f"EstimatorConfig.eps_low must be < 1, got {self.eps_low!r}")
         if self.tic_mode not in ("truncate", "ppo_min"):

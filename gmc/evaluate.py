@@ -21,6 +21,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from gmc.config import ConfigError, check_number
 from gmc.data import BENCHMARKS, SyntheticTask, format_prompt, load_dataset
 from gmc.io import atomic_path, write_json
 from gmc.rewards import Grader
@@ -57,6 +58,26 @@ class EvalConfig:
     model_dtype: str = "float32"
     thinking: bool = False
     seed: int = 1234
+
+    def __post_init__(self) -> None:
+        known = sorted(BENCHMARKS) + ["synthetic"]
+        unknown = [name for name in self.benchmarks if name not in known]
+        if not self.benchmarks or unknown:
+            raise ConfigError(f"benchmarks: unknown {unknown or 'none given'}; known: {known}", key="benchmarks")
+        bad = {k: v for k, v in self.samples.items() if isinstance(v, bool) or not isinstance(v, int) or v < 0}
+        if bad:
+            raise ConfigError(f"samples: must be integers >= 0, got {bad}", key="samples")
+        if self.limit is not None and self.limit < 1:
+            raise ConfigError(f"limit: must be >= 1 (or null for every problem), got {self.limit}", key="limit")
+        check_number(self, "temperature", 0, 10)  # 0: the samples are greedy
+        check_number(self, "top_p", 0, 1, low_open=True)
+        for name, low in (("max_new_tokens", 1), ("synthetic_problems", 1), ("seed", 0)):
+            if getattr(self, name) < low:
+                raise ConfigError(f"{name}: must be >= {low}, got {getattr(self, name)}", key=name)
+        for name, allowed in (("engine", ("hf", "vllm")), ("data_source", ("local", "hub")),
+                              ("model_dtype", ("float32", "bfloat16", "float16"))):
+            if getattr(self, name) not in allowed:
+                raise ConfigError(f"{name}: must be one of {allowed}, got {getattr(self, name)!r}", key=name)
 
     def k_for(self, name: str) -> int:
         return int(self.samples.get(name, DEFAULT_SAMPLES.get(name, 4)))
@@ -116,6 +137,7 @@ def evaluate(model_path: str, out: str | Path, cfg: EvalConfig = EvalConfig(), p
     from gmc.policy import load_policy
 
     out = Path(out)
+    tasks = {name: benchmark_records(name, cfg) for name in cfg.benchmarks}  # bad data fails before the model loads
     model, tokenizer = load_policy(model_path, cfg.model_dtype, cfg.device)
     model.eval()
     engine = make_engine(cfg.engine, model, tokenizer, model_path=model_path, seed=cfg.seed)
@@ -123,7 +145,7 @@ def evaluate(model_path: str, out: str | Path, cfg: EvalConfig = EvalConfig(), p
     with Grader() as grader:
         for name in cfg.benchmarks:
             start = time.time()
-            records = benchmark_records(name, cfg)
+            records = tasks[name]
             prompts = [format_prompt(tokenizer, r.problem, cfg.thinking) for r in records]
             golds = [r.answer for r in records]
             rows = []

@@ -17,6 +17,8 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
+from gmc.preflight import check_model_dir
+
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -35,6 +37,7 @@ def load_policy(name_or_path: str, dtype: str = "float32", device: str = "auto",
 
     if dtype not in DTYPES:
         raise ValueError(f"model dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    check_model_dir(name_or_path)  # a local folder lacking weights or tokenizer is named before loading
     try:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path)
         model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=DTYPES[dtype])

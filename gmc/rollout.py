@@ -16,6 +16,7 @@ finish reason (``stop`` at EOS, ``length`` at the token limit).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -30,13 +31,13 @@ class SamplingConfig:
     """Sampling settings. Training rollouts use temperature 1 and top_p 1 (method.md section 4)."""
 
     temperature: float = 1.0
-    """0 means greedy decoding."""
+    """In [0, 10]; 0 means greedy decoding (evaluation; training rollouts need > 0)."""
     top_p: float = 1.0
     max_new_tokens: int = 64
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"sampling.temperature must be >= 0, got {self.temperature}")
+        if not (math.isfinite(self.temperature) and 0 <= self.temperature <= 10):
+            raise ValueError(f"sampling.temperature must be a finite number in [0, 10], got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"sampling.top_p must be in (0, 1], got {self.top_p}")
         if self.max_new_tokens < 1:

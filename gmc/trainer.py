@@ -7,9 +7,10 @@ optimizer. The loop composes the other modules and owns no math of its own.
 
 A run directory holds ``config.yaml`` (resolved), ``run.json`` (provenance: run id, git
 revision, package versions, seed), ``metrics.jsonl`` (one line per step), ``groups.jsonl``
-(one line per consumed group: staleness, length, reward), ``checkpoint.pt`` (the latest, written
-atomically), and at the end ``model/`` and ``summary.json``. ``summary.json`` is written last:
-its presence marks a finished run.
+(one line per consumed group: staleness, length, reward), ``checkpoint.pt`` (the latest) and
+``checkpoint.prev.pt`` (the one before), and at the end ``model/`` and ``summary.json``.
+``summary.json`` is written last: its presence marks a finished run. Ownership, resume checks
+and checkpoint files are :mod:`gmc.rundir`'s.
 """
 
 from __future__ import annotations
@@ -39,8 +40,6 @@ from gmc.data import format_prompt, load_dataset, load_file
 from gmc.estimators import get_estimator
 from gmc.io import (
     atomic_dir,
-    atomic_path,
-    flatten,
     read_jsonl,
     truncate_jsonl,
     write_json,
@@ -49,6 +48,7 @@ from gmc.io import (
 from gmc.policy import DTYPES, load_policy, parameter_bytes
 from gmc.rewards import Grader
 from gmc.rollout import make_engine
+from gmc.rundir import RunDir, nonfinite_tensors
 from gmc.update import Rows, Update, precision
 
 log = logging.getLogger(__name__)
@@ -141,12 +141,17 @@ class Trainer:
         self.cfg = cfg
         self.out = Path(out)
         self.progress = progress
-        self.ckpt_path = self.out / "checkpoint.pt"
-        if (self.out / "summary.json").exists() and not resume:
-            raise FileExistsError(f"{self.out}: a finished run is already there; choose another --out")
-        if self.ckpt_path.exists() and not resume:
-            raise FileExistsError(f"{self.out}: holds a checkpoint; pass --resume to continue it, or choose another --out")
-        self.out.mkdir(parents=True, exist_ok=True)
+        self.rundir = RunDir(self.out)
+        self.ckpt_path = self.rundir.checkpoint
+        resuming = self.rundir.open(to_dict(cfg), resume)  # the lock, the config check, leftovers
+        try:
+            self._setup(cfg, resuming)
+        except BaseException:
+            self.rundir.close()
+            raise
+
+    def _setup(self, cfg: TrainConfig, resuming: bool) -> None:
+        self.records = training_records(cfg)  # bad data fails here, before the model loads
         random.seed(cfg.seed)
         np.random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
@@ -164,7 +169,6 @@ class Trainer:
             reference, _ = load_policy(cfg.model, params_dtype, ref_device)
             reference.requires_grad_(False)
         self.engine = make_engine(cfg.engine, self.model, self.tokenizer, model_path=cfg.model, seed=cfg.seed)
-        self.records = training_records(cfg)
         self.cursor = PromptCursor(self.records, cfg.seed)
         self.grader = Grader()
         self.loss_fn = get_estimator(cfg.algorithm)
@@ -183,7 +187,7 @@ class Trainer:
         self.consecutive_nonfinite = 0
         self.skipped = 0
         self._gen_log: list[dict] = []
-        if resume and self.ckpt_path.exists() and self._checkpoint_matches_config():
+        if resuming:
             self._load_checkpoint()
         else:
             self._start_fresh()
@@ -213,8 +217,7 @@ class Trainer:
         return 1.0
 
     def _start_fresh(self) -> None:
-        for name in ("metrics.jsonl", "groups.jsonl"):
-            (self.out / name).unlink(missing_ok=True)
+        self.rundir.reset()
         write_text(self.out / "config.yaml", yaml.safe_dump(to_dict(self.cfg), sort_keys=False))
         self.run_info = {
             "run_id": uuid.uuid4().hex,
@@ -360,29 +363,24 @@ class Trainer:
         return state
 
     def save_checkpoint(self) -> None:
+        """Write the checkpoint (see :mod:`gmc.rundir`); weights that are not finite are never written."""
+        weights = self.model.state_dict()
+        bad = nonfinite_tensors(weights)
+        if bad:
+            raise NonFiniteError(
+                f"{len(bad)} of {len(weights)} weight tensors are not finite after step {self.step} (first: {bad[0]}); "
+                f"no checkpoint written; the last good checkpoint is "
+                f"{self.ckpt_path if self.ckpt_path.exists() else 'none'}")
         state = {
-            "step": self.step, "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+            "step": self.step, "model": weights, "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(), "rng": self._rng_state(), "cursor": self.cursor.state_dict(),
             "source": self.source.state_dict(), "skipped": self.skipped,
             "consecutive_nonfinite": self.consecutive_nonfinite, "run_info": self.run_info,
         }
-        with atomic_path(self.ckpt_path) as tmp:
-            torch.save(state, tmp)
-
-    def _checkpoint_matches_config(self) -> bool:
-        """A checkpoint made under another config is not resumed: the run starts afresh."""
-        saved = yaml.safe_load((self.out / "config.yaml").read_text()) if (self.out / "config.yaml").exists() else None
-        current = yaml.safe_load(yaml.safe_dump(to_dict(self.cfg)))
-        if saved == current:
-            return True
-        changed = sorted(k for k in set(flatten(saved or {})) | set(flatten(current))
-                         if flatten(saved or {}).get(k) != flatten(current).get(k))
-        log.warning("%s: the checkpoint was made with another config (changed: %s); starting afresh",
-                    self.out, ", ".join(changed) or "unknown")
-        return False
+        self.rundir.write_checkpoint(state)
 
     def _load_checkpoint(self) -> None:
-        state = torch.load(self.ckpt_path, map_location=self.device, weights_only=False)
+        state = self.rundir.load_checkpoint(map_location=self.device)
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
@@ -400,6 +398,8 @@ class Trainer:
         self.skipped = state["skipped"]
         self.consecutive_nonfinite = state["consecutive_nonfinite"]
         self.run_info = state["run_info"]
+        if self.step < self.cfg.steps:
+            self.rundir.unfinish()
         self.engine.sync_weights(self.model)
         for name in ("metrics.jsonl", "groups.jsonl"):
             truncate_jsonl(self.out / name, self.step)
@@ -436,18 +436,19 @@ class Trainer:
                     self.step += 1
                     if (cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0) or self.step == cfg.steps:
                         self.save_checkpoint()
+            with atomic_dir(self.out / "model") as tmp:
+                # the final model in its compute dtype (the masters stay in the checkpoint)
+                state = {k: v.to(self.compute_dtype) if v.is_floating_point() else v
+                         for k, v in self.model.state_dict().items()}
+                self.model.save_pretrained(tmp, state_dict=state)
+                self.tokenizer.save_pretrained(tmp)
+            summary = summarize_metrics(self.out / "metrics.jsonl")
+            summary["run_id"] = self.run_info["run_id"]
+            self.rundir.finish(summary)
         finally:
             bar.close()
             self.grader.close()
-        with atomic_dir(self.out / "model") as tmp:
-            # the final model in its compute dtype (the masters stay in checkpoint.pt)
-            state = {k: v.to(self.compute_dtype) if v.is_floating_point() else v
-                     for k, v in self.model.state_dict().items()}
-            self.model.save_pretrained(tmp, state_dict=state)
-            self.tokenizer.save_pretrained(tmp)
-        summary = summarize_metrics(self.out / "metrics.jsonl")
-        summary["run_id"] = self.run_info["run_id"]
-        write_json(self.out / "summary.json", summary)
+            self.rundir.close()
         if tracker:
             tracker.finish(summary)
         return summary

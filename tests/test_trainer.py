@@ -202,11 +202,12 @@ def test_config_errors_name_the_key(tmp_path):
     assert json.dumps(cfg.synthetic.max_operands) == "3"
 
 
-def test_resume_with_a_changed_config_starts_afresh(tmp_path, tiny_model_dir, caplog):
+def test_resume_with_a_changed_config_is_refused(tmp_path, tiny_model_dir):
+    from gmc.rundir import ConfigMismatch
+
     out = train(tmp_path, "changed", tiny_model_dir, steps=2, checkpoint_every=1)
     (out / "summary.json").unlink()
     cfg = load_train_config(None, small_config(tiny_model_dir, steps=2, checkpoint_every=1, lr=1e-5))
-    trainer = Trainer(cfg, out, resume=True, progress=False)
-    assert trainer.step == 0 and "changed: lr" in caplog.text
-    trainer.run()
-    assert [r["train/lr"] for r in read_jsonl(out / "metrics.jsonl")] == [1e-5, 1e-5]
+    with pytest.raises(ConfigMismatch, match="changed: lr"):
+        Trainer(cfg, out, resume=True, progress=False)
+    assert [r["train/lr"] for r in read_jsonl(out / "metrics.jsonl")] == [2e-4, 2e-4]
