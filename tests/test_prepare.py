@@ -124,3 +124,17 @@ def test_prepare_from_the_hub_downloads_then_checks(tmp_path, monkeypatch):
     assert manifest["sets"]["math"]["file"] == "train/math/train.jsonl"
     # and the folder then checks offline against that manifest
     check_manifest(manifest, out)
+
+
+def test_data_tests_skip_naming_the_variable_without_data(tmp_path):
+    """A clone without the offline copy: the tests that need it skip and say what to set."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "GMC_DATA_ROOT": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+                          f"{REPO}/tests/test_data.py::test_gold_answers_are_normalised"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and "1 skipped" in out.stdout, out.stdout[-2000:]
+    assert f"GMC_DATA_ROOT={tmp_path} has no benchmarks/" in out.stdout
