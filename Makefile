@@ -33,8 +33,10 @@ figures: $(STAMP)
 report: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" snakemake --report results/report.html
 
+# data tests read the offline copy at $(GMC_DATA_ROOT) (default ../shared/data where it exists) and skip without it
+GMC_DATA_ROOT ?= $(if $(wildcard ../shared/data),$(abspath ../shared/data),)
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	GMC_DATA_ROOT="$(GMC_DATA_ROOT)" $(BIN)/python -m pytest -q
 
 lint: $(STAMP)
 	$(BIN)/ruff check gmc tests workflow/scripts

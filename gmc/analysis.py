@@ -16,12 +16,14 @@ from pathlib import Path
 
 import pandas as pd
 
+from gmc.asynchrony import DELAY_MODES, named_delays
 from gmc.io import atomic_path, write_csv, write_text
 
 POINT_RE = re.compile(r"algo~(?P<algorithm>[^/]+)/delay~(?P<delay>[^/]+)/group~(?P<group>\d+)/seed~(?P<seed>\d+)")
 FINAL_REWARD = "rollout/reward_mean_last20"
-DIAGNOSTICS = ["async/staleness_mean", "ratio/frac_groups_capped", "ratio/frac_traj_capped",
-               "ratio/frac_tokens_clipped", "ratio/ess_frac", "ratio/shortfall", "time/step_seconds"]
+DIAGNOSTICS = ["async/staleness_mean", "ratio/ess_frac", "ratio/shortfall", "time/step_seconds"]
+"""Diagnostics table columns; each estimator's own clip statistics (``ratio/frac_*``, named in its
+registry entry and kept in ``summary.json``) go after the staleness."""
 
 
 def parse_point(path: str | Path) -> dict | None:
@@ -62,10 +64,24 @@ def eval_scores(eval_dir: Path) -> dict[str, float]:
     return out
 
 
+def delay_order(delay: str) -> tuple[int, int]:
+    """Sort key of a ``delay~`` value: numeric delays ascending, then the named delay modes in
+    registry order (:data:`gmc.asynchrony.DELAY_MODES`)."""
+    if str(delay).isdigit():
+        return (0, int(delay))
+    named = named_delays()
+    if delay not in named:
+        raise ValueError(f"delay~{delay}: neither a number nor a named delay mode {named}")
+    return (1, named.index(delay))
+
+
+def delay_title(delay: str) -> str:
+    """``delay d = 8``, or the delay mode's label."""
+    return f"delay d = {delay}" if str(delay).isdigit() else DELAY_MODES[delay].label
+
+
 def _delay_key(col: pd.Series) -> pd.Series:
-    if col.name != "delay":
-        return col
-    return col.map(lambda d: (1, 0) if d == "latency" else (0, int(d)))  # numeric delays first
+    return col.map(delay_order) if col.name == "delay" else col
 
 
 def benchmarks_in(frame: pd.DataFrame) -> list[str]:
@@ -96,7 +112,8 @@ def main_table(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def diagnostics_table(frame: pd.DataFrame) -> pd.DataFrame:
-    return aggregate(frame, DIAGNOSTICS)
+    own = [c for c in frame.columns if c.startswith("ratio/frac_")]
+    return aggregate(frame, [DIAGNOSTICS[0], *own, *DIAGNOSTICS[1:]])
 
 
 def _fmt(mean, std, n) -> str:

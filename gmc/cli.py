@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_build_tiny_model)
 
     p = sub.add_parser("grade-oracle", help="grade each benchmark's reference solutions against its gold answers")
-    p.add_argument("--data", default=None, help="local data root (default: $GMC_DATA_ROOT or ../shared/data)")
+    p.add_argument("--data", default=None, help="local data root (default: $GMC_DATA_ROOT, else data/ in the repository)")
     p.add_argument("--benchmarks", nargs="*", default=None, help="default: every benchmark with reference solutions")
     p.add_argument("--out", default=None, help="optional JSON file for the agreement table")
     p.add_argument("--timeout", type=float, default=5.0)
@@ -67,12 +67,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="optional JSON file mapping run directories to MLflow run ids")
     p.set_defaults(func=_mlflow_sync)
 
-    p = sub.add_parser("prepare-data", help="load and check the training set and benchmarks; write a manifest")
-    p.add_argument("--train", default="synthetic")
-    p.add_argument("--benchmarks", nargs="*", default=[])
+    p = sub.add_parser("prepare-data", help="download (--source hub) or check the data sets; write a manifest",
+                       description="Without --train and --benchmarks: the MATH training split and the six "
+                                   "benchmarks. --source hub downloads them into the data root (a connected "
+                                   "machine); --source local checks the files already there (offline).")
+    p.add_argument("--train", default=None, help="training set: math, synthetic or a JSONL/JSON/Parquet file")
+    p.add_argument("--benchmarks", nargs="*", default=None, help="benchmark names (synthetic: generated)")
     p.add_argument("--source", default="local", choices=["local", "hub"])
-    p.add_argument("--data-root", default=None)
-    p.add_argument("--out", required=True)
+    p.add_argument("--data-root", default=None, help="default: $GMC_DATA_ROOT, else data/ in the repository")
+    p.add_argument("--out", default=None, help="manifest file (default: <data root>/manifest.json)")
+    p.add_argument("--check", default=None, metavar="MANIFEST",
+                   help="fail unless every file has the rows and sha256 of this earlier manifest")
     p.set_defaults(func=_prepare_data)
 
     p = sub.add_parser("fetch-model", help="download a model from the Hugging Face hub into a folder")
@@ -102,18 +107,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _prepare_data(args: argparse.Namespace) -> None:
-    """Load every set the sweep needs with the loaders training and evaluation use."""
-    from gmc.config import TrainConfig
-    from gmc.evaluate import EvalConfig, benchmark_records
-    from gmc.io import write_json
-    from gmc.trainer import training_records
+    """Download or check every set named (default: all registered) and write the manifest."""
+    from pathlib import Path
 
-    train = TrainConfig(train_data=args.train, data_source=args.source, data_root=args.data_root)
-    manifest = {f"train/{args.train}": len(training_records(train))}
-    evaluation = EvalConfig(data_source=args.source, data_root=args.data_root)
-    for name in args.benchmarks:
-        manifest[f"eval/{name}"] = len(benchmark_records(name, evaluation))
-    write_json(args.out, manifest)
+    from gmc.data import data_root
+    from gmc.io import write_json
+    from gmc.prepare import MANIFEST, check_manifest, prepare, registered
+
+    names = ([args.train] if args.train else []) + list(args.benchmarks or [])
+    manifest = prepare(names or registered(), args.data_root, args.source)
+    if args.check:
+        check_manifest(json.loads(Path(args.check).read_text()), args.data_root)
+    write_json(args.out or data_root(args.data_root) / MANIFEST, manifest)
     print(json.dumps(manifest, indent=2))
 
 

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
 
@@ -55,7 +56,7 @@ class TrainConfig:
 
     model: str = "results/models/tiny"
     """Hub name or local folder of the policy (``gmc build-tiny-model`` makes the default)."""
-    model_dtype: str = "float32"
+    model_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Compute dtype: ``float32``, ``bfloat16`` or ``float16``. Below float32, forwards run under
     autocast to this dtype while the parameters stay float32 (``master_weights``)."""
     master_weights: bool = True
@@ -66,19 +67,21 @@ class TrainConfig:
     device: str = "auto"
     """``auto`` (CUDA when available), ``cpu`` or ``cuda[:i]``."""
     gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass (less memory, more time)."""
     train_data: str = "synthetic"
     """``synthetic``, a registered training set (``math``) or a JSONL/JSON/Parquet file."""
     data_source: Literal["local", "hub"] = "local"
     """Registered training sets: read the local copy or the Hugging Face hub."""
     data_root: str | None = None
-    """Local data root (default ``$GMC_DATA_ROOT`` or ``../shared/data``)."""
+    """Local data root (default ``$GMC_DATA_ROOT``, else ``data/`` in the repository)."""
     synthetic: SyntheticTask = field(default_factory=SyntheticTask)
     """Difficulty knobs of the synthetic task."""
     thinking: bool = False
     """Qwen3 thinking mode in the chat template."""
     algorithm: str = "gmc"
-    """Estimator name: grpo, tic, gmc, is, none, gspo, tis."""
+    """Estimator name, a key of :data:`gmc.estimators.REGISTRY` (grpo, tic, gmc, is, none, gspo, tis)."""
     estimator: EstimatorConfig = field(default_factory=EstimatorConfig)
+    """Estimator hyper-parameters; ``estimator.max_new_tokens`` is set from ``sampling.max_new_tokens``."""
     group_size: int = 8
     """Responses per prompt, G."""
     prompts_per_step: int = 8
@@ -88,15 +91,21 @@ class TrainConfig:
     lr: float = 2e-4
     """Peak learning rate (paper [choice]: 1e-6 for Qwen3)."""
     lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """Learning-rate schedule after warm-up."""
     warmup_steps: int = 0
+    """Linear learning-rate warm-up, in optimizer steps."""
     optimizer: Literal["auto", "adamw", "adamw8bit"] = "auto"
     """``auto``: 8-bit AdamW (bitsandbytes) on CUDA, torch AdamW on CPU."""
     weight_decay: float = 0.0
+    """AdamW weight decay."""
     max_grad_norm: float = 1.0
+    """Clip the gradient norm to this value."""
     sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(max_new_tokens=48))
     """Training rollouts: temperature 1, top_p 1 so behaviour log-probs describe what was sampled."""
     engine: Literal["hf", "vllm"] = "hf"
+    """Rollout engine: ``hf`` (any machine) or ``vllm`` (GPU)."""
     delay: DelayConfig = field(default_factory=DelayConfig)
+    """How stale the rollouts are: delay mode and its settings (method.md section 4)."""
     behaviour_logprobs: Literal["trainer", "sampler"] = "trainer"
     """Behaviour log-probs of a stale batch [choice]. ``trainer``: recomputed by the trainer model
     when the batch is generated (method.md section 4; one no-grad forward per batch).
@@ -105,6 +114,7 @@ class TrainConfig:
     sampler/trainer mismatch enters the ratios (what ``tis`` corrects). Needs sampling at
     temperature 1, top_p 1. On-policy steps need neither: the training forward gives them."""
     seed: int = 0
+    """Seed of sampling, data order and initialisation."""
     checkpoint_every: int = 50
     """Write a checkpoint every N steps (and at the end); 0: only at the end."""
     max_nonfinite_steps: int = 3
@@ -141,21 +151,15 @@ class TrainConfig:
         check_number(self, "lr", 0, low_open=True)
         check_number(self, "max_grad_norm", 0, low_open=True)
         check_number(self, "weight_decay", 0)
-        # training samples: a greedy policy has no log-probs to weight, so 0 is refused here
+        # training samples: a greedy policy has no log-probs to weight, so 0 is refused here; the
+        # log-probs are those of softmax(logits / temperature)
         check_number(self.sampling, "temperature", 0, 10, low_open=True, prefix="sampling.")
-        choices = {"lr_schedule": ("constant", "linear", "cosine"), "optimizer": ("auto", "adamw", "adamw8bit"),
-                   "engine": ("hf", "vllm"), "data_source": ("local", "hub"),
-                   "model_dtype": ("float32", "bfloat16", "float16"), "behaviour_logprobs": ("trainer", "sampler")}
-        for name, allowed in choices.items():
+        for name, allowed in literal_choices(type(self)).items():
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"{name}: must be one of {allowed}, got {getattr(self, name)!r}", key=name)
         if self.micro_batch_tokens < 0:
             raise ConfigError(f"micro_batch_tokens: must be >= 0 (0: no budget), got {self.micro_batch_tokens}",
                               key="micro_batch_tokens")
-        if self.sampling.temperature <= 0:
-            raise ConfigError("sampling.temperature: training samples at a temperature > 0 (its log-probs are "
-                              f"those of softmax(logits / temperature)), got {self.sampling.temperature}",
-                              key="sampling.temperature")
         if self.sampling.top_p != 1:
             raise ConfigError("sampling.top_p: training needs 1: the ratios are of softmax(logits / temperature), "
                               f"and a nucleus-truncated sampler is another distribution (got {self.sampling.top_p})",
@@ -163,6 +167,28 @@ class TrainConfig:
         if self.behaviour_logprobs == "sampler" and (self.sampling.temperature != 1 or self.sampling.top_p != 1):
             raise ConfigError("behaviour_logprobs: 'sampler' needs sampling.temperature 1 and sampling.top_p 1, "
                               "so that the sampler's log-probs are the policy's", key="behaviour_logprobs")
+        # the normaliser of seq_sum_const is the generation limit: one value, set here
+        object.__setattr__(self, "estimator",
+                           dataclasses.replace(self.estimator, max_new_tokens=self.sampling.max_new_tokens))
+
+    derived_keys: ClassVar[dict[str, str]] = {"estimator.max_new_tokens": "sampling.max_new_tokens"}
+    """Keys set from another key; :func:`from_dict` rejects a given value that differs."""
+
+
+def literal_choices(cls) -> dict[str, tuple]:
+    """The allowed values of every ``Literal``-typed field of dataclass ``cls`` (``X | None``
+    included): the one place they are declared."""
+    out = {}
+    for name, tp in typing.get_type_hints(cls).items():
+        args = [a for a in typing.get_args(tp) if a is not type(None)] if _is_union(tp) else [tp]
+        if len(args) == 1 and typing.get_origin(args[0]) is Literal:
+            out[name] = typing.get_args(args[0])
+    return out
+
+
+def _is_union(tp) -> bool:
+    origin = typing.get_origin(tp)
+    return origin is typing.Union or origin is types.UnionType
 
 
 # ---------------------------------------------------------------------------------------------
@@ -175,7 +201,7 @@ def _is_dataclass_type(tp) -> bool:
 
 def _coerce(value: Any, tp, key: str) -> Any:
     origin = typing.get_origin(tp)
-    if origin is typing.Union or str(origin) == "<class 'types.UnionType'>":
+    if _is_union(tp):
         args = typing.get_args(tp)
         if value is None and type(None) in args:
             return None
@@ -233,13 +259,30 @@ def from_dict(cls, data: dict[str, Any], prefix: str = ""):
                           key=f"{prefix}{unknown[0]!s}")
     kwargs = {k: _coerce(v, hints[k], f"{prefix}{k}") for k, v in data.items()}
     try:
-        return cls(**kwargs)
+        obj = cls(**kwargs)
     except ConfigError as e:
         if prefix and e.key:
             raise ConfigError(f"{prefix}{e}", key=f"{prefix}{e.key}") from None
         raise
     except (ValueError, TypeError) as e:
         raise ConfigError(f"{prefix.rstrip('.') or 'config'}: {e}", key=prefix.rstrip(".") or None) from e
+    for key, source in getattr(cls, "derived_keys", {}).items():
+        given = _lookup(data, key)
+        if given is not _MISSING and given != _lookup(to_dict(obj), source):
+            raise ConfigError(f"{prefix}{key}: set from {prefix}{source} ({_lookup(to_dict(obj), source)!r}); "
+                              f"remove it (got {given!r})")
+    return obj
+
+
+_MISSING = object()
+
+
+def _lookup(data: dict[str, Any], dotted: str) -> Any:
+    for part in dotted.split("."):
+        if not isinstance(data, dict) or part not in data:
+            return _MISSING
+        data = data[part]
+    return data
 
 
 def to_dict(obj) -> dict[str, Any]:

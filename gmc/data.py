@@ -3,9 +3,10 @@
 
 Every source becomes a list of :class:`Record` (``id``, ``problem``, ``answer`` as a
 normalised string, ``source``, and the original fields in ``meta``). A registered set loads
-either from a local file under a data root (JSONL, JSON or Parquet; ``../shared/data`` in this
-repository's layout) or from the Hugging Face hub on a connected machine. The synthetic task
-is generated from a seed and is the default training and evaluation data of the CPU run.
+either from a local file under a data root (JSONL, JSON or Parquet; ``$GMC_DATA_ROOT``, else
+``data/`` in the repository, filled by ``gmc prepare-data``, see :mod:`gmc.prepare`) or from
+the Hugging Face hub on a connected machine. The synthetic task is generated from a seed and
+is the default training and evaluation data of the CPU run.
 
 Bad input raises :class:`DataError` naming the file and line, or the setting to change.
 """
@@ -64,26 +65,47 @@ class DatasetSpec:
     id_field: str | None = None
     hub_answer_from_boxed: bool = False
     """The hub copy has no answer field: take the last ``\\boxed{}`` of its answer field."""
+    label: str = ""
+    """Name in tables, figures and reports."""
+    k: int = 4
+    """Benchmarks: samples per problem for Pass@1 by default (``evaluate.samples`` overrides)."""
+    solution_field: str | None = None
+    """Benchmarks: the field holding a worked reference solution (for ``gmc grade-oracle``)."""
 
 
 BENCHMARKS: dict[str, DatasetSpec] = {
-    "math500": DatasetSpec("benchmarks/math500/test.jsonl", "HuggingFaceH4/MATH-500", id_field="unique_id"),
-    "aime24": DatasetSpec("benchmarks/aime24/test.jsonl", "HuggingFaceH4/aime_2024", hub_split="train", id_field="id"),
-    "aime25": DatasetSpec("benchmarks/aime25/test.jsonl", "math-ai/aime25", id_field="id"),
-    "amc23": DatasetSpec("benchmarks/amc23/test.jsonl", "math-ai/amc23", hub_problem_field="question", id_field="id"),
-    "minerva_math": DatasetSpec("benchmarks/minerva_math/test.jsonl", "math-ai/minervamath", hub_problem_field="question", id_field="idx"),
-    "olympiadbench": DatasetSpec("benchmarks/olympiadbench/test.jsonl", "math-ai/olympiadbench", hub_problem_field="question", hub_answer_field="final_answer", id_field="id"),
+    "math500": DatasetSpec("benchmarks/math500/test.jsonl", "HuggingFaceH4/MATH-500", id_field="unique_id",
+                           label="MATH500", solution_field="solution"),
+    "aime24": DatasetSpec("benchmarks/aime24/test.jsonl", "HuggingFaceH4/aime_2024", hub_split="train", id_field="id",
+                          label="AIME 2024", k=16, solution_field="solution"),
+    "aime25": DatasetSpec("benchmarks/aime25/test.jsonl", "math-ai/aime25", id_field="id", label="AIME 2025", k=16),
+    "amc23": DatasetSpec("benchmarks/amc23/test.jsonl", "math-ai/amc23", hub_problem_field="question", id_field="id",
+                         label="AMC 2023", k=16),
+    "minerva_math": DatasetSpec("benchmarks/minerva_math/test.jsonl", "math-ai/minervamath",
+                                hub_problem_field="question", id_field="idx", label="Minerva Math",
+                                solution_field="solution"),
+    "olympiadbench": DatasetSpec("benchmarks/olympiadbench/test.jsonl", "math-ai/olympiadbench",
+                                 hub_problem_field="question", hub_answer_field="final_answer", id_field="id",
+                                 label="OlympiadBench", solution_field="solution"),
 }
-"""The six evaluation benchmarks of method.md section 5."""
+"""The six evaluation benchmarks of method.md section 5; the one place to add one."""
+
+SYNTHETIC = DatasetSpec("", "", label="synthetic arithmetic", k=4)
+"""The generated benchmark ``synthetic`` (the synthetic task's test split): no file, no hub copy."""
 
 TRAIN_SETS: dict[str, DatasetSpec] = {
     "math": DatasetSpec("train/math/train.jsonl", "DigitalLearningGmbH/MATH-lighteval", hub_split="train",
-                        hub_answer_field="solution", hub_answer_from_boxed=True),
+                        hub_answer_field="solution", hub_answer_from_boxed=True, label="MATH train split"),
 }
 """Training sets: the MATH training split."""
 
-REFERENCE_SOLUTION_FIELDS = {"math500": "solution", "minerva_math": "solution", "aime24": "solution", "olympiadbench": "solution"}
+REFERENCE_SOLUTION_FIELDS = {name: spec.solution_field for name, spec in BENCHMARKS.items() if spec.solution_field}
 """Benchmarks whose data carries a worked reference solution (used by the grading oracle)."""
+
+
+def benchmark_specs() -> dict[str, DatasetSpec]:
+    """Every benchmark name ``evaluate.benchmarks`` accepts: ``synthetic``, then the registered six."""
+    return {"synthetic": SYNTHETIC, **BENCHMARKS}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -91,6 +113,7 @@ REFERENCE_SOLUTION_FIELDS = {"math500": "solution", "minerva_math": "solution", 
 
 _INT_RE = re.compile(r"^[+-]?\d+$")
 _FLOAT_INT_RE = re.compile(r"^([+-]?\d+)\.0*$")
+_DOLLAR_RE = re.compile(r"(?<!\\)\$")  # an unescaped $
 
 
 def canonical_int(digits: str) -> str:
@@ -102,13 +125,14 @@ def canonical_int(digits: str) -> str:
 
 
 def normalize_gold(value: Any) -> str:
-    """Gold answers as strings: ``"025"`` -> ``"25"``, ``27.0`` -> ``"27"``, list -> joined,
-    surrounding ``$`` and whitespace removed; everything else kept as written. Integers of any
-    length are handled as text."""
+    """Gold answers as strings: ``"025"`` -> ``"25"``, ``27.0`` -> ``"27"``, surrounding ``$``
+    and whitespace removed; a list (OlympiadBench's ``final_answer``, e.g. ``["$69$,$84$"]``)
+    -> its items without ``$`` delimiters, joined by commas (``"69,84"``, as in the local copy);
+    everything else kept as written. Integers of any length are handled as text."""
     if isinstance(value, bool):
         raise TypeError("a boolean is not a gold answer")
     if isinstance(value, (list, tuple)):
-        return ",".join(normalize_gold(v) for v in value)
+        return ",".join(normalize_gold(_DOLLAR_RE.sub("", str(v))) for v in value)
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
     text = str(value).strip().strip("$").strip()
@@ -144,15 +168,18 @@ def last_boxed(text: str) -> str | None:
 # file loading
 
 
+DEFAULT_DATA_ROOT = Path(__file__).resolve().parents[1] / "data"
+"""``data/`` in the repository (git-ignored): where ``gmc prepare-data`` puts the files."""
+
+
 def data_root(root: str | os.PathLike | None = None) -> Path:
-    """The local data root: the argument, else ``$GMC_DATA_ROOT``, else ``../shared/data``
-    beside the package's repository."""
+    """The local data root: the argument, else ``$GMC_DATA_ROOT``, else :data:`DEFAULT_DATA_ROOT`."""
     if root is not None:
         return Path(root)
     env = os.environ.get(DEFAULT_DATA_ROOT_ENV)
     if env:
         return Path(env)
-    return Path(__file__).resolve().parents[2] / "shared" / "data"
+    return DEFAULT_DATA_ROOT
 
 
 def read_rows(path: str | os.PathLike) -> list[tuple[int, dict[str, Any]]]:
@@ -160,7 +187,8 @@ def read_rows(path: str | os.PathLike) -> list[tuple[int, dict[str, Any]]]:
     its 1-based line (JSONL) or row number."""
     path = Path(path)
     if not path.exists():
-        raise DataError(f"{path}: file not found (set the data root with --data-root or ${DEFAULT_DATA_ROOT_ENV})")
+        raise DataError(f"{path}: file not found (set the data root with --data-root, data.root or "
+                        f"${DEFAULT_DATA_ROOT_ENV}; `gmc prepare-data --source hub` fills it)")
     suffix = path.suffix.lower()
     if suffix == ".parquet":
         import pandas as pd
@@ -299,7 +327,13 @@ def _load_hub(name: str, spec: DatasetSpec) -> list[Record]:
             f"could not load dataset {name!r} from the hub ({spec.hub_id}, split {spec.hub_split}): {e}. "
             "Offline? Set data.source: local and data.root to a folder holding the files."
         ) from e
-    rows = list(enumerate(ds, start=1))
+    return hub_records(name, spec, ds)
+
+
+def hub_records(name: str, spec: DatasetSpec, rows) -> list[Record]:
+    """Records from the rows of a hub copy (a ``datasets.Dataset`` or any iterable of dicts),
+    mapped through the spec's hub field names."""
+    rows = list(enumerate(rows, start=1))
     where = f"hub:{spec.hub_id}[{spec.hub_split}]"
     return records_from_rows(rows, name, spec, where, spec.hub_problem_field or spec.problem_field,
                              spec.hub_answer_field or spec.answer_field, spec.hub_answer_from_boxed)

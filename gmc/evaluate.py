@@ -18,18 +18,18 @@ import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from tqdm import tqdm
 
 from gmc.config import ConfigError, check_number
-from gmc.data import BENCHMARKS, SyntheticTask, format_prompt, load_dataset
+from gmc.data import BENCHMARKS, SyntheticTask, benchmark_specs, format_prompt, load_dataset
 from gmc.io import atomic_path, write_json
 from gmc.rewards import Grader
 from gmc.rollout import SamplingConfig, make_engine
 
-DEFAULT_SAMPLES = {"aime24": 16, "aime25": 16, "amc23": 16, "math500": 4, "minerva_math": 4, "olympiadbench": 4,
-                   "synthetic": 4}
-"""Samples per problem for Pass@1 (method.md section 5)."""
+DEFAULT_SAMPLES = {name: spec.k for name, spec in benchmark_specs().items()}
+"""Samples per problem for Pass@1 (method.md section 5), from the benchmark registry."""
 SAMPLES_PER_CALL = 512
 """Completions per engine call (a chunk of problems with all their samples)."""
 
@@ -43,21 +43,33 @@ class EvalConfig:
     samples: dict[str, int] = field(default_factory=dict)
     """Samples per problem for Pass@1, per benchmark (default :data:`DEFAULT_SAMPLES`)."""
     temperature: float = 0.6
+    """Sampling temperature of the Pass@1 samples."""
     top_p: float = 0.95
+    """Nucleus sampling of the Pass@1 samples."""
     max_new_tokens: int = 48
+    """Token limit of every answer, greedy and sampled."""
     greedy: bool = True
     """Also decode greedily (temperature 0) for the greedy accuracy."""
     limit: int | None = None
     """Evaluate only the first ``limit`` problems of each benchmark (quick runs)."""
     synthetic_problems: int = 200
+    """Problems of the ``synthetic`` benchmark (the synthetic task's test split)."""
     synthetic: SyntheticTask = field(default_factory=SyntheticTask)
+    """Difficulty knobs of the synthetic task (as in training)."""
     data_root: str | None = None
-    data_source: str = "local"
-    engine: str = "hf"
+    """Local data root (default ``$GMC_DATA_ROOT``, else ``data/`` in the repository)."""
+    data_source: Literal["local", "hub"] = "local"
+    """Registered benchmarks: read the local copy or the Hugging Face hub."""
+    engine: Literal["hf", "vllm"] = "hf"
+    """Decoding engine: ``hf`` (any machine) or ``vllm`` (GPU)."""
     device: str = "auto"
-    model_dtype: str = "float32"
+    """``auto`` (CUDA when available), ``cpu`` or ``cuda[:i]``."""
+    model_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Parameter dtype of the evaluated model."""
     thinking: bool = False
+    """Qwen3 thinking mode in the chat template."""
     seed: int = 1234
+    """Seed of the sampled answers."""
 
     def __post_init__(self) -> None:
         known = sorted(BENCHMARKS) + ["synthetic"]

@@ -14,10 +14,16 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from gmc.analysis import delay_order, delay_title  # noqa: E402
+from gmc.estimators import REGISTRY  # noqa: E402
 from gmc.io import save_figure  # noqa: E402
 
-METHOD_COLORS = {"grpo": "tab:blue", "tic": "tab:orange", "gmc": "tab:green", "is": "tab:red",
-                 "none": "tab:gray", "gspo": "tab:purple", "tis": "tab:brown"}
+METHOD_COLORS = {name: e.color for name, e in REGISTRY.items()}
+
+
+def method_label(name: str) -> str:
+    """An estimator's legend label (its registry label; the name itself if unregistered)."""
+    return REGISTRY[name].label if name in REGISTRY else name
 
 
 def _row(n: int, width: float = 4.0, sharey: bool = False):
@@ -104,7 +110,7 @@ def theory_figures(tables: dict[str, pd.DataFrame], out: Path) -> list[Path]:
 
 
 def _numeric_delays(frame: pd.DataFrame) -> pd.DataFrame:
-    out = frame[frame["delay"] != "latency"].copy()
+    out = frame[frame["delay"].str.isdigit()].copy()
     out["delay"] = out["delay"].astype(int)
     return out
 
@@ -127,7 +133,7 @@ def _line_by_algorithm(ax, frame, x, y, label_suffix=""):
     for algo, grp in frame.groupby("algorithm"):
         stats = grp.groupby(x)[y].agg(["mean", "std"]).reset_index().sort_values(x)
         ax.errorbar(stats[x], stats["mean"], yerr=stats["std"].fillna(0), marker="o", ms=4, capsize=2,
-                    color=METHOD_COLORS.get(algo), label=f"{algo}{label_suffix}")
+                    color=METHOD_COLORS.get(algo), label=f"{method_label(algo)}{label_suffix}")
 
 
 def run_figures(results: str | Path, out: str | Path | None = None) -> list[Path]:
@@ -145,15 +151,15 @@ def run_figures(results: str | Path, out: str | Path | None = None) -> list[Path
     # 1. training reward vs step, one panel per delay, one line per algorithm (largest group size)
     G = int(frame["group"].max())
     sub = frame[frame["group"] == G]
-    delays = sorted(sub["delay"].unique(), key=lambda d: (d == "latency", int(d) if d != "latency" else 0))
+    delays = sorted(sub["delay"].unique(), key=delay_order)
     fig, axes = _row(len(delays), 4, sharey=True)
     for ax, delay in zip(axes, delays):
         for algo, grp in sub[sub["delay"] == delay].groupby("algorithm"):
             curves = [pd.Series([r.get("rollout/reward_mean", np.nan) for r in read_jsonl(Path(d) / "metrics.jsonl")])
                       for d in grp["run_dir"]]
             curve = pd.concat(curves, axis=1).mean(axis=1).rolling(10, min_periods=1).mean()
-            ax.plot(curve.index, curve.values, color=METHOD_COLORS.get(algo), label=algo)
-        ax.set_title(f"delay {delay}" if delay == "latency" else f"delay d = {delay}")
+            ax.plot(curve.index, curve.values, color=METHOD_COLORS.get(algo), label=method_label(algo))
+        ax.set_title(delay_title(delay))
         ax.set_xlabel("optimizer step")
     axes[0].set_ylabel("rollout reward (10-step mean)")
     axes[-1].legend()
@@ -168,13 +174,14 @@ def run_figures(results: str | Path, out: str | Path | None = None) -> list[Path
     fig, axes = _row(len(groups), 4, sharey=True)
     for ax, g in zip(axes, groups):
         _line_by_algorithm(ax, numeric[numeric["group"] == g], "delay", score)
-        lat = frame[(frame["delay"] == "latency") & (frame["group"] == g)]
+        lat = frame[~frame["delay"].str.isdigit() & (frame["group"] == g)]
         for algo, grp in lat.groupby("algorithm"):
             ax.axhline(grp[score].mean(), color=METHOD_COLORS.get(algo), ls=":", lw=1)
         ax.set_xscale("symlog", linthresh=1)
         ax.set_xlim(-0.5, 1.5 * max(numeric["delay"].max(), 1))
         ax.set_xlabel("delay d (optimizer steps)")
-        ax.set_title(f"G = {g}" + (" (dotted: latency model)" if len(lat) else ""))
+        named = ", ".join(delay_title(d) for d in sorted(lat["delay"].unique(), key=delay_order))
+        ax.set_title(f"G = {g}" + (f" (dotted: {named})" if len(lat) else ""))
     axes[0].set_ylabel(score_label)
     axes[-1].legend()
     fig.suptitle("Final score vs delay")
@@ -186,7 +193,7 @@ def run_figures(results: str | Path, out: str | Path | None = None) -> list[Path
         _line_by_algorithm(ax, frame[frame["delay"] == delay], "group", score)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("group size G")
-        ax.set_title(f"delay {delay}")
+        ax.set_title(delay_title(delay))
     axes[0].set_ylabel(score_label)
     axes[-1].legend()
     fig.suptitle("Final score vs group size")
@@ -196,8 +203,8 @@ def run_figures(results: str | Path, out: str | Path | None = None) -> list[Path
     panels = [("capped", "fraction capped / clipped"), ("ratio/ess_frac", "ESS / G"),
               ("ratio/shortfall", "shortfall sum(rho - w) / sum(rho)")]
     numeric = numeric.copy()
-    capped_cols = [c for c in ("ratio/frac_groups_capped", "ratio/frac_traj_capped", "ratio/frac_tokens_clipped")
-                   if c in numeric.columns]
+    own = dict.fromkeys(d for e in REGISTRY.values() for d in e.diagnostics)  # each estimator's clip statistic
+    capped_cols = [c for c in own if c in numeric.columns]
     numeric["capped"] = numeric[capped_cols].bfill(axis=1).iloc[:, 0] if capped_cols else np.nan
     fig, axes = _row(3)
     for ax, (col, label) in zip(axes, panels):
@@ -208,21 +215,23 @@ def run_figures(results: str | Path, out: str | Path | None = None) -> list[Path
         ax.set_xlabel("delay d")
         ax.set_ylabel(label)
     axes[0].legend(fontsize=8)
-    fig.suptitle(f"Ratio diagnostics vs delay (G = {G}; gmc: groups, tic: trajectories, grpo: tokens)")
+    fig.suptitle(f"Ratio diagnostics vs delay (G = {G}; capped: each estimator's own fraction, "
+                 f"{', '.join(capped_cols)})")
     written += _save(fig, out, "ratio_diagnostics")
 
     # 5. staleness vs response length under the latency model
     fig, ax = plt.subplots(figsize=(5, 3.6), layout="constrained")
-    lat = frame[frame["delay"] == "latency"]
+    lat = frame[~frame["delay"].str.isdigit()]
     for algo, grp in lat.groupby("algorithm"):
         rows = [r for d in grp["run_dir"] for r in read_jsonl(Path(d) / "groups.jsonl")]
         gdf = pd.DataFrame(rows)
         bins = pd.cut(gdf["length_max"], bins=8)
         stats = gdf.groupby(bins, observed=True)["staleness"].mean()
         centers = [b.mid for b in stats.index]
-        ax.plot(centers, stats.values, marker="o", color=METHOD_COLORS.get(algo), label=algo)
+        ax.plot(centers, stats.values, marker="o", color=METHOD_COLORS.get(algo), label=method_label(algo))
     if lat.empty:
-        ax.text(0.5, 0.5, "no latency-model runs in this sweep", ha="center", va="center", transform=ax.transAxes)
+        ax.text(0.5, 0.5, "no runs of a named delay model in this sweep", ha="center", va="center",
+                transform=ax.transAxes)
     else:
         ax.legend()
     ax.set_xlabel("longest response in the group (tokens)")

@@ -37,7 +37,7 @@ from tqdm import tqdm
 from gmc.asynchrony import Group, make_source, staleness_stats
 from gmc.config import TrainConfig, to_dict
 from gmc.data import format_prompt, load_dataset, load_file
-from gmc.estimators import get_estimator
+from gmc.estimators import diagnostic_names, get_estimator
 from gmc.io import (
     atomic_dir,
     read_jsonl,
@@ -472,8 +472,7 @@ def summarize_metrics(path: str | Path, window: int = 20) -> dict:
     for key in ("rollout/reward_mean", "train/reward_mean"):
         out[f"{key}_first{window}"] = mean(key, head)
         out[f"{key}_last{window}"] = mean(key, tail)
-    for key in ("async/staleness_mean", "ratio/frac_groups_capped", "ratio/frac_traj_capped",
-                "ratio/frac_tokens_clipped", "ratio/ess_frac", "ratio/shortfall", "time/step_seconds"):
+    for key in ("async/staleness_mean", *diagnostic_names(), "time/step_seconds"):
         out[key] = mean(key, rows)
     out["train/skipped_steps"] = rows[-1].get("train/skipped_steps", 0.0)
     return {k: v for k, v in out.items() if v is not None}

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from gmc.data import data_root
+from gmc.data import DEFAULT_DATA_ROOT_ENV, data_root
 
 SHARED = data_root()
 
@@ -15,9 +15,13 @@ def pytest_configure(config):
 
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
-    """The repository's local copies of the benchmarks; tests that need them skip without them."""
+    """The offline copy of the benchmarks and the MATH training split (``$GMC_DATA_ROOT``, else
+    ``data/``); tests that need it skip without it, saying where to point the variable."""
     if not (SHARED / "benchmarks").is_dir():
-        pytest.skip(f"no local benchmark data at {SHARED}")
+        where = os.environ.get(DEFAULT_DATA_ROOT_ENV)
+        why = f"{DEFAULT_DATA_ROOT_ENV}={where} has no benchmarks/" if where else f"{DEFAULT_DATA_ROOT_ENV} is unset"
+        pytest.skip(f"no local data at {SHARED} ({why}): set {DEFAULT_DATA_ROOT_ENV} to a folder made by "
+                    "`gmc prepare-data`")
     return SHARED
 
 

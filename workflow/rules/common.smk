@@ -2,6 +2,8 @@
 import itertools
 from pathlib import Path
 
+from gmc.asynchrony import named_delays
+
 RESULTS = config["results"]
 # conda environment for --sdm conda: the GPU one when the jobs ask for GPUs
 CONDA_ENV = (
@@ -10,13 +12,16 @@ CONDA_ENV = (
     else "../../envs/cpu.yaml"
 )
 SWEEP = config["sweep"]
-LATENCY = config["latency"]
+# delay modes swept by name (delay~latency), each with its config section (gmc.asynchrony.DELAY_MODES)
+NAMED_DELAYS = {
+    m: config[m] for m in named_delays() if m in config and config[m]["enabled"]
+}
 BENCHMARKS = config["evaluate"]["benchmarks"]
 
 
 wildcard_constraints:
     algo="[a-z]+",
-    delay=r"\d+|latency",
+    delay="|".join([r"\d+", *named_delays()]),
     group=r"\d+",
     seed=r"\d+",
 
@@ -28,11 +33,11 @@ def _run_dirs():
             SWEEP["algorithms"], SWEEP["delays"], SWEEP["group_sizes"], SWEEP["seeds"]
         )
     ]
-    if LATENCY["enabled"]:
+    for mode, section in NAMED_DELAYS.items():
         dirs += [
-            f"{RESULTS}/train/algo~{a}/delay~latency/group~{g}/seed~{s}"
+            f"{RESULTS}/train/algo~{a}/delay~{mode}/group~{g}/seed~{s}"
             for a, g, s in itertools.product(
-                LATENCY["algorithms"], LATENCY["group_sizes"], SWEEP["seeds"]
+                section["algorithms"], section["group_sizes"], SWEEP["seeds"]
             )
         ]
     return dirs
@@ -78,15 +83,37 @@ THEORY = [
 ]
 
 
+def train_values():
+    """The TrainConfig keys every run shares: the train section, with the data and mlflow
+    settings (the model and the sweep point are set per job)."""
+    return dict(
+        config["train"],
+        data_source=config["data"]["source"],
+        data_root=config["data"]["root"],
+        experiment=config["mlflow"]["experiment"],
+    )
+
+
+def eval_values():
+    """The EvalConfig of every evaluation job: the evaluate section with the data settings."""
+    return dict(
+        config["evaluate"],
+        data_source=config["data"]["source"],
+        data_root=config["data"]["root"],
+    )
+
+
 def train_overrides(wildcards):
     sets = {
         "algorithm": wildcards.algo,
         "group_size": wildcards.group,
         "seed": wildcards.seed,
     }
-    if wildcards.delay == "latency":
-        sets["delay.mode"] = "latency"
-        sets.update({f"delay.{k}": v for k, v in LATENCY["delay"].items()})
+    if wildcards.delay in NAMED_DELAYS:
+        sets["delay.mode"] = wildcards.delay
+        sets.update(
+            {f"delay.{k}": v for k, v in NAMED_DELAYS[wildcards.delay]["delay"].items()}
+        )
     else:
         sets["delay.mode"] = "fixed"
         sets["delay.d"] = wildcards.delay

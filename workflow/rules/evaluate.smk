@@ -8,11 +8,7 @@ rule eval_config:
         CONDA_ENV
     params:
         kind="eval",
-        values=dict(
-            config["evaluate"],
-            data_source=config["data"]["source"],
-            data_root=config["data"]["root"],
-        ),
+        values=eval_values(),
     script:
         "../scripts/write_config.py"
 

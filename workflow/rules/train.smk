@@ -1,5 +1,5 @@
 rule train_config:
-    """The TrainConfig keys shared by every sweep point (config.yaml's train section)."""
+    """The TrainConfig keys shared by every sweep point (config.yaml's train, data and mlflow sections)."""
     output:
         f"{RESULTS}/configs/train.yaml",
     log:
@@ -8,7 +8,7 @@ rule train_config:
         CONDA_ENV
     params:
         kind="train",
-        values=config["train"],
+        values=train_values(),
     script:
         "../scripts/write_config.py"
 
