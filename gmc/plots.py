@@ -15,6 +15,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from gmc.io import save_figure  # noqa: E402
+from gmc.stats import mean_interval  # noqa: E402
 
 METHOD_COLORS = {"grpo": "tab:blue", "tic": "tab:orange", "gmc": "tab:green", "is": "tab:red",
                  "none": "tab:gray", "gspo": "tab:purple", "tis": "tab:brown"}
@@ -110,24 +111,32 @@ def _numeric_delays(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def _score_column(frame: pd.DataFrame) -> tuple[str, str]:
-    """The headline score: mean Pass@1 over benchmarks when evaluated, else final train reward."""
-    from gmc.analysis import FINAL_REWARD, benchmarks_in
+    """The headline score: mean Pass@1 over benchmarks when evaluated, else final train reward.
+
+    Adds ``score`` and its evaluation standard error ``score_se`` (0 for the train reward) to ``frame``."""
+    from gmc.analysis import FINAL_REWARD, SE, benchmarks_in, with_benchmark_means
 
     benches = benchmarks_in(frame)
-    if benches:
-        cols = [f"eval/{b}/pass_at_1" for b in benches if f"eval/{b}/pass_at_1" in frame.columns]
-        if cols:
-            frame["score"] = frame[cols].mean(axis=1)
-            return "score", f"Pass@1 (mean over {', '.join(benches)})"
+    means = with_benchmark_means(frame)
+    if "eval/mean/pass_at_1" in means.columns:
+        frame["score"] = means["eval/mean/pass_at_1"]
+        frame["score_se"] = means[f"eval/mean/pass_at_1{SE}"]
+        return "score", f"Pass@1 (mean over {', '.join(benches)})"
     frame["score"] = frame[FINAL_REWARD]
+    frame["score_se"] = 0.0
     return "score", "final training reward (last 20 steps)"
 
 
-def _line_by_algorithm(ax, frame, x, y, label_suffix=""):
+def _line_by_algorithm(ax, frame, x, y, se=None):
+    """Mean over seeds per ``x``, one line per algorithm, error bars = 95% interval
+    (:func:`gmc.stats.mean_interval`, evaluation noise ``se`` folded in; none with one seed)."""
     for algo, grp in frame.groupby("algorithm"):
-        stats = grp.groupby(x)[y].agg(["mean", "std"]).reset_index().sort_values(x)
-        ax.errorbar(stats[x], stats["mean"], yerr=stats["std"].fillna(0), marker="o", ms=4, capsize=2,
-                    color=METHOD_COLORS.get(algo), label=f"{algo}{label_suffix}")
+        points = []
+        for xv, g in grp.groupby(x):
+            iv = mean_interval(g[y], g[se] if se else None)
+            points.append((xv, iv.mean, 0.0 if pd.isna(iv.half) else iv.half))
+        xs, ms, hs = zip(*sorted(points))
+        ax.errorbar(xs, ms, yerr=hs, marker="o", ms=4, capsize=2, color=METHOD_COLORS.get(algo), label=algo)
 
 
 def run_figures(results: str | Path, out: str | Path | None = None) -> list[Path]:
@@ -149,15 +158,20 @@ def run_figures(results: str | Path, out: str | Path | None = None) -> list[Path
     fig, axes = _row(len(delays), 4, sharey=True)
     for ax, delay in zip(axes, delays):
         for algo, grp in sub[sub["delay"] == delay].groupby("algorithm"):
-            curves = [pd.Series([r.get("rollout/reward_mean", np.nan) for r in read_jsonl(Path(d) / "metrics.jsonl")])
-                      for d in grp["run_dir"]]
-            curve = pd.concat(curves, axis=1).mean(axis=1).rolling(10, min_periods=1).mean()
-            ax.plot(curve.index, curve.values, color=METHOD_COLORS.get(algo), label=algo)
+            curves = pd.concat([pd.Series([r.get("rollout/reward_mean", np.nan)
+                                           for r in read_jsonl(Path(d) / "metrics.jsonl")]).rolling(10, min_periods=1).mean()
+                                for d in grp["run_dir"]], axis=1)  # [step, seed]
+            band = [mean_interval(row) for row in curves.to_numpy()]
+            mean = np.array([iv.mean for iv in band])
+            ax.plot(curves.index, mean, color=METHOD_COLORS.get(algo), label=f"{algo} (n = {curves.shape[1]})")
+            if curves.shape[1] > 1:
+                ax.fill_between(curves.index, [iv.lo for iv in band], [iv.hi for iv in band],
+                                color=METHOD_COLORS.get(algo), alpha=0.2, lw=0)
         ax.set_title(f"delay {delay}" if delay == "latency" else f"delay d = {delay}")
         ax.set_xlabel("optimizer step")
     axes[0].set_ylabel("rollout reward (10-step mean)")
     axes[-1].legend()
-    fig.suptitle(f"Training reward of fresh rollouts, G = {G}")
+    fig.suptitle(f"Training reward of fresh rollouts, G = {G}; bands: 95% interval over seeds")
     written += _save(fig, out, "reward_vs_step")
 
     # 2. final score vs delay, one panel per group size
@@ -167,7 +181,7 @@ def run_figures(results: str | Path, out: str | Path | None = None) -> list[Path
     groups = sorted(frame["group"].unique())
     fig, axes = _row(len(groups), 4, sharey=True)
     for ax, g in zip(axes, groups):
-        _line_by_algorithm(ax, numeric[numeric["group"] == g], "delay", score)
+        _line_by_algorithm(ax, numeric[numeric["group"] == g], "delay", score, "score_se")
         lat = frame[(frame["delay"] == "latency") & (frame["group"] == g)]
         for algo, grp in lat.groupby("algorithm"):
             ax.axhline(grp[score].mean(), color=METHOD_COLORS.get(algo), ls=":", lw=1)
@@ -177,19 +191,19 @@ def run_figures(results: str | Path, out: str | Path | None = None) -> list[Path
         ax.set_title(f"G = {g}" + (" (dotted: latency model)" if len(lat) else ""))
     axes[0].set_ylabel(score_label)
     axes[-1].legend()
-    fig.suptitle("Final score vs delay")
+    fig.suptitle("Final score vs delay; bars: 95% interval over seeds")
     written += _save(fig, out, "score_vs_delay")
 
     # 3. final score vs group size, one panel per delay
     fig, axes = _row(len(delays), 4, sharey=True)
     for ax, delay in zip(axes, delays):
-        _line_by_algorithm(ax, frame[frame["delay"] == delay], "group", score)
+        _line_by_algorithm(ax, frame[frame["delay"] == delay], "group", score, "score_se")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("group size G")
         ax.set_title(f"delay {delay}")
     axes[0].set_ylabel(score_label)
     axes[-1].legend()
-    fig.suptitle("Final score vs group size")
+    fig.suptitle("Final score vs group size; bars: 95% interval over seeds")
     written += _save(fig, out, "score_vs_group")
 
     # 4. ratio diagnostics vs delay

@@ -54,7 +54,7 @@ EVAL_DIRS = [
 ] + [f"{RESULTS}/eval/base"]
 EVAL_DONE = [f"{d}/{b}.json" for d in EVAL_DIRS for b in BENCHMARKS]
 MLFLOW_DONE = f"{RESULTS}/mlflow/synced.json"
-TABLE_NAMES = ["main", "diagnostics"]
+TABLE_NAMES = ["main", "diagnostics", "paired"]
 TABLES = [
     f"{RESULTS}/tables/{t}.{ext}" for t in TABLE_NAMES for ext in ("csv", "md", "tex")
 ]
