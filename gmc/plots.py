@@ -35,15 +35,23 @@ def _save(fig, out: Path, stem: str) -> list[Path]:
     return paths
 
 
+def _spread(values: list, k: int = 4) -> list:
+    """At most ``k`` values spread over ``values`` (first and last included)."""
+    if len(values) <= k:
+        return list(values)
+    return [values[i] for i in sorted({round(j * (len(values) - 1) / (k - 1)) for j in range(k)})]
+
+
 def theory_figures(tables: dict[str, pd.DataFrame], out: Path) -> list[Path]:
-    """Bias vs G (log-log, one panel per eps), shortfall vs eps, final reward vs delay."""
+    """Bias vs G (log-log, one panel per eps), the cap's bias vs eps, shortfall vs eps, final
+    reward vs delay."""
     out = Path(out)
     written: list[Path] = []
     fixed = tables["fixed_policy"]
     for variant, title in (("exact_baseline", "exact baseline A = r - J"),
-                           ("group_norm", "group-normalised advantages")):
+                           ("group_norm", "group-normalised advantages; is: the uncapped reference")):
         sub = fixed[fixed["variant"] == variant]
-        eps_values = sorted(sub["eps"].unique())
+        eps_values = _spread(sorted(sub["eps"].unique()))
         fig, axes = _row(len(eps_values), 3.6, sharey=True)
         drifts = sorted(sub["drift"].unique())
         styles = ["-", "--", ":", "-."]
@@ -60,13 +68,40 @@ def theory_figures(tables: dict[str, pd.DataFrame], out: Path) -> list[Path]:
             ax.set_yscale("log")
             ax.set_title(f"eps = {eps:g}")
             ax.set_xlabel("group size G")
-        axes[0].set_ylabel("bias norm ||E g - grad J||")
-        axes[-1].legend(fontsize=7, loc="lower left")
+        axes[0].set_ylabel("bias norm ||E g - target||")
+        axes[-1].legend(fontsize=6, loc="lower left")
         fig.suptitle(f"Bias of the capped estimators vs group size ({title}); "
                      "triangles: 95% upper bounds where the bias is not resolved", fontsize=9)
         written += _save(fig, out, f"theory_bias_vs_G_{variant}")
 
-    sub = fixed[fixed["variant"] == "exact_baseline"]
+    claims = tables["claims"]
+    sub = fixed[(fixed["variant"] == "exact_baseline") & (fixed["method"] != "is")]
+    group_sizes = _spread(sorted(sub["G"].unique()), 3)
+    fig, axes = _row(len(sub["drift"].unique()), 3.6, sharey=True)
+    for ax, (drift, grp_d) in zip(axes, sub.groupby("drift")):
+        for (method, G), grp in grp_d[grp_d["G"].isin(group_sizes)].groupby(["method", "G"]):
+            grp = grp.sort_values("eps")
+            ok = grp[grp["excess_lo"] > 0]
+            fit = claims[(claims["claim"] == "1") & (claims["variant"] == "exact_baseline")
+                         & (claims["drift"] == drift) & (claims["method"] == method) & (claims["at"] == f"G={G:g}")]
+            k = fit.iloc[0] if len(fit) else None
+            label = f"{method}, G={G}" + (f": {k.exponent:.2f} [{k.lo:.2f}, {k.hi:.2f}]"
+                                          if k is not None and pd.notna(k.exponent) else "")
+            ax.errorbar(ok["eps"], ok["excess"], yerr=[ok["excess"] - ok["excess_lo"], ok["excess_hi"] - ok["excess"]],
+                        color=METHOD_COLORS[method], ls=["-", "--", ":"][group_sizes.index(G)], marker="o", ms=3,
+                        capsize=2, label=label)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("eps (cap 1+eps)")
+        ax.set_title(f"drift {drift:g} (max |rho-1| = {grp_d['rho_max_dev'].iloc[0]:.2g})", fontsize=9)
+    axes[0].set_ylabel("bias of the cap ||E g - grad J||")
+    for ax in axes:
+        ax.legend(fontsize=6, loc="lower left")
+    fig.suptitle("Claim 1: the cap's bias against eps (exact baseline); legend: fitted exponent, 95% interval",
+                 fontsize=9)
+    written += _save(fig, out, "theory_bias_vs_eps")
+
+    sub = fixed[(fixed["variant"] == "exact_baseline") & (fixed["method"] != "is")]
     fig, axes = _row(len(sub["drift"].unique()), 4)
     for ax, (drift, grp_d) in zip(axes, sub.groupby("drift")):
         for (method, G), grp in grp_d.groupby(["method", "G"]):
@@ -88,14 +123,15 @@ def theory_figures(tables: dict[str, pd.DataFrame], out: Path) -> list[Path]:
     for ax, ((eps, G), grp) in zip(axes, panels):
         for method, g in grp.groupby("method"):
             g = g.sort_values("delay")
-            ax.errorbar(g["delay"], g["final_reward"], yerr=g["final_reward_std"].fillna(0), color=METHOD_COLORS[method],
+            yerr = [(g["final_reward"] - g["final_reward_lo"]).fillna(0), (g["final_reward_hi"] - g["final_reward"]).fillna(0)]
+            ax.errorbar(g["delay"], g["final_reward"], yerr=yerr, color=METHOD_COLORS[method],
                         marker="o", ms=3, capsize=2, label=method)
         ax.set_xscale("symlog", linthresh=1)
         ax.set_xlabel("delay d (optimizer steps)")
         ax.set_title(f"eps = {eps:g}, G = {G}")
     axes[0].set_ylabel("final expected reward")
     axes[-1].legend(fontsize=8)
-    fig.suptitle("Delayed gradient ascent in the tabular world")
+    fig.suptitle("Delayed gradient ascent in the tabular world; bars: 95% interval over seeds")
     written += _save(fig, out, "theory_reward_vs_delay")
     return written
 

@@ -70,8 +70,10 @@ THEORY = [
     f"{RESULTS}/theory/{f}"
     for f in (
         "fixed_policy.csv",
+        "claims.csv",
         "delayed_summary.csv",
         "theory_bias_vs_G_exact_baseline.png",
+        "theory_bias_vs_eps.png",
         "theory_shortfall_vs_eps.png",
         "theory_reward_vs_delay.png",
     )
