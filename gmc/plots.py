@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -92,6 +93,7 @@ def theory_figures(tables: dict[str, pd.DataFrame], out: Path) -> list[Path]:
                         capsize=2, label=label)
         ax.set_xscale("log")
         ax.set_yscale("log")
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.set_xlabel("eps (cap 1+eps)")
         ax.set_title(f"drift {drift:g} (max |rho-1| = {grp_d['rho_max_dev'].iloc[0]:.2g})", fontsize=9)
     axes[0].set_ylabel("bias of the cap ||E g - grad J||")
