@@ -77,6 +77,11 @@ def test_end_to_end_tiny_sweep(tmp_path):
     assert set(main["algorithm"]) == {"base", "grpo", "gmc"} and "eval/synthetic/pass_at_1:mean" in main.columns
     assert (results / "tables" / "main.md").read_text().startswith("| algorithm")
     assert "\\begin{tabular}" in (results / "tables" / "main.tex").read_text()
+    paired = pd.read_csv(results / "tables" / "paired.csv")
+    # latency runs are gmc only here: no partner, no row
+    assert set(paired["comparison"]) == {"gmc − grpo"} and set(paired["delay"].astype(str)) == {"0", "2"}
+    assert "Differences whose interval excludes zero" in (results / "tables" / "paired.md").read_text()
+    assert len(pd.read_csv(results / "theory" / "claims.csv")) > 0
     for name in ("reward_vs_step", "score_vs_delay", "score_vs_group", "ratio_diagnostics", "staleness_vs_length"):
         assert (results / "figures" / f"{name}.png").stat().st_size > 5000
         assert (results / "figures" / f"{name}.pdf").exists()
