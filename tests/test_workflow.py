@@ -43,7 +43,9 @@ def test_paper_preset_dry_run_plans_the_full_sweep(tmp_path):
     assert out.returncode == 0, out.stderr
     text = out.stdout + out.stderr
     train_jobs = [line for line in text.splitlines() if line.strip().startswith("train ")]
-    assert train_jobs and train_jobs[0].split()[-1] == str(3 * 5 * 3 + 3)
+    n_train = int(train_jobs[0].split()[-1]) if train_jobs else 0
+    assert n_train == (3 * 5 * 3 + 3) * 3 >= 135  # (algorithms x delays x G + latency) x 3 seeds
+    assert "seed~2/summary.json" in text
     assert "fetch_model" in text and "delay~128/group~32" in text
 
 
@@ -75,6 +77,11 @@ def test_end_to_end_tiny_sweep(tmp_path):
     assert set(main["algorithm"]) == {"base", "grpo", "gmc"} and "eval/synthetic/pass_at_1:mean" in main.columns
     assert (results / "tables" / "main.md").read_text().startswith("| algorithm")
     assert "\\begin{tabular}" in (results / "tables" / "main.tex").read_text()
+    paired = pd.read_csv(results / "tables" / "paired.csv")
+    # latency runs are gmc only here: no partner, no row
+    assert set(paired["comparison"]) == {"gmc − grpo"} and set(paired["delay"].astype(str)) == {"0", "2"}
+    assert "Differences whose interval excludes zero" in (results / "tables" / "paired.md").read_text()
+    assert len(pd.read_csv(results / "theory" / "claims.csv")) > 0
     for name in ("reward_vs_step", "score_vs_delay", "score_vs_group", "ratio_diagnostics", "staleness_vs_length"):
         assert (results / "figures" / f"{name}.png").stat().st_size > 5000
         assert (results / "figures" / f"{name}.pdf").exists()

@@ -59,7 +59,7 @@ EVAL_DIRS = [
 ] + [f"{RESULTS}/eval/base"]
 EVAL_DONE = [f"{d}/{b}.json" for d in EVAL_DIRS for b in BENCHMARKS]
 MLFLOW_DONE = f"{RESULTS}/mlflow/synced.json"
-TABLE_NAMES = ["main", "diagnostics"]
+TABLE_NAMES = ["main", "diagnostics", "paired"]
 TABLES = [
     f"{RESULTS}/tables/{t}.{ext}" for t in TABLE_NAMES for ext in ("csv", "md", "tex")
 ]
@@ -75,8 +75,10 @@ THEORY = [
     f"{RESULTS}/theory/{f}"
     for f in (
         "fixed_policy.csv",
+        "claims.csv",
         "delayed_summary.csv",
         "theory_bias_vs_G_exact_baseline.png",
+        "theory_bias_vs_eps.png",
         "theory_shortfall_vs_eps.png",
         "theory_reward_vs_delay.png",
     )
