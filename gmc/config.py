@@ -15,7 +15,7 @@ import yaml
 from gmc.asynchrony import DelayConfig
 from gmc.data import SyntheticTask
 from gmc.estimators import ESTIMATORS, EstimatorConfig
-from gmc.rollout import SamplingConfig
+from gmc.rollout import SamplingConfig, VLLMConfig
 
 
 class ConfigError(ValueError):
@@ -67,6 +67,8 @@ class TrainConfig:
     sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(max_new_tokens=48))
     """Training rollouts: temperature 1, top_p 1 so behaviour log-probs describe what was sampled."""
     engine: Literal["hf", "vllm"] = "hf"
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
+    """Settings of the vLLM engine (memory share, sleep mode, context length, eager mode, dtype)."""
     delay: DelayConfig = field(default_factory=DelayConfig)
     behaviour_logprobs: Literal["trainer", "sampler"] = "trainer"
     """Behaviour log-probs of a stale batch [choice]. ``trainer``: recomputed by the trainer model

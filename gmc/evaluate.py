@@ -22,7 +22,7 @@ from tqdm import tqdm
 from gmc.data import BENCHMARKS, SyntheticTask, format_prompt, load_dataset
 from gmc.io import atomic_path, write_json
 from gmc.rewards import Grader
-from gmc.rollout import SamplingConfig, make_engine
+from gmc.rollout import SamplingConfig, VLLMConfig, make_engine
 
 DEFAULT_SAMPLES = {"aime24": 16, "aime25": 16, "amc23": 16, "math500": 4, "minerva_math": 4, "olympiadbench": 4,
                    "synthetic": 4}
@@ -49,6 +49,8 @@ class EvalConfig:
     data_root: str | None = None
     data_source: str = "local"
     engine: str = "hf"
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
+    """Settings of the vLLM engine (``engine: vllm``), as in training."""
     device: str = "auto"
     model_dtype: str = "float32"
     thinking: bool = False
@@ -102,7 +104,7 @@ def evaluate(model_path: str, out: str | Path, cfg: EvalConfig = EvalConfig(), p
     out = Path(out)
     model, tokenizer = load_policy(model_path, cfg.model_dtype, cfg.device)
     model.eval()
-    engine = make_engine(cfg.engine, model, tokenizer, model_path=model_path, seed=cfg.seed)
+    engine = make_engine(cfg.engine, model, tokenizer, model_path=model_path, seed=cfg.seed, vllm=cfg.vllm)
     summaries = {}
     with Grader() as grader:
         for name in tqdm(cfg.benchmarks, desc="evaluate", disable=not progress):

@@ -184,7 +184,8 @@ class Trainer:
         self.model, self.tokenizer = load_policy(cfg.model, cfg.model_dtype, cfg.device, cfg.gradient_checkpointing)
         self.device = next(self.model.parameters()).device
         self.pad_id = self.tokenizer.pad_token_id
-        self.engine = make_engine(cfg.engine, self.model, self.tokenizer, model_path=cfg.model, seed=cfg.seed)
+        self.engine = make_engine(cfg.engine, self.model, self.tokenizer, model_path=cfg.model, seed=cfg.seed,
+                                  vllm=cfg.vllm)
         self.records = training_records(cfg)
         self.cursor = PromptCursor(self.records, cfg.seed)
         self.grader = Grader()
