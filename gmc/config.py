@@ -17,7 +17,7 @@ import yaml
 from gmc.asynchrony import DelayConfig
 from gmc.data import SyntheticTask
 from gmc.estimators import ESTIMATORS, EstimatorConfig
-from gmc.rollout import SamplingConfig
+from gmc.rollout import SamplingConfig, VLLMConfig
 
 
 class ConfigError(ValueError):
@@ -104,6 +104,8 @@ class TrainConfig:
     """Training rollouts: temperature 1, top_p 1 so behaviour log-probs describe what was sampled."""
     engine: Literal["hf", "vllm"] = "hf"
     """Rollout engine: ``hf`` (any machine) or ``vllm`` (GPU)."""
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
+    """Settings of the vLLM engine (memory share, sleep mode, context length, eager mode, dtype)."""
     delay: DelayConfig = field(default_factory=DelayConfig)
     """How stale the rollouts are: delay mode and its settings (method.md section 4)."""
     behaviour_logprobs: Literal["trainer", "sampler"] = "trainer"

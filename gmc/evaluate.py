@@ -26,7 +26,7 @@ from gmc.config import ConfigError, check_number
 from gmc.data import BENCHMARKS, SyntheticTask, benchmark_specs, format_prompt, load_dataset
 from gmc.io import atomic_path, write_json
 from gmc.rewards import Grader
-from gmc.rollout import SamplingConfig, make_engine
+from gmc.rollout import SamplingConfig, VLLMConfig, make_engine
 
 DEFAULT_SAMPLES = {name: spec.k for name, spec in benchmark_specs().items()}
 """Samples per problem for Pass@1 (method.md section 5), from the benchmark registry."""
@@ -62,6 +62,8 @@ class EvalConfig:
     """Registered benchmarks: read the local copy or the Hugging Face hub."""
     engine: Literal["hf", "vllm"] = "hf"
     """Decoding engine: ``hf`` (any machine) or ``vllm`` (GPU)."""
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
+    """Settings of the vLLM engine (``engine: vllm``), as in training."""
     device: str = "auto"
     """``auto`` (CUDA when available), ``cpu`` or ``cuda[:i]``."""
     model_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
@@ -152,7 +154,7 @@ def evaluate(model_path: str, out: str | Path, cfg: EvalConfig = EvalConfig(), p
     tasks = {name: benchmark_records(name, cfg) for name in cfg.benchmarks}  # bad data fails before the model loads
     model, tokenizer = load_policy(model_path, cfg.model_dtype, cfg.device)
     model.eval()
-    engine = make_engine(cfg.engine, model, tokenizer, model_path=model_path, seed=cfg.seed)
+    engine = make_engine(cfg.engine, model, tokenizer, model_path=model_path, seed=cfg.seed, vllm=cfg.vllm)
     summaries = {}
     with Grader() as grader:
         for name in cfg.benchmarks:

@@ -168,7 +168,8 @@ class Trainer:
             ref_device = self.device if cfg.reference_device == "auto" else cfg.reference_device
             reference, _ = load_policy(cfg.model, params_dtype, ref_device)
             reference.requires_grad_(False)
-        self.engine = make_engine(cfg.engine, self.model, self.tokenizer, model_path=cfg.model, seed=cfg.seed)
+        self.engine = make_engine(cfg.engine, self.model, self.tokenizer, model_path=cfg.model, seed=cfg.seed,
+                                  vllm=cfg.vllm)
         self.cursor = PromptCursor(self.records, cfg.seed)
         self.grader = Grader()
         self.loss_fn = get_estimator(cfg.algorithm)
