@@ -24,6 +24,23 @@ include: "workflow/rules/theory.smk"
 report: "workflow/report/workflow.rst"
 
 
+# on the submitting machine, not as cluster jobs: downloads (it has the network), config
+# writers, the data check, the MLflow import, tables and figures (seconds each);
+# fetch_model (model.smk) is marked there
+localrules:
+    all,
+    train_all,
+    eval_all,
+    figures,
+    theory,
+    prepare_data,
+    train_config,
+    eval_config,
+    mlflow_sync,
+    tables,
+    figures_from_results,
+
+
 rule all:
     default_target: True
     input:

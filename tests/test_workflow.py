@@ -119,3 +119,123 @@ def test_end_to_end_tiny_sweep(tmp_path):
     rep = run(["--report", str(tmp_path / "report.html")], cwd=wd)
     assert rep.returncode == 0, rep.stderr[-3000:]
     assert (tmp_path / "report.html").stat().st_size > 10_000
+
+
+# -- machine settings: profiles, localrules, conda environments ------------------------------
+
+SLURM_PROFILE = REPO / "workflow" / "profiles" / "slurm" / "config.yaml"
+SITE_VARS = ("GMC_SLURM_ACCOUNT", "GMC_SLURM_PARTITION", "GMC_SLURM_GPU_PARTITION", "GMC_SLURM_GPU_MODEL")
+
+
+def load_rules(tmp_path, overwrite_resources=None) -> dict:
+    """The workflow's rules as Snakemake builds them (name -> rule), with set-resources applied."""
+    from snakemake.api import SnakemakeApi
+    from snakemake.settings.types import (
+        ConfigSettings,
+        OutputSettings,
+        ResourceSettings,
+        StorageSettings,
+    )
+
+    tmp_path.mkdir(exist_ok=True)
+    shutil.copy(REPO / "config.yaml", tmp_path / "config.yaml")
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        with SnakemakeApi(OutputSettings()) as api:
+            wf = api.workflow(resource_settings=ResourceSettings(overwrite_resources=overwrite_resources or {}),
+                              config_settings=ConfigSettings(), storage_settings=StorageSettings(),
+                              snakefile=REPO / "Snakefile", workdir=tmp_path)
+            return {r.name: r for r in wf._workflow.rules}
+    finally:
+        os.chdir(cwd)
+
+
+def test_default_profile_is_loaded_without_profile_option(tmp_path):
+    out = run(["-n", "-p", "--cores", "2"], cwd=workdir(tmp_path, REPO / "config.yaml"))
+    assert out.returncode == 0, out.stderr
+    assert f"workflow specific profile {REPO / 'profiles' / 'default'}" in out.stderr
+    # its set-threads reach the jobs: evaluate_base gets 2 threads
+    assert "OMP_NUM_THREADS=2 python -m gmc evaluate --model results/models/tiny" in out.stdout
+
+
+def test_slurm_profile_takes_site_values_from_the_environment(monkeypatch):
+    from snakemake.profiles import ProfileConfigFileParser
+
+    def parse(**site):
+        for var in SITE_VARS:
+            monkeypatch.delenv(var, raising=False)
+        for var, value in site.items():
+            monkeypatch.setenv(var, value)
+        with SLURM_PROFILE.open() as fh:
+            return ProfileConfigFileParser().parse(fh)
+
+    unset = parse()
+    assert not any("slurm_" in v or "gpu_model" in v for v in unset["default-resources"] + unset["set-resources"])
+    assert "train:gpu=1" in unset["set-resources"] and unset["executor"] == "slurm"
+    site = parse(GMC_SLURM_ACCOUNT="lab", GMC_SLURM_PARTITION="cpu", GMC_SLURM_GPU_MODEL="a100")
+    assert {"slurm_account=lab", "slurm_partition=cpu"} <= set(site["default-resources"])
+    assert {"train:slurm_partition=cpu", "train:gpu_model=a100", "evaluate_base:gpu=1"} <= set(site["set-resources"])
+    gpus = parse(GMC_SLURM_PARTITION="cpu", GMC_SLURM_GPU_PARTITION="gpu")
+    assert {"train:slurm_partition=gpu", "evaluate:slurm_partition=gpu"} <= set(gpus["set-resources"])
+    # threads and CPUs per job agree for every rule the profile sizes
+    threads = dict(v.split("=") for v in site["set-threads"])
+    cpus = {v.split(":")[0]: v.split("=")[1] for v in site["set-resources"] if ":cpus_per_task=" in v}
+    assert threads == cpus
+
+
+@pytest.mark.skipif(shutil.which("sbatch") is None, reason="needs the SLURM client commands (make test-slurm)")
+def test_slurm_profile_dry_run(tmp_path):
+    pytest.importorskip("snakemake_executor_plugin_slurm")
+    out = run(["-n", "--workflow-profile", str(SLURM_PROFILE.parent)], cwd=workdir(tmp_path, REPO / "config.yaml"))
+    assert out.returncode == 0, out.stderr
+    assert "runtime=1440, cpus_per_task=16, gpu=1" in out.stdout  # the train jobs, as the profile sizes them
+
+
+def test_small_jobs_run_on_the_submitting_machine(tmp_path):
+    rules = load_rules(tmp_path)
+    local = {name for name, rule in rules.items() if rule.is_local}
+    assert {"prepare_data", "train_config", "eval_config", "mlflow_sync", "tables", "figures_from_results"} <= local
+    assert not {"build_tiny_model", "train", "evaluate", "evaluate_base"} & local
+
+
+def test_conda_env_per_rule_follows_the_gpus_the_profile_gives(tmp_path):
+    cpu_only = load_rules(tmp_path / "cpu")
+    assert {r.conda_env for r in cpu_only.values() if r.conda_env} == {"../../envs/cpu.yaml"}
+    with_gpus = load_rules(tmp_path / "gpu", {"train": {"gpu": 1}, "evaluate": {"gpu": 1}})
+    gpu_rules = {name for name, r in with_gpus.items() if r.conda_env == "../../envs/gpu.yaml"}
+    assert gpu_rules == {"train", "evaluate"}  # tables, figures, MLflow, data: the CPU env
+    assert with_gpus["tables"].conda_env == "../../envs/cpu.yaml"
+
+
+@pytest.mark.parametrize("name", ["cpu", "gpu"])
+def test_conda_env_installs_the_project_from_its_copied_location(tmp_path, name):
+    """`--sdm conda` runs envs/<name>.yaml from .snakemake/conda/<hash>.yaml, and conda hands its
+    pip section to pip as a requirements file in that folder: the project line must resolve there.
+    (Resolved with pip, offline; the conda part needs conda-forge, out of reach here.)"""
+    import yaml
+
+    env = yaml.safe_load((REPO / "envs" / f"{name}.yaml").read_text())
+    pip = next(dep["pip"] for dep in env["dependencies"] if isinstance(dep, dict))
+    project = [line for line in pip if "GMC_REPO" in line]
+    assert len(project) == 1, pip
+    copied = tmp_path / ".snakemake" / "conda"
+    copied.mkdir(parents=True)
+    shutil.copy(REPO / "envs" / f"{name}.yaml", copied / "0123456789abcdef.yaml")
+
+    def resolve(line):
+        (copied / "condaenv.requirements.txt").write_text(line.replace("[gpu]", "") + "\n")
+        return subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-deps", "--no-index",
+                               "--no-build-isolation", "-r", "condaenv.requirements.txt"], cwd=copied,
+                              env={**os.environ, "GMC_REPO": str(REPO)}, capture_output=True, text=True, timeout=300)
+
+    out = resolve(project[0])
+    assert out.returncode == 0 and "Would install gmc-" in out.stdout, out.stdout + out.stderr
+    # the form it replaces, `-e ..`, names a folder that is not the project from there
+    assert resolve("-e ..").returncode != 0
+
+
+def test_workflow_sets_the_checkout_for_the_conda_envs(tmp_path, monkeypatch):
+    monkeypatch.delenv("GMC_REPO", raising=False)
+    load_rules(tmp_path)
+    assert os.environ["GMC_REPO"] == str(REPO)

@@ -1,16 +1,26 @@
 # Sweep points, paths and helpers shared by the rules. Every output path names its parameters.
 import itertools
+import os
 from pathlib import Path
 
 from gmc.asynchrony import named_delays
 
 RESULTS = config["results"]
-# conda environment for --sdm conda: the GPU one when the jobs ask for GPUs
-CONDA_ENV = (
-    "../../envs/gpu.yaml"
-    if config["resources"]["train_gpus"]
-    else "../../envs/cpu.yaml"
-)
+# conda environments for --sdm conda: envs/cpu.yaml for every job except those given GPUs, which
+# get envs/gpu.yaml (CUDA torch, vLLM). The env files install the project from GMC_REPO (this
+# checkout), since Snakemake runs them from copies under .snakemake/conda/.
+os.environ.setdefault("GMC_REPO", workflow.basedir)
+CONDA_ENV = "../../envs/cpu.yaml"
+
+
+def conda_env(rule, config_gpus):
+    """envs/gpu.yaml if `rule` gets GPUs (the profile's set-resources, else the config), else cpu."""
+    profile = workflow.resource_settings.overwrite_resources.get(rule, {})
+    gpus = profile["gpu"] if "gpu" in profile else config_gpus
+    gpus = getattr(gpus, "value", gpus)
+    return "../../envs/gpu.yaml" if int(gpus or 0) > 0 else CONDA_ENV
+
+
 SWEEP = config["sweep"]
 # delay modes swept by name (delay~latency), each with its config section (gmc.asynchrony.DELAY_MODES)
 NAMED_DELAYS = {

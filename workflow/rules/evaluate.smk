@@ -26,7 +26,7 @@ rule evaluate:
     log:
         f"{RESULTS}/logs/eval/algo~{{algo}}/delay~{{delay}}/group~{{group}}/seed~{{seed}}.log",
     conda:
-        CONDA_ENV
+        conda_env("evaluate", config["resources"]["eval_gpus"])
     threads: 1
     resources:
         gpu=config["resources"]["eval_gpus"],
@@ -48,7 +48,7 @@ rule evaluate_base:
     log:
         f"{RESULTS}/logs/eval/base.log",
     conda:
-        CONDA_ENV
+        conda_env("evaluate_base", config["resources"]["eval_gpus"])
     threads: 1
     resources:
         gpu=config["resources"]["eval_gpus"],

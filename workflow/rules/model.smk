@@ -19,11 +19,12 @@ if config["model"]["name"] == "tiny":
 else:
 
     rule fetch_model:
-        """Download the base model from the Hugging Face hub once."""
+        """Download the base model from the Hugging Face hub once (on the submitting machine)."""
         output:
             directory(MODEL_DIR),
         log:
             f"{RESULTS}/logs/fetch_model.log",
+        localrule: True
         conda:
             CONDA_ENV
         params:

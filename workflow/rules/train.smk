@@ -25,7 +25,7 @@ rule train:
     log:
         f"{RESULTS}/logs/train/algo~{{algo}}/delay~{{delay}}/group~{{group}}/seed~{{seed}}.log",
     conda:
-        CONDA_ENV
+        conda_env("train", config["resources"]["train_gpus"])
     threads: 1
     resources:
         gpu=config["resources"]["train_gpus"],
