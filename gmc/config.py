@@ -33,7 +33,13 @@ class TrainConfig:
     model: str = "results/models/tiny"
     """Hub name or local folder of the policy (``gmc build-tiny-model`` makes the default)."""
     model_dtype: str = "float32"
-    """``float32``, ``bfloat16`` or ``float16``."""
+    """Compute dtype: ``float32``, ``bfloat16`` or ``float16``. Below float32, forwards run under
+    autocast to this dtype while the parameters stay float32 (``master_weights``)."""
+    master_weights: bool = True
+    """Below float32: keep float32 parameters, so the optimizer updates float32 masters and an
+    update of 1e-6 on a weight of 0.02 is not rounded away (bfloat16 keeps 8 mantissa bits);
+    checkpoints hold the masters. False: parameters in ``model_dtype``, updated in place (half
+    the parameter memory; small updates round away)."""
     device: str = "auto"
     """``auto`` (CUDA when available), ``cpu`` or ``cuda[:i]``."""
     gradient_checkpointing: bool = False
@@ -82,6 +88,14 @@ class TrainConfig:
     """Stop after this many consecutive steps with a non-finite loss or gradient."""
     logprob_chunk_size: int = 4096
     """Positions per chunk of the LM head in the log-prob computation."""
+    micro_batch_tokens: int = 0
+    """Token budget of one forward over rollouts (training forward/backward, behaviour and
+    reference passes): at most this many padded tokens (prompt + response) per forward, one row
+    at least; gradients accumulate, and the step equals the whole-batch step (gmc.update).
+    0: no budget, the whole batch at once."""
+    reference_device: str = "auto"
+    """Where the frozen reference policy of the KL term lives (``estimator.kl_coef > 0``):
+    ``auto`` (the training device) or a device such as ``cpu``; loaded like the policy."""
     tracking_uri: str | None = None
     """MLflow tracking URI for live logging (e.g. ``sqlite:///results/mlflow.db``); None: off."""
     experiment: str = "gmc"
@@ -105,6 +119,14 @@ class TrainConfig:
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"{name}: must be one of {allowed}, got {getattr(self, name)!r}")
+        if self.micro_batch_tokens < 0:
+            raise ConfigError(f"micro_batch_tokens: must be >= 0 (0: no budget), got {self.micro_batch_tokens}")
+        if self.sampling.temperature <= 0:
+            raise ConfigError("sampling.temperature: training samples at a temperature > 0 (its log-probs are "
+                              f"those of softmax(logits / temperature)), got {self.sampling.temperature}")
+        if self.sampling.top_p != 1:
+            raise ConfigError("sampling.top_p: training needs 1: the ratios are of softmax(logits / temperature), "
+                              f"and a nucleus-truncated sampler is another distribution (got {self.sampling.top_p})")
         if self.behaviour_logprobs == "sampler" and (self.sampling.temperature != 1 or self.sampling.top_p != 1):
             raise ConfigError("behaviour_logprobs: 'sampler' needs sampling.temperature 1 and sampling.top_p 1, "
                               "so that the sampler's log-probs are the policy's")

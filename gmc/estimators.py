@@ -230,7 +230,7 @@ def _ratio_stats(log_ratio: Tensor, token_l: Tensor, mask: Tensor) -> dict[str, 
     m = mask.bool()
     l_tok = token_l.clamp(-50, 50)
     k3 = torch.where(m, torch.expm1(l_tok) - l_tok, torch.zeros_like(l_tok))
-    q = torch.quantile(log_m, torch.tensor([0.5, 0.9]))
+    q = torch.quantile(log_m, torch.tensor([0.5, 0.9], device=log_m.device))
     return {
         "ratio/log_ratio_mean": float(L.mean()),
         "ratio/log_ratio_max": float(L.max()),

@@ -1,9 +1,10 @@
-"""The policy: loading a causal LM, memory-aware response log-probs, and the tiny model builder.
+"""The policy: loading a causal LM, memory-aware token log-probs, and the tiny model builder.
 
-``response_logprobs`` computes ``log pi(y_t | x, y_<t)`` for the response tokens of a
-left-padded batch without materialising a ``[N, T, vocab]`` float32 log-softmax: the LM head
-and the log-softmax run over chunks of positions under activation checkpointing, so peak
-memory grows with the chunk, not the vocabulary times the sequence.
+``token_logprobs_from_hidden`` computes ``log softmax(h W^T / temperature)[y]`` without
+materialising a ``[N, T, vocab]`` float32 log-softmax: the LM head and the log-softmax run over
+chunks of positions under activation checkpointing, so peak memory grows with the chunk, not
+the vocabulary times the sequence (the passes over rollouts that use it are in
+:mod:`gmc.update`).
 
 ``build_tiny_model`` makes the default policy of the CPU run: a small Qwen3-architecture model
 (random init) with a byte-level BPE tokenizer trained on the synthetic arithmetic task, warm
@@ -84,40 +85,6 @@ def token_logprobs_from_hidden(head_weight: Tensor, hidden: Tensor, targets: Ten
         else:
             pieces.append(_chunk_logprobs(head_weight, h, t, temperature))
     return torch.cat(pieces).reshape(N, T)
-
-
-def response_logprobs(model, input_ids: Tensor, attention_mask: Tensor, prompt_len: int,
-                      temperature: float = 1.0, chunk_size: int = 4096) -> Tensor:
-    """Per-token log-probs ``[N, T]`` of the response ``input_ids[:, prompt_len:]`` given the
-    (left-padded) prompt ``input_ids[:, :prompt_len]``. Entries past a response's end are
-    computed but meaningless; mask them.
-
-    Rows that repeat the row before them in prompt (the samples of a group) share one forward
-    of that prompt: its keys and values are computed once, repeated to the rows (gradients flow
-    back through the repetition), and only the responses run per row. Under gradient
-    checkpointing, which drops caches, every row runs in full."""
-    decoder = model.get_decoder()
-    head = model.get_output_embeddings()
-    if getattr(head, "bias", None) is not None:
-        raise NotImplementedError("response_logprobs expects an LM head without bias")
-    P = prompt_len
-    positions = position_ids_from_mask(attention_mask)
-    prompt_keys = torch.cat([input_ids[:, :P], attention_mask[:, :P]], dim=1)
-    unique, rows = torch.unique_consecutive(prompt_keys, dim=0, return_inverse=True)
-    checkpointing = getattr(model, "is_gradient_checkpointing", False) and model.training
-    if len(unique) < len(input_ids) and not checkpointing:
-        first = torch.searchsorted(rows, torch.arange(len(unique), device=rows.device))
-        prompt = decoder(input_ids=input_ids[first, :P], attention_mask=attention_mask[first, :P],
-                         position_ids=positions[first, :P], use_cache=True)
-        cache = prompt.past_key_values
-        cache.reorder_cache(rows)
-        response = decoder(input_ids=input_ids[:, P:], attention_mask=attention_mask, position_ids=positions[:, P:],
-                           past_key_values=cache, use_cache=True).last_hidden_state
-        hidden = torch.cat([prompt.last_hidden_state[rows, -1:], response[:, :-1]], dim=1)
-    else:
-        hidden = decoder(input_ids=input_ids, attention_mask=attention_mask,
-                         position_ids=positions).last_hidden_state[:, P - 1 : -1]
-    return token_logprobs_from_hidden(head.weight, hidden, input_ids[:, P:], temperature, chunk_size)
 
 
 # ---------------------------------------------------------------------------------------------

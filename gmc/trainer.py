@@ -14,6 +14,7 @@ its presence marks a finished run.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -24,7 +25,6 @@ import random
 import subprocess
 import time
 import uuid
-from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
@@ -36,12 +36,13 @@ from tqdm import tqdm
 from gmc.asynchrony import Group, make_source, staleness_stats
 from gmc.config import TrainConfig, to_dict
 from gmc.data import format_prompt, load_dataset, load_file
-from gmc.estimators import advantages_for, get_estimator
+from gmc.estimators import get_estimator
 from gmc.io import atomic_dir, atomic_path, write_json, write_text
-from gmc.policy import load_policy, parameter_bytes, response_logprobs
+from gmc.policy import DTYPES, load_policy, parameter_bytes
 from gmc.rewards import Grader
 from gmc.rollout import make_engine
 from gmc.tracking import flatten
+from gmc.update import Rows, Update, precision
 
 log = logging.getLogger(__name__)
 
@@ -97,44 +98,6 @@ def training_records(cfg: TrainConfig):
 
 
 # ---------------------------------------------------------------------------------------------
-# batching
-
-
-@dataclass
-class Collated:
-    input_ids: torch.Tensor  # [N, P+T]
-    attention_mask: torch.Tensor  # [N, P+T]
-    prompt_len: int  # P
-    response_mask: torch.Tensor  # [N, T] bool
-
-
-def collate(prompts: list[torch.Tensor], responses: list[torch.Tensor], lengths: list[int], pad_id: int,
-            device) -> Collated:
-    """Left-pad prompts to a common length P, right-pad responses to T."""
-    P = max(len(p) for p in prompts)
-    T = max(max(lengths), 1)
-    N = len(prompts)
-    ids = torch.full((N, P + T), pad_id, dtype=torch.long)
-    attn = torch.zeros((N, P + T), dtype=torch.long)
-    for i, (p, r, n) in enumerate(zip(prompts, responses, lengths)):
-        ids[i, P - len(p) : P] = p
-        ids[i, P : P + n] = r[:n]
-        attn[i, P - len(p) : P + n] = 1
-    resp_mask = attn[:, P:].bool()
-    return Collated(ids.to(device), attn.to(device), P, resp_mask.to(device))
-
-
-def collate_groups(groups: list[Group], pad_id: int, device) -> Collated:
-    prompts, responses, lengths = [], [], []
-    for g in groups:
-        for i in range(g.response_ids.shape[0]):
-            prompts.append(g.prompt_ids)
-            responses.append(g.response_ids[i])
-            lengths.append(int(g.response_mask[i].sum()))
-    return collate(prompts, responses, lengths, pad_id, device)
-
-
-# ---------------------------------------------------------------------------------------------
 # provenance
 
 
@@ -181,9 +144,18 @@ class Trainer:
         np.random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
 
-        self.model, self.tokenizer = load_policy(cfg.model, cfg.model_dtype, cfg.device, cfg.gradient_checkpointing)
+        # below float32, the parameters (and the optimizer's view of them) stay float32 masters
+        # and every forward runs under autocast to model_dtype (method.md section 7)
+        params_dtype = "float32" if cfg.master_weights else cfg.model_dtype
+        self.compute_dtype = DTYPES[cfg.model_dtype]
+        self.model, self.tokenizer = load_policy(cfg.model, params_dtype, cfg.device, cfg.gradient_checkpointing)
         self.device = next(self.model.parameters()).device
         self.pad_id = self.tokenizer.pad_token_id
+        reference = None
+        if cfg.estimator.kl_coef > 0:  # the frozen starting policy, loaded like the policy
+            ref_device = self.device if cfg.reference_device == "auto" else cfg.reference_device
+            reference, _ = load_policy(cfg.model, params_dtype, ref_device)
+            reference.requires_grad_(False)
         self.engine = make_engine(cfg.engine, self.model, self.tokenizer, model_path=cfg.model, seed=cfg.seed)
         self.records = training_records(cfg)
         self.cursor = PromptCursor(self.records, cfg.seed)
@@ -191,6 +163,9 @@ class Trainer:
         self.loss_fn = get_estimator(cfg.algorithm)
         # seq_sum_const divides by the generation token limit of this run
         self.est_cfg = dataclasses.replace(cfg.estimator, max_new_tokens=cfg.sampling.max_new_tokens)
+        self.update = Update(self.model, self.loss_fn, self.est_cfg, cfg.micro_batch_tokens, self.pad_id,
+                             temperature=cfg.sampling.temperature, chunk_size=cfg.logprob_chunk_size,
+                             reference=reference, compute_dtype=self.compute_dtype)
         self.source = make_source(cfg.delay, self._make_groups, cfg.prompts_per_step, seed=cfg.seed)
         # on-policy steps (sync, or fixed delay 0) train on the batch they generate, with the same
         # weights: the training forward gives the behaviour log-probs exactly, no extra pass needed
@@ -254,20 +229,13 @@ class Trainer:
         idx = self.cursor.take(n)
         recs = [self.records[i] for i in idx]
         prompts = [format_prompt(self.tokenizer, r.problem, cfg.thinking) for r in recs]
-        sample_groups = self.engine.generate(prompts, cfg.group_size, cfg.sampling)
+        # the HF engine samples with the trainer's own module, so in its compute dtype
+        with precision(self.model, self.compute_dtype) if cfg.engine == "hf" else contextlib.nullcontext():
+            sample_groups = self.engine.generate(prompts, cfg.group_size, cfg.sampling)
         flat = [s for g in sample_groups for s in g]
         golds = [r.answer for r in recs for _ in range(cfg.group_size)]
         grades = self.grader.grade_batch([s.text for s in flat], golds)
         lengths = [s.length for s in flat]
-        prompt_t = [torch.tensor(s.prompt_ids, dtype=torch.long) for s in flat]
-        resp_t = [torch.tensor(s.token_ids if s.token_ids else [self.pad_id], dtype=torch.long) for s in flat]
-        behaviour, t_behaviour = None, time.perf_counter()  # the behaviour pass, timed alone
-        if not self.on_policy and cfg.behaviour_logprobs == "trainer":
-            batch = collate(prompt_t, resp_t, lengths, self.pad_id, self.device)
-            with torch.no_grad():
-                behaviour = response_logprobs(self.model, batch.input_ids, batch.attention_mask, batch.prompt_len,
-                                              chunk_size=cfg.logprob_chunk_size).float().cpu()
-        behaviour_seconds = time.perf_counter() - t_behaviour
         groups = []
         G = cfg.group_size
         for k, rec_index in enumerate(idx):
@@ -279,24 +247,26 @@ class Trainer:
                 resp[j, : lengths[i]] = torch.tensor(flat[i].token_ids, dtype=torch.long)
                 sampler[j, : lengths[i]] = torch.tensor(flat[i].logprobs)
             mask = torch.arange(Tg).unsqueeze(0) < torch.tensor([lengths[i] for i in rows]).unsqueeze(1)
-            if behaviour is not None:
-                group_behaviour = torch.where(mask, behaviour[k * G : (k + 1) * G, :Tg], 0.0)
-            else:  # on-policy: the training forward gives them; else behaviour_logprobs: sampler
-                group_behaviour = None if self.on_policy else sampler
             groups.append(Group(
                 prompt_index=rec_index,
-                prompt_ids=prompt_t[k * G],
+                prompt_ids=torch.tensor(flat[k * G].prompt_ids, dtype=torch.long),
                 response_ids=resp,
                 response_mask=mask,
                 rewards=torch.tensor([grades[i].reward for i in rows], dtype=torch.float32),
-                behaviour_logp=group_behaviour,
+                # on-policy: the training forward gives them; behaviour_logprobs: sampler: the engine's
+                behaviour_logp=None if self.on_policy else sampler,
                 sampler_logp=sampler,
                 version=version,
             ))
-        mismatch = None
-        if behaviour is not None:
+        t_behaviour, mismatch = time.perf_counter(), None  # the behaviour pass, timed alone
+        if not self.on_policy and cfg.behaviour_logprobs == "trainer":
+            # the same canonical micro-batches, mode and dtype as the training forward (gmc.update)
+            behaviour = self.update.logprobs(self.model, Rows.from_groups(groups)).cpu()
+            for k, g in enumerate(groups):
+                g.behaviour_logp = behaviour[k * G : (k + 1) * G, : g.response_ids.shape[1]].clone()
             mismatch = max(float((torch.tensor(s.logprobs) - behaviour[i, : s.length]).abs().max()) if s.length else 0.0
                            for i, s in enumerate(flat))
+        behaviour_seconds = time.perf_counter() - t_behaviour
         self._gen_log.append({
             "n": len(flat), "tokens": sum(lengths), "seconds": time.perf_counter() - t0,
             "behaviour_seconds": behaviour_seconds,
@@ -335,24 +305,9 @@ class Trainer:
         t0 = time.perf_counter()
         batch = self.source.next_batch(self.step)
         t1 = time.perf_counter()
-        B, G = len(batch), cfg.group_size
-        col = collate_groups(batch, self.pad_id, self.device)
-        T = col.response_mask.shape[1]
-        rewards = torch.stack([g.rewards for g in batch])  # [B, G]
-        mask = col.response_mask.view(B, G, T)
-        self.model.train()
-        logp = response_logprobs(self.model, col.input_ids, col.attention_mask, col.prompt_len,
-                                 chunk_size=cfg.logprob_chunk_size).view(B, G, T)
-        if all(g.behaviour_logp is None for g in batch):
-            behaviour = logp.detach()
-        else:
-            behaviour = torch.zeros(B * G, T)
-            for k, g in enumerate(batch):
-                behaviour[k * G : (k + 1) * G, : g.behaviour_logp.shape[1]] = g.behaviour_logp
-            behaviour = behaviour.view(B, G, T).to(self.device)
-        adv = advantages_for(rewards.to(self.device), mask.sum(-1), self.est_cfg)
-        loss, stats = self.loss_fn(logp, behaviour, mask, adv, self.est_cfg)
-        loss.backward()
+        on_policy = all(g.behaviour_logp is None for g in batch)
+        loss, stats, rewards = self.update.backward(batch, on_policy)
+        lengths = torch.cat([g.lengths for g in batch]).float()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
         finite = bool(torch.isfinite(loss)) and bool(torch.isfinite(grad_norm))
         if finite:
@@ -371,7 +326,7 @@ class Trainer:
             "train/lr": self.scheduler.get_last_lr()[0],
             "train/reward_mean": float(rewards.mean()),
             "train/frac_groups_all_same": float((rewards.std(-1) == 0).float().mean()),
-            "train/response_length_mean": float(mask.sum(-1).float().mean()),
+            "train/response_length_mean": float(lengths.mean()),
             "train/skipped_steps": float(self.skipped),
             **stats,
             **self._rollout_metrics(),
@@ -480,7 +435,10 @@ class Trainer:
             bar.close()
             self.grader.close()
         with atomic_dir(self.out / "model") as tmp:
-            self.model.save_pretrained(tmp)
+            # the final model in its compute dtype (the masters stay in checkpoint.pt)
+            state = {k: v.to(self.compute_dtype) if v.is_floating_point() else v
+                     for k, v in self.model.state_dict().items()}
+            self.model.save_pretrained(tmp, state_dict=state)
             self.tokenizer.save_pretrained(tmp)
         summary = summarize_metrics(self.out / "metrics.jsonl")
         summary["run_id"] = self.run_info["run_id"]

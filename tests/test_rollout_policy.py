@@ -10,10 +10,10 @@ from gmc.decoding import HFDecoder, Qwen3Decoder, make_decoder
 from gmc.policy import (
     load_policy,
     position_ids_from_mask,
-    response_logprobs,
     token_logprobs_from_hidden,
 )
 from gmc.rollout import HFEngine, SamplingConfig, _sample_next, make_engine
+from gmc.update import Rows, sequence_logprobs
 
 
 def prompts_for(n, seed=0):
@@ -49,17 +49,10 @@ def test_tiny_model_reloads_with_identical_logits(tiny_model_dir, tiny_policy):
 
 
 def recomputed_logprobs(model, tok, flat):
-    """The policy's log-probs of each sample's response, from one full forward of the batch."""
-    P = max(len(s.prompt_ids) for s in flat)
-    T = max(s.length for s in flat)
-    ids = torch.full((len(flat), P + T), tok.pad_token_id)
-    attn = torch.zeros(len(flat), P + T, dtype=torch.long)
-    for i, s in enumerate(flat):
-        ids[i, P - len(s.prompt_ids) : P] = torch.tensor(s.prompt_ids)
-        ids[i, P : P + s.length] = torch.tensor(s.token_ids)
-        attn[i, P - len(s.prompt_ids) : P + s.length] = 1
-    with torch.no_grad():
-        return response_logprobs(model, ids, attn, P)
+    """The policy's log-probs of each sample's response, as the trainer computes them."""
+    rows = Rows([torch.tensor(s.prompt_ids + s.token_ids) for s in flat], [len(s.prompt_ids) for s in flat],
+                [s.length for s in flat])
+    return sequence_logprobs(model, rows, 0, tok.pad_token_id)
 
 
 def test_sampler_logprobs_match_recomputed_policy_logprobs(tiny_policy):
@@ -151,34 +144,6 @@ def test_sampling_follows_the_distribution_and_never_picks_a_zero_probability_to
     assert freq[0] == 0 and freq[4] == 0
     torch.testing.assert_close(freq, probs, rtol=0, atol=0.01)
     torch.testing.assert_close(lp, probs.log()[tok])
-
-
-def test_prompt_sharing_log_probs_equal_row_by_row(tiny_policy):
-    """Rows of a group share one forward of their prompt; values and gradients equal the
-    unshared computation (each row alone), also under gradient checkpointing (no sharing)."""
-    model, tok = tiny_policy
-    prompts = [p for p in prompts_for(3, seed=2) for _ in range(3)]
-    enc = tok([p + " 1+2=3." for p in prompts], return_tensors="pt", padding=True, add_special_tokens=False)
-    P = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)["input_ids"].shape[1]
-    ids, mask = enc["input_ids"], enc["attention_mask"]
-    ids[1::3, -2:], mask[1::3, -2:] = tok.pad_token_id, 0  # some responses end earlier
-    resp = mask[:, P:].bool()
-    params = [p for p in model.parameters()]
-    model.train()
-    try:
-        shared = response_logprobs(model, ids, mask, P)
-        alone = torch.cat([response_logprobs(model, ids[i : i + 1], mask[i : i + 1], P) for i in range(len(ids))])
-        torch.testing.assert_close(shared[resp], alone[resp], rtol=1e-5, atol=1e-5)
-        g_shared = torch.autograd.grad(shared[resp].sum(), params)
-        g_alone = torch.autograd.grad(alone[resp].sum(), params)
-        for a, b in zip(g_shared, g_alone):
-            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
-        model.gradient_checkpointing_enable()
-        checkpointed = response_logprobs(model, ids, mask, P)
-        torch.testing.assert_close(checkpointed[resp], alone[resp], rtol=1e-5, atol=1e-5)
-    finally:
-        model.gradient_checkpointing_disable()
-        model.eval()
 
 
 def test_engine_is_reproducible_for_a_seed(tiny_policy):

@@ -74,7 +74,7 @@ def test_behaviour_logprobs_from_the_trainer_or_the_sampler(tmp_path, tiny_model
     assert all(g.behaviour_logp is g.sampler_logp for g in sampler._make_groups(2, version=0))
     sampler.grader.close()
     with pytest.raises(ConfigError, match="behaviour_logprobs: 'sampler' needs"):
-        load_train_config(None, ["behaviour_logprobs=sampler", "sampling.top_p=0.9"])
+        load_train_config(None, ["behaviour_logprobs=sampler", "sampling.temperature=0.7"])
 
 
 def test_latency_mode_runs(tmp_path, tiny_model_dir):
