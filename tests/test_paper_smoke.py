@@ -74,9 +74,23 @@ def run_dirs() -> list[Path]:
 def test_every_run_trained_the_paper_code_path():
     dirs = run_dirs()
     assert len(dirs) == 15
+    # the budget splits every step: even the smallest step (fewest rows, the shortest MATH prompt
+    # and one response token each) holds more padded tokens than one forward may take
+    from transformers import AutoTokenizer
+
+    from gmc.data import format_prompt, load_dataset
+    from gmc.update import micro_batches
+
+    budget = SMOKE["train"]["micro_batch_tokens"]
+    tokenizer = AutoTokenizer.from_pretrained(Path(RESULTS, "models", "random-qwen3"))
+    prompts = [format_prompt(tokenizer, r.problem, False) for r in load_dataset("math")]
+    shortest = min(len(ids) for ids in tokenizer(prompts, add_special_tokens=False)["input_ids"]) + 1
+    rows = SMOKE["train"]["prompts_per_step"] * min(SMOKE["sweep"]["group_sizes"])
+    assert len(micro_batches([shortest] * rows, budget)) > 1
     for d in dirs:
         cfg = yaml.safe_load((d / "config.yaml").read_text())  # the resolved TrainConfig
-        assert cfg["model_dtype"] == "bfloat16" and cfg["gradient_checkpointing"] is True, d
+        assert cfg["model_dtype"] == "bfloat16" and cfg["master_weights"] is True, d
+        assert cfg["gradient_checkpointing"] is True and cfg["micro_batch_tokens"] == budget, d
         assert cfg["optimizer"] == "adamw8bit" and cfg["train_data"] == "math" and cfg["thinking"] is False, d
         info = json.loads((d / "run.json").read_text())
         assert "bitsandbytes" in info["packages"], d
@@ -92,11 +106,16 @@ def test_every_run_trained_the_paper_code_path():
         else:
             assert staleness == [float(delay)] * len(metrics), d
         assert json.loads((d / "summary.json").read_text())["steps"] == len(metrics)
-    # weights in bfloat16 and the optimizer's moments in 8 bits
-    state = torch.load(dirs[0] / "checkpoint.pt", map_location="cpu", weights_only=False)
-    assert {v.dtype for v in state["model"].values()} == {torch.bfloat16}
-    moments = [s for s in state["optimizer"]["state"].values() if "state1" in s]
-    assert moments and {s["state1"].dtype for s in moments} == {torch.uint8}
+    # float32 masters and the optimizer's moments in 8 bits in the checkpoint; the final model in
+    # its compute dtype, bfloat16
+    from safetensors.torch import load_file
+
+    for d in dirs:
+        state = torch.load(d / "checkpoint.pt", map_location="cpu", weights_only=False)
+        assert {v.dtype for v in state["model"].values()} == {torch.float32}, d
+        moments = [s for s in state["optimizer"]["state"].values() if "state1" in s]
+        assert moments and {s["state1"].dtype for s in moments} == {torch.uint8}, d
+        assert {v.dtype for v in load_file(d / "model" / "model.safetensors").values()} == {torch.bfloat16}, d
 
 
 @needs_run
