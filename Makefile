@@ -9,7 +9,7 @@ CORES ?= all
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run figures report test test-vllm lint clean
+.PHONY: install run figures report test test-vllm test-paper-smoke lint clean
 
 install: $(STAMP)
 
@@ -54,6 +54,17 @@ $(VLLM_STAMP): pyproject.toml
 
 test-vllm: $(VLLM_STAMP)
 	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/test_vllm.py
+
+# the paper's code path end to end on CPU (workflow/presets/paper_smoke.yaml: random-init Qwen3
+# architecture, MATH, six benchmarks, bf16, checkpointing, 8-bit AdamW) in a temporary folder, then
+# checks of what it wrote; the folder is removed when the checks pass
+test-paper-smoke: $(STAMP)
+	@dir=$$(mktemp -d -t gmc-paper-smoke.XXXXXX) && start=$$(date +%s) && echo "paper smoke run in $$dir" && \
+	cp workflow/presets/paper_smoke.yaml $$dir/config.yaml && \
+	(cd $$dir && PATH="$(abspath $(BIN)):$$PATH" snakemake --snakefile $(CURDIR)/Snakefile --cores $(CORES) \
+		--rerun-incomplete --quiet rules) && echo "paper smoke DAG: $$(( $$(date +%s) - start )) s" && \
+	GMC_PAPER_SMOKE_RESULTS=$$dir/results/paper_smoke $(BIN)/python -m pytest -q tests/test_paper_smoke.py && \
+	rm -rf $$dir
 
 lint: $(STAMP)
 	$(BIN)/ruff check gmc tests workflow/scripts

@@ -33,6 +33,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_build_tiny_model)
 
+    p = sub.add_parser("build-random-model",
+                       help="build a random-init Qwen3-architecture model with Qwen3's vocabulary (no download)")
+    p.add_argument("--out", required=True, help="folder for the saved model and tokenizer")
+    p.add_argument("--hidden-size", type=int, default=64)
+    p.add_argument("--intermediate-size", type=int, default=192)
+    p.add_argument("--num-layers", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--source", default="local", choices=["local", "hub"], help="where the MATH problems come from")
+    p.add_argument("--data-root", default=None)
+    p.set_defaults(func=_build_random_model)
+
     p = sub.add_parser("grade-oracle", help="grade each benchmark's reference solutions against its gold answers")
     p.add_argument("--data", default=None, help="local data root (default: $GMC_DATA_ROOT, else data/ in the repository)")
     p.add_argument("--benchmarks", nargs="*", default=None, help="default: every benchmark with reference solutions")
@@ -202,6 +213,16 @@ def _build_tiny_model(args: argparse.Namespace) -> None:
     summary = build_tiny_model(args.out, cfg)
     print(f"tiny model: {summary['parameters']:,} parameters, greedy accuracy {summary['greedy_accuracy']:.3f} "
           f"after {summary['steps']} steps in {summary['seconds']:.0f} s -> {args.out}")
+
+
+def _build_random_model(args: argparse.Namespace) -> None:
+    from gmc.random_model import RandomModelConfig, build_random_qwen3
+
+    cfg = RandomModelConfig(hidden_size=args.hidden_size, intermediate_size=args.intermediate_size,
+                            num_layers=args.num_layers, seed=args.seed)
+    summary = build_random_qwen3(args.out, cfg, data_root=args.data_root, data_source=args.source)
+    print(f"random Qwen3-architecture model: {summary['parameters']:,} parameters, {summary['vocab_rows']:,} "
+          f"vocabulary rows, {summary['tokenizer_entries']:,} tokenizer entries -> {args.out}")
 
 
 def _grade_oracle(args: argparse.Namespace) -> None:
