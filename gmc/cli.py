@@ -192,7 +192,7 @@ def _mlflow_sync(args: argparse.Namespace) -> None:
     from gmc.tracking import resolve_experiment, resolve_uri, sync_run, sync_sweep
 
     if not args.run_dirs and not args.sweep:
-        raise ValueError("mlflow-sync: give run directories, --sweep RESULTS, or both")
+        raise ValueError("give run directories, --sweep RESULTS, or both")
     uri, experiment = resolve_uri(args.tracking_uri), resolve_experiment(args.experiment)
     out: dict = {"tracking_uri": uri, "experiment": experiment}
     if args.sweep:
@@ -242,7 +242,6 @@ def _configure_logging(debug: bool) -> None:
     gmc_log = logging.getLogger("gmc")
     gmc_log.handlers[:] = [handler]
     gmc_log.setLevel(logging.DEBUG if debug else logging.INFO)
-    gmc_log.propagate = False
 
 
 def error_line(e: BaseException) -> str:

@@ -2,6 +2,7 @@
 logging, file modes, the Python floor, the licence, the documented commands, progress bars."""
 
 import json
+import logging
 import os
 import re
 import shlex
@@ -17,6 +18,15 @@ from gmc.cli import error_line, main
 from gmc.io import atomic_dir, write_json, write_text
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def restore_gmc_logger():
+    """main() configures the gmc logger; later tests get it back as it was."""
+    logger = logging.getLogger("gmc")
+    handlers, level = list(logger.handlers), logger.level
+    yield
+    logger.handlers[:], logger.level = handlers, level
 
 
 def test_version(capsys):
