@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Literal, Protocol, get_args
 
 import torch
 from torch import Tensor
@@ -56,6 +56,9 @@ class SamplingConfig:
             raise ValueError(f"sampling.max_new_tokens must be >= 1, got {self.max_new_tokens}")
 
 
+VLLMDtype = Literal["float32", "bfloat16", "float16"]
+
+
 @dataclass(frozen=True)
 class VLLMConfig:
     """Settings of the vLLM engine (``engine: vllm``, in training and evaluation); the HF engine
@@ -73,16 +76,16 @@ class VLLMConfig:
     """Longest prompt plus answer in tokens; None: the model's own limit."""
     enforce_eager: bool = False
     """Run the model eagerly (no compilation, no CUDA graphs): slower decoding, quicker start."""
-    dtype: str | None = None
-    """``float32``, ``bfloat16`` or ``float16``; None: the dtype of the trainer's model."""
+    dtype: VLLMDtype | None = None
+    """vLLM's dtype; None: the dtype of the trainer's model."""
 
     def __post_init__(self) -> None:
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"vllm.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"vllm.max_model_len must be >= 1, got {self.max_model_len}")
-        if self.dtype not in (None, "float32", "bfloat16", "float16"):
-            raise ValueError(f"vllm.dtype must be float32, bfloat16, float16 or null, got {self.dtype!r}")
+        if self.dtype is not None and self.dtype not in get_args(VLLMDtype):
+            raise ValueError(f"vllm.dtype must be one of {get_args(VLLMDtype)} or null, got {self.dtype!r}")
 
 
 @dataclass
