@@ -59,7 +59,8 @@ test-vllm: $(VLLM_STAMP)
 # architecture, MATH, six benchmarks, bf16, checkpointing, 8-bit AdamW) in a temporary folder, then
 # checks of what it wrote; the folder is removed when the checks pass
 test-paper-smoke: $(STAMP)
-	@dir=$$(mktemp -d -t gmc-paper-smoke.XXXXXX) && start=$$(date +%s) && echo "paper smoke run in $$dir" && \
+	@export GMC_DATA_ROOT="$(GMC_DATA_ROOT)" && dir=$$(mktemp -d -t gmc-paper-smoke.XXXXXX) && start=$$(date +%s) && \
+	echo "paper smoke run in $$dir" && \
 	cp workflow/presets/paper_smoke.yaml $$dir/config.yaml && \
 	(cd $$dir && PATH="$(abspath $(BIN)):$$PATH" snakemake --snakefile $(CURDIR)/Snakefile --cores $(CORES) \
 		--rerun-incomplete --quiet rules) && echo "paper smoke DAG: $$(( $$(date +%s) - start )) s" && \

@@ -72,7 +72,7 @@ class RandomModelConfig:
 def qwen3_style_tokenizer(texts: list[str], vocab_size: int):
     """A byte-level BPE tokenizer trained on ``texts`` with Qwen3's special tokens, end and pad
     tokens and chat template."""
-    from gmc.policy import _train_tokenizer
+    from gmc.tiny import _train_tokenizer
 
     tokenizer = _train_tokenizer(texts, vocab_size)
     tokenizer.add_special_tokens({"additional_special_tokens": list(QWEN3_SPECIAL_TOKENS)})
@@ -91,7 +91,7 @@ def build_random_qwen3(out: str | Path, cfg: RandomModelConfig = RandomModelConf
 
     from gmc.data import INSTRUCTION, load_dataset
     from gmc.io import atomic_dir, write_json
-    from gmc.policy import count_parameters
+    from gmc.tiny import count_parameters
 
     start = time.time()
     records = load_dataset("math", source=data_source, root=data_root, limit=cfg.tokenizer_problems)

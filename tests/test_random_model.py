@@ -67,6 +67,13 @@ def test_end_ids_are_qwen3s(random_model_dir, random_policy):
     assert tokenizer.padding_side == "left"
 
 
+def test_the_hf_engine_stops_at_both_end_ids(random_policy):
+    from gmc.rollout import HFEngine
+
+    model, tokenizer = random_policy
+    assert HFEngine(model, tokenizer).eos_ids == set(tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"]))
+
+
 @pytest.mark.parametrize("thinking", [False, True])
 def test_chat_template_honours_thinking(random_policy, thinking):
     from gmc.data import INSTRUCTION, format_prompt
