@@ -79,7 +79,7 @@ class TrainConfig:
     thinking: bool = False
     """Qwen3 thinking mode in the chat template."""
     algorithm: str = "gmc"
-    """Estimator name, a key of :data:`gmc.estimators.REGISTRY` (grpo, tic, gmc, is, none, gspo, tis)."""
+    """Estimator name, a key of :data:`gmc.estimators.ESTIMATORS` (grpo, tic, gmc, is, none, gspo, tis)."""
     estimator: EstimatorConfig = field(default_factory=EstimatorConfig)
     """Estimator hyper-parameters; ``estimator.max_new_tokens`` is set from ``sampling.max_new_tokens``."""
     group_size: int = 8

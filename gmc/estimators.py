@@ -367,39 +367,16 @@ def tis_loss(logp, logp_behavior, mask, advantages, cfg: EstimatorConfig, ref_lo
 LossFn = Callable[..., tuple[Tensor, dict[str, float]]]
 
 
-@dataclass(frozen=True)
-class Estimator:
-    """A registered estimator: its loss and what tables and figures need to show it."""
-
-    loss: LossFn
-    label: str
-    """Name in figure legends and reports."""
-    diagnostics: tuple[str, ...]
-    """Its own clip/cap statistics among the stats it returns (tables and summaries report them)."""
-    color: str
-    """Matplotlib colour of its lines."""
-
-
-REGISTRY: dict[str, Estimator] = {
-    "grpo": Estimator(grpo_loss, "GRPO", ("ratio/frac_tokens_clipped",), "tab:blue"),
-    "tic": Estimator(tic_loss, "TIC-GRPO", ("ratio/frac_traj_capped",), "tab:orange"),
-    "gmc": Estimator(gmc_loss, "GMC-GRPO", ("ratio/frac_groups_capped",), "tab:green"),
-    "is": Estimator(is_loss, "IS (uncapped)", (), "tab:red"),
-    "none": Estimator(none_loss, "no correction", (), "tab:gray"),
-    "gspo": Estimator(gspo_loss, "GSPO", ("ratio/frac_seq_clipped",), "tab:purple"),
-    "tis": Estimator(tis_loss, "token TIS", ("ratio/frac_tokens_clipped",), "tab:brown"),
+ESTIMATORS: dict[str, LossFn] = {
+    "grpo": grpo_loss,
+    "tic": tic_loss,
+    "gmc": gmc_loss,
+    "is": is_loss,
+    "none": none_loss,
+    "gspo": gspo_loss,
+    "tis": tis_loss,
 }
-"""Every estimator by config name (``algorithm``); the one place to add one."""
-
-ESTIMATORS: dict[str, LossFn] = {name: e.loss for name, e in REGISTRY.items()}
-
-SHARED_DIAGNOSTICS: tuple[str, ...] = ("ratio/ess_frac", "ratio/shortfall")
-"""Statistics of the trajectory weights that the tables report for every estimator that has them."""
-
-
-def diagnostic_names() -> list[str]:
-    """Every registered estimator's own diagnostics, then the shared ones, without repeats."""
-    return list(dict.fromkeys([*(d for e in REGISTRY.values() for d in e.diagnostics), *SHARED_DIAGNOSTICS]))
+"""The loss of every estimator; labels, colours and diagnostics are in :mod:`gmc.estimator_info`."""
 
 
 def get_estimator(name: str) -> LossFn:

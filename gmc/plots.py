@@ -16,7 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from gmc.analysis import delay_order, delay_title  # noqa: E402
-from gmc.estimators import REGISTRY  # noqa: E402
+from gmc.estimator_info import REGISTRY  # noqa: E402
 from gmc.io import save_figure  # noqa: E402
 from gmc.stats import mean_interval  # noqa: E402
 

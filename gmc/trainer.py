@@ -37,7 +37,8 @@ from tqdm import tqdm
 from gmc.asynchrony import Group, make_source, staleness_stats
 from gmc.config import TrainConfig, to_dict
 from gmc.data import format_prompt, load_dataset, load_file
-from gmc.estimators import diagnostic_names, get_estimator
+from gmc.estimator_info import diagnostic_names
+from gmc.estimators import get_estimator
 from gmc.io import (
     atomic_dir,
     read_jsonl,

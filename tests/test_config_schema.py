@@ -14,7 +14,7 @@ import yaml
 from gmc.asynchrony import DELAY_MODES, DelayConfig, named_delays
 from gmc.config import ConfigError, TrainConfig, from_dict, literal_choices, to_dict
 from gmc.data import benchmark_specs
-from gmc.estimators import REGISTRY
+from gmc.estimators import ESTIMATORS
 from gmc.evaluate import EvalConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -112,8 +112,8 @@ def test_allowed_values_are_the_python_ones():
         for key, allowed in _literals(cls).items():
             if key in schema:
                 assert _enum(schema[key]) == [*allowed, *([None] if None in _enum(schema[key]) else [])], key
-    assert _enum(props["sweep"]["properties"]["algorithms"]) == list(REGISTRY)
-    assert _enum(props["latency"]["properties"]["algorithms"]) == list(REGISTRY)
+    assert _enum(props["sweep"]["properties"]["algorithms"]) == list(ESTIMATORS)
+    assert _enum(props["latency"]["properties"]["algorithms"]) == list(ESTIMATORS)
     assert _enum(props["evaluate"]["properties"]["benchmarks"]) == list(benchmark_specs())
     assert props["evaluate"]["properties"]["samples"]["propertyNames"]["enum"] == list(benchmark_specs())
     # every named delay mode has its section, whose delay keys are DelayConfig fields

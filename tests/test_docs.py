@@ -4,7 +4,7 @@ README links it, and every file and registry the newcomer guide names exists."""
 import re
 from pathlib import Path
 
-from gmc import asynchrony, data, estimators
+from gmc import asynchrony, data, estimator_info, estimators
 
 REPO = Path(__file__).resolve().parents[1]
 PATH_RE = re.compile(r"`([\w./<>-]+/[\w.<>-]+|[\w-]+\.(?:md|yaml|py|smk))`")
@@ -19,7 +19,8 @@ def test_every_file_the_newcomer_guide_names_exists():
     for number, task in enumerate(("A new estimator", "A new delay model", "A new benchmark", "A new cluster"), 1):
         assert f"\n## {number}. {task}\n" in text
     # the registries it names are the real ones
-    assert "REGISTRY" in text and hasattr(estimators, "REGISTRY")
+    assert "ESTIMATORS" in text and hasattr(estimators, "ESTIMATORS")
+    assert "REGISTRY" in text and hasattr(estimator_info, "REGISTRY")
     assert "DELAY_MODES" in text and hasattr(asynchrony, "DELAY_MODES")
     assert "BENCHMARKS" in text and hasattr(data, "BENCHMARKS")
 

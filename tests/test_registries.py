@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gmc import analysis, asynchrony, estimators, plots
+from gmc import analysis, asynchrony, estimator_info, plots
 from gmc.asynchrony import (
     DELAY_MODES,
     DelayConfig,
@@ -17,7 +17,8 @@ from gmc.asynchrony import (
     named_delays,
 )
 from gmc.data import BENCHMARKS, REFERENCE_SOLUTION_FIELDS, benchmark_specs
-from gmc.estimators import REGISTRY, EstimatorConfig, diagnostic_names
+from gmc.estimator_info import REGISTRY, diagnostic_names
+from gmc.estimators import ESTIMATORS, EstimatorConfig
 from gmc.evaluate import DEFAULT_SAMPLES, EvalConfig
 
 
@@ -34,10 +35,14 @@ def _stale_batch(seed=0, B=4, G=4, T=6):
 @pytest.mark.parametrize("name", list(REGISTRY))
 def test_every_estimator_reports_the_diagnostics_its_entry_names(name):
     entry = REGISTRY[name]
-    assert entry.label and entry.color and estimators.ESTIMATORS[name] is entry.loss
-    _, stats = entry.loss(*_stale_batch(), EstimatorConfig())
+    assert entry.label and entry.color
+    _, stats = ESTIMATORS[name](*_stale_batch(), EstimatorConfig())
     for key in entry.diagnostics:
         assert key in stats and 0 < stats[key] <= 1, (name, key, stats.get(key))
+
+
+def test_every_estimator_has_a_loss_and_an_entry():
+    assert list(ESTIMATORS) == list(REGISTRY)
 
 
 def test_diagnostic_names_cover_every_estimator_once():
@@ -91,8 +96,8 @@ def _fake_results(root: Path, points):
 
 def test_a_new_delay_mode_and_estimator_need_only_their_registry_entries(tmp_path, monkeypatch):
     monkeypatch.setitem(DELAY_MODES, "bursty", DelayMode(DELAY_MODES["latency"].make, "bursty arrivals", True))
-    monkeypatch.setitem(REGISTRY, "newest", estimators.Estimator(REGISTRY["gmc"].loss, "Newest-GRPO",
-                                                                 ("ratio/frac_new_capped",), "tab:pink"))
+    monkeypatch.setitem(REGISTRY, "newest", estimator_info.Estimator("Newest-GRPO", ("ratio/frac_new_capped",),
+                                                                     "tab:pink"))
     monkeypatch.setitem(plots.METHOD_COLORS, "newest", "tab:pink")
     points = [(a, d, 4) for a in ("gmc", "newest") for d in ("0", "8", "latency", "bursty")]
     _fake_results(tmp_path, points)
