@@ -327,8 +327,8 @@ class VLLMEngine(_Streams):
         except ImportError as e:
             raise ImportError(
                 "VLLMEngine needs vLLM, which is not installed. Install the GPU extra on a CUDA "
-                "machine: pip install 'gmc[gpu]' (vLLM's CPU build: make test-vllm), or set engine: hf in the "
-                "train or evaluate config."
+                "machine: pip install 'gmc[gpu]' (vLLM's CPU build: make test-vllm) "
+                "(or set engine: hf in the train or evaluate config)."
             ) from e
         import os
 
