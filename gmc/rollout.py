@@ -380,16 +380,17 @@ class VLLMEngine(_Streams):
 
 
 def make_engine(kind: str, model, tokenizer, model_path: str | None = None, seed: int = 0,
-                vllm: VLLMConfig | None = None, **kwargs) -> RolloutEngine:
+                vllm: VLLMConfig | None = None, dtype: str | None = None, **kwargs) -> RolloutEngine:
     """``hf`` (any machine; ``kwargs`` go to :class:`HFEngine`) or ``vllm`` (loads
-    ``model_path`` with the settings ``vllm``, in the dtype of ``model`` unless they name one;
-    answers end at the end-of-turn ids of ``model`` and ``tokenizer``)."""
+    ``model_path`` with the settings ``vllm``, in the compute ``dtype`` — default: that of
+    ``model``'s parameters, which are float32 masters under bfloat16 training — unless the
+    settings name one; answers end at the end-of-turn ids of ``model`` and ``tokenizer``)."""
     if kind == "hf":
         return HFEngine(model, tokenizer, seed=seed, **kwargs)
     if kind == "vllm":
         if model_path is None:
             raise ValueError("the vllm engine needs model_path (a hub name or a saved folder)")
-        dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+        dtype = dtype or str(next(model.parameters()).dtype).removeprefix("torch.")
         return VLLMEngine(model_path, seed=seed, cfg=vllm or VLLMConfig(), dtype=dtype,
                           stop_token_ids=end_token_ids(tokenizer, model))
     raise ValueError(f"rollout engine must be 'hf' or 'vllm', got {kind!r}")

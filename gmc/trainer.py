@@ -170,7 +170,7 @@ class Trainer:
             reference, _ = load_policy(cfg.model, params_dtype, ref_device)
             reference.requires_grad_(False)
         self.engine = make_engine(cfg.engine, self.model, self.tokenizer, model_path=cfg.model, seed=cfg.seed,
-                                  vllm=cfg.vllm)
+                                  vllm=cfg.vllm, dtype=cfg.model_dtype)
         self.cursor = PromptCursor(self.records, cfg.seed)
         self.grader = Grader()
         self.loss_fn = get_estimator(cfg.algorithm)
