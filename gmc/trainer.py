@@ -55,7 +55,13 @@ from gmc.update import Rows, Update, precision
 log = logging.getLogger(__name__)
 
 TIME_PREFIX = "time/"
-"""Wall-clock metrics; everything else in ``metrics.jsonl`` is reproducible from the seed."""
+"""Wall-clock metrics (with the line's ``time`` stamp); everything else in ``metrics.jsonl`` is
+reproducible from the seed."""
+
+
+def without_time(rows: list[dict]) -> list[dict]:
+    """Metrics lines without their wall-clock entries: what a seed reproduces."""
+    return [{k: v for k, v in r.items() if k != "time" and not k.startswith(TIME_PREFIX)} for r in rows]
 
 
 class NonFiniteError(RuntimeError):

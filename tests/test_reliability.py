@@ -19,7 +19,7 @@ import yaml
 
 from gmc.config import ConfigError, load_config, load_train_config
 from gmc.rundir import CheckpointError, ConfigMismatch, RunDir, RunDirBusy
-from gmc.trainer import TIME_PREFIX, NonFiniteError, Trainer, read_jsonl
+from gmc.trainer import NonFiniteError, Trainer, read_jsonl, without_time
 
 
 def small(model_dir, **overrides):
@@ -28,9 +28,6 @@ def small(model_dir, **overrides):
     base.update(overrides)
     return load_train_config(None, [f"{k}={v}" for k, v in base.items()])
 
-
-def without_time(rows):
-    return [{k: v for k, v in r.items() if not k.startswith(TIME_PREFIX)} for r in rows]
 
 
 @pytest.fixture(scope="module")

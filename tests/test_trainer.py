@@ -13,7 +13,7 @@ import torch
 from gmc import estimators
 from gmc.config import ConfigError, TrainConfig, load_train_config
 from gmc.io import read_jsonl
-from gmc.trainer import TIME_PREFIX, NonFiniteError, Trainer
+from gmc.trainer import NonFiniteError, Trainer, without_time
 
 
 def small_config(model_dir, **overrides):
@@ -22,9 +22,6 @@ def small_config(model_dir, **overrides):
     base.update(overrides)
     return [f"{k}={v}" for k, v in base.items()]
 
-
-def without_time(rows):
-    return [{k: v for k, v in r.items() if k != "time" and not k.startswith(TIME_PREFIX)} for r in rows]
 
 
 def train(tmp_path, name, model_dir, **overrides):
