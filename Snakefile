@@ -37,6 +37,7 @@ localrules:
     train_config,
     eval_config,
     mlflow_sync,
+    mlflow_sweep,
     tables,
     figures_from_results,
 
