@@ -116,7 +116,8 @@ def test_every_run_trained_the_paper_code_path():
         assert {v.dtype for v in state["model"].values()} == {torch.float32}, d
         # bitsandbytes >= 0.50 saves its quantised states under one key per parameter
         states = [s.get("__bnb_optimizer_quant_state__", s) for s in state["optimizer"]["state"].values()]
-        moments = [s for s in states if "state1" in s]
+        # (bitsandbytes keeps tensors under 4,096 elements, the norms, in 32 bits)
+        moments = [s for s in states if "state1" in s and s["state1"].numel() >= 4096]
         assert moments and {s["state1"].dtype for s in moments} == {torch.uint8}, d
         assert {v.dtype for v in load_file(d / "model" / "model.safetensors").values()} == {torch.bfloat16}, d
 
