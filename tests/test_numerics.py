@@ -70,7 +70,7 @@ def test_micro_batched_run_matches_the_whole_batch_run(tmp_path, tiny_model_dir)
     for a, b in zip(without_time(whole), without_time(micro)):
         assert a.keys() == b.keys()
         for key in a:
-            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-5), key  # 1e-5: float32 rounding
 
 
 def test_kl_to_a_frozen_reference(tmp_path, tiny_model_dir):
