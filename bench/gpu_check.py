@@ -1,7 +1,9 @@
-"""The GPU half of the benchmarks (see bench/gpu.sh): the HF engine's lean Qwen3 decoder against
-the model's own forward (agreement and tokens/s in bfloat16), vLLM rollouts + weight sync, and
-training steps with 8-bit AdamW, on a random-init Qwen3-0.6B-sized model with the tiny
-tokenizer."""
+"""The GPU half of the benchmarks (see bench/gpu.sh): every estimator trained a few stale steps
+on CUDA with the tiny model in bfloat16 over float32 masters (the device regression check);
+one update at the paper's batch shape (32 x 32 rows of 4,160 tokens, ``micro_batch_tokens``
+16,384, checkpointing, 8-bit AdamW) on a random-init Qwen3-0.6B-sized model (peak memory, step
+time); the HF engine's lean Qwen3 decoder against the model's own forward (agreement and
+tokens/s in bfloat16); vLLM rollouts + weight sync."""
 
 import importlib.util
 import json
@@ -66,8 +68,68 @@ def hf_engine(model, tok) -> dict:
     return out
 
 
+def estimators_on_cuda() -> dict:
+    """Three stale steps of every estimator on the tiny model, bfloat16 over float32 masters."""
+    from gmc.config import load_train_config
+    from gmc.estimators import ESTIMATORS
+    from gmc.io import read_jsonl
+    from gmc.trainer import Trainer
+
+    out = {}
+    optimizer = "adamw8bit" if importlib.util.find_spec("bitsandbytes") else "adamw"
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in sorted(ESTIMATORS):
+            cfg = load_train_config(None, [f"model={TOKENIZER}", "device=cuda", "model_dtype=bfloat16",
+                                           f"optimizer={optimizer}", "steps=3", "checkpoint_every=0", f"algorithm={name}",
+                                           "delay.d=2", "gradient_checkpointing=true", "micro_batch_tokens=256"])
+            torch.cuda.reset_peak_memory_stats()
+            Trainer(cfg, Path(tmp) / name, progress=False).run()
+            rows = read_jsonl(Path(tmp) / name / "metrics.jsonl")
+            out[name] = {"loss": [r["train/loss"] for r in rows], "step_seconds": [r["time/step_seconds"] for r in rows],
+                         "peak_gpu_gb": torch.cuda.max_memory_allocated() / 2**30}
+    return out
+
+
+def paper_shape_update(model) -> dict:
+    """One update (no-grad pass, loss, micro-batched backward, optimizer step) at the paper's
+    batch shape, within the preset's token budget."""
+    from gmc.asynchrony import Group
+    from gmc.estimators import ESTIMATORS, EstimatorConfig
+    from gmc.update import Update
+
+    B, G, P, T, budget = 32, 32, 64, 4096, 16384
+    model = model.float().cuda()
+    model.gradient_checkpointing_enable()
+    model.config.use_cache = False
+    vocab = model.config.vocab_size
+    groups = [Group(prompt_index=b, prompt_ids=torch.randint(0, vocab, (P,)), response_ids=torch.randint(0, vocab, (G, T)),
+                    response_mask=torch.ones(G, T, dtype=torch.bool), rewards=torch.arange(G).float() % 2,
+                    behaviour_logp=torch.full((G, T), -11.0), sampler_logp=torch.zeros(G, T), version=0)
+              for b in range(B)]
+    if importlib.util.find_spec("bitsandbytes"):
+        import bitsandbytes as bnb
+
+        opt = bnb.optim.AdamW8bit(model.parameters(), lr=1e-6)
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    update = Update(model, ESTIMATORS["gmc"], EstimatorConfig(max_new_tokens=T), budget, pad_id=0, chunk_size=1024,
+                    compute_dtype=torch.bfloat16)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    t = time.perf_counter()
+    loss, stats, _ = update.backward(groups, on_policy=False)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    return {"rows": B * G, "tokens": B * G * (P + T), "budget": budget, "optimizer": type(opt).__name__,
+            "seconds": time.perf_counter() - t, "peak_gpu_gb": torch.cuda.max_memory_allocated() / 2**30,
+            "loss": float(loss), "frac_groups_capped": stats["ratio/frac_groups_capped"]}
+
+
 def main() -> None:
     from transformers import AutoTokenizer
+
+    result["estimators"] = estimators_on_cuda()
 
     tok = AutoTokenizer.from_pretrained(TOKENIZER)
     with tempfile.TemporaryDirectory() as tmp:
@@ -76,9 +138,11 @@ def main() -> None:
         tok.save_pretrained(tmp)
         result["parameters"] = sum(p.numel() for p in model.parameters())
         result["hf_engine"] = hf_engine(model, tok)
+        result["paper_shape_update"] = paper_shape_update(qwen3_0_6b(151936))
         if importlib.util.find_spec("bitsandbytes"):
             from gmc.config import load_train_config
-            from gmc.trainer import Trainer, read_jsonl
+            from gmc.io import read_jsonl
+            from gmc.trainer import Trainer
 
             cfg = load_train_config(None, [f"model={tmp}", "model_dtype=bfloat16", "optimizer=adamw8bit", "steps=5",
                                            "checkpoint_every=0", "lr=1e-6", "prompts_per_step=8", "group_size=8",
@@ -94,9 +158,9 @@ def main() -> None:
             result["train_8bit_adamw"] = "skipped: bitsandbytes is not installed"
         if importlib.util.find_spec("vllm"):
             from gmc.data import PLAIN_TEMPLATE, SyntheticTask
-            from gmc.rollout import SamplingConfig, VLLMEngine
+            from gmc.rollout import SamplingConfig, VLLMConfig, VLLMEngine
 
-            engine = VLLMEngine(tmp, dtype="bfloat16", gpu_memory_utilization=0.3)
+            engine = VLLMEngine(tmp, cfg=VLLMConfig(gpu_memory_utilization=0.3, dtype="bfloat16"))
             prompts = [PLAIN_TEMPLATE.format(problem=r.problem) for r in SyntheticTask().generate("test", 64)]
             t = time.perf_counter()
             groups = engine.generate(prompts, 8, SamplingConfig(max_new_tokens=256))

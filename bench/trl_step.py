@@ -22,8 +22,9 @@ from common import write_result  # noqa: E402
 
 from gmc.config import load_train_config  # noqa: E402
 from gmc.data import PLAIN_TEMPLATE, SyntheticTask  # noqa: E402
+from gmc.io import read_jsonl  # noqa: E402
 from gmc.rewards import Grader  # noqa: E402
-from gmc.trainer import Trainer, read_jsonl  # noqa: E402
+from gmc.trainer import Trainer  # noqa: E402
 
 PROMPTS, G, MAX_NEW, LR = 8, 8, 48, 2e-4
 

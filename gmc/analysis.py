@@ -2,26 +2,37 @@
 
 ``collect(results)`` walks ``results/train/algo~A/delay~D/group~G/seed~S/`` and the matching
 ``results/eval/...`` folders and returns one row per run: the sweep point (parsed from the
-path), the training summary and, per benchmark, greedy accuracy and Pass@1. Tables aggregate
-seeds as mean +- std, in the paper's layout (algorithm x delay x group size; per benchmark
-greedy and Pass@1; mean over benchmarks), as CSV, Markdown and LaTeX.
+path), the training summary and, per benchmark, greedy accuracy and Pass@1 with their
+evaluation standard errors. Tables, in the paper's layout (algorithm x delay x group size;
+per benchmark greedy and Pass@1; mean over benchmarks), give every cell as mean ± 95%
+interval over seeds with the evaluation noise folded in (:func:`gmc.stats.mean_interval`),
+and the ``paired`` table gives gmc − tic and gmc − grpo at equal (delay, G, seed)
+(:func:`gmc.stats.paired_difference`); each as CSV, Markdown and LaTeX.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 import tarfile
 from pathlib import Path
 
 import pandas as pd
 
+from gmc.asynchrony import DELAY_MODES, named_delays
 from gmc.io import atomic_path, write_csv, write_text
+from gmc.stats import LEVEL, mean_interval, paired_difference
 
 POINT_RE = re.compile(r"algo~(?P<algorithm>[^/]+)/delay~(?P<delay>[^/]+)/group~(?P<group>\d+)/seed~(?P<seed>\d+)")
 FINAL_REWARD = "rollout/reward_mean_last20"
-DIAGNOSTICS = ["async/staleness_mean", "ratio/frac_groups_capped", "ratio/frac_traj_capped",
-               "ratio/frac_tokens_clipped", "ratio/ess_frac", "ratio/shortfall", "time/step_seconds"]
+DIAGNOSTICS = ["async/staleness_mean", "ratio/ess_frac", "ratio/shortfall", "time/step_seconds"]
+"""Diagnostics table columns; each estimator's own clip statistics (``ratio/frac_*``, named in its
+registry entry and kept in ``summary.json``) go after the staleness."""
+PAIRS = (("gmc", "tic"), ("gmc", "grpo"))
+"""Paired comparisons ``a − b`` of the ``paired`` table."""
+SE = "_se"
+"""Suffix of a score's evaluation standard error column (``eval/<benchmark>/pass_at_1_se``)."""
 
 
 def parse_point(path: str | Path) -> dict | None:
@@ -50,70 +61,160 @@ def collect(results: str | Path) -> pd.DataFrame:
 
 
 def eval_scores(eval_dir: Path) -> dict[str, float]:
-    """``eval/<benchmark>/greedy`` and ``eval/<benchmark>/pass_at_1`` from an evaluation folder."""
+    """``eval/<benchmark>/greedy`` and ``eval/<benchmark>/pass_at_1`` from an evaluation folder,
+    each with its standard error across problems (``..._se``; binomial for greedy)."""
     out = {}
     for f in sorted(Path(eval_dir).glob("*.json")):
         if f.name == "eval_config.json":
             continue
         ev = json.loads(f.read_text())
-        for key in ("greedy", "pass_at_1"):
-            if key in ev:
-                out[f"eval/{ev['benchmark']}/{key}"] = ev[key]
+        name = f"eval/{ev['benchmark']}"
+        if "greedy" in ev:
+            out[f"{name}/greedy"] = ev["greedy"]
+            n = ev.get("problems", 0)
+            out[f"{name}/greedy{SE}"] = math.sqrt(ev["greedy"] * (1 - ev["greedy"]) / (n - 1)) if n > 1 else math.nan
+        if "pass_at_1" in ev:
+            out[f"{name}/pass_at_1"] = ev["pass_at_1"]
+            out[f"{name}/pass_at_1{SE}"] = ev.get("pass_at_1_se", math.nan)
     return out
 
 
+def delay_order(delay: str) -> tuple[int, int]:
+    """Sort key of a ``delay~`` value: numeric delays ascending, then the named delay modes in
+    registry order (:data:`gmc.asynchrony.DELAY_MODES`)."""
+    if str(delay).isdigit():
+        return (0, int(delay))
+    named = named_delays()
+    if delay not in named:
+        raise ValueError(f"delay~{delay}: neither a number nor a named delay mode {named}")
+    return (1, named.index(delay))
+
+
+def delay_title(delay: str) -> str:
+    """``delay d = 8``, or the delay mode's label."""
+    return f"delay d = {delay}" if str(delay).isdigit() else DELAY_MODES[delay].label
+
+
 def _delay_key(col: pd.Series) -> pd.Series:
-    if col.name != "delay":
-        return col
-    return col.map(lambda d: (1, 0) if d == "latency" else (0, int(d)))  # numeric delays first
+    return col.map(delay_order) if col.name == "delay" else col
 
 
 def benchmarks_in(frame: pd.DataFrame) -> list[str]:
-    return sorted({c.split("/")[1] for c in frame.columns if c.startswith("eval/")})
+    return sorted({c.split("/")[1] for c in frame.columns if c.startswith("eval/")} - {"mean"})
 
 
-def aggregate(frame: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
-    """Mean and std over seeds per (algorithm, delay, group); ``n_seeds`` counts them."""
-    keys = ["algorithm", "delay", "group"]
-    cols = [c for c in columns if c in frame.columns]
-    grouped = frame.groupby(keys, sort=False)
-    mean = grouped[cols].mean()
-    std = grouped[cols].std(ddof=1)
-    out = mean.add_suffix(":mean").join(std.add_suffix(":std"))
-    out["n_seeds"] = grouped.size()
-    return out.reset_index()
-
-
-def main_table(frame: pd.DataFrame) -> pd.DataFrame:
+def with_benchmark_means(frame: pd.DataFrame) -> pd.DataFrame:
+    """Adds ``eval/mean/<key>`` (mean over benchmarks) and its standard error, benchmarks independent."""
     benches = benchmarks_in(frame)
     frame = frame.copy()
     for key in ("greedy", "pass_at_1"):
         cols = [f"eval/{b}/{key}" for b in benches if f"eval/{b}/{key}" in frame.columns]
         if cols:
             frame[f"eval/mean/{key}"] = frame[cols].mean(axis=1)
-    cols = [FINAL_REWARD] + [f"eval/{b}/{k}" for b in benches + ["mean"] for k in ("greedy", "pass_at_1")]
-    return aggregate(frame, cols)
+            ses = frame[[c + SE for c in cols if c + SE in frame.columns]]
+            frame[f"eval/mean/{key}{SE}"] = (ses**2).sum(axis=1, min_count=len(cols)) ** 0.5 / len(cols)
+    return frame
+
+
+def score_columns(frame: pd.DataFrame) -> list[str]:
+    """Final training reward, then greedy and Pass@1 per benchmark and their means, as present."""
+    cols = [FINAL_REWARD] + [f"eval/{b}/{k}" for b in benchmarks_in(frame) + ["mean"] for k in ("greedy", "pass_at_1")]
+    return [c for c in cols if c in frame.columns]
+
+
+def aggregate(frame: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
+    """Per (algorithm, delay, group): ``:mean``, ``:std`` (over seeds), ``:lo``, ``:hi`` and
+    ``:half`` (the 95% interval and its half-width) per column; ``n_seeds`` counts the seeds."""
+    keys = ["algorithm", "delay", "group"]
+    cols = [c for c in columns if c in frame.columns]
+    rows = []
+    for key, grp in frame.groupby(keys, sort=False):
+        row = dict(zip(keys, key), n_seeds=len(grp))
+        for col in cols:
+            se = grp[col + SE] if col + SE in grp.columns else None
+            iv = mean_interval(grp[col], se)
+            row.update({f"{col}:mean": iv.mean, f"{col}:std": iv.sd, f"{col}:lo": iv.lo, f"{col}:hi": iv.hi,
+                        f"{col}:half": iv.half})
+        rows.append(row)
+    out = pd.DataFrame(rows)
+    return out[keys + [c for c in out.columns if c not in keys and c != "n_seeds"] + ["n_seeds"]]
+
+
+def main_table(frame: pd.DataFrame) -> pd.DataFrame:
+    frame = with_benchmark_means(frame)
+    return aggregate(frame, score_columns(frame))
 
 
 def diagnostics_table(frame: pd.DataFrame) -> pd.DataFrame:
-    return aggregate(frame, DIAGNOSTICS)
+    own = [c for c in frame.columns if c.startswith("ratio/frac_")]
+    return aggregate(frame, [DIAGNOSTICS[0], *own, *DIAGNOSTICS[1:]])
 
 
-def _fmt(mean, std, n) -> str:
+def paired_table(frame: pd.DataFrame, pairs=PAIRS) -> pd.DataFrame:
+    """``a − b`` for each pair at equal (delay, group, seed), one row per (pair, delay, group,
+    metric): mean difference, 95% interval, seeds paired, seeds with the mean's sign, and
+    whether the interval excludes zero. Sweep points where either estimator is missing are skipped."""
+    frame = with_benchmark_means(frame)
+    metrics = score_columns(frame)
+    rows = []
+    for a, b in pairs:
+        fa, fb = frame[frame["algorithm"] == a], frame[frame["algorithm"] == b]
+        both = fa.merge(fb, on=["delay", "group", "seed"], suffixes=(":a", ":b"))
+        for (delay, group), grp in both.groupby(["delay", "group"], sort=False):
+            for m in metrics:
+                se_a = grp[f"{m}{SE}:a"] if f"{m}{SE}:a" in grp.columns else None
+                se_b = grp[f"{m}{SE}:b"] if f"{m}{SE}:b" in grp.columns else None
+                p = paired_difference(grp[f"{m}:a"], grp[f"{m}:b"], se_a, se_b)
+                iv = p.interval
+                rows.append(dict(comparison=f"{a} − {b}", delay=delay, group=group, metric=m, diff=iv.mean,
+                                 lo=iv.lo, hi=iv.hi, half=iv.half, n_seeds=iv.n, n_sign=p.n_sign,
+                                 excludes_zero=p.excludes_zero))
+    columns = ["comparison", "delay", "group", "metric", "diff", "lo", "hi", "half", "n_seeds", "n_sign",
+               "excludes_zero"]
+    out = pd.DataFrame(rows, columns=columns)
+    if out.empty:
+        return out
+    order = {f"{a} − {b}": i for i, (a, b) in enumerate(pairs)}
+    out["_c"] = out["comparison"].map(order)
+    out = out.sort_values(["_c", "delay", "group"], key=_delay_key, kind="stable").drop(columns="_c")
+    return out.reset_index(drop=True)
+
+
+def resolved_differences(paired: pd.DataFrame) -> list[str]:
+    """One sentence per paired difference whose 95% interval excludes zero."""
+    return [f"{r.comparison} at delay {r.delay}, G = {r.group}, {pretty(r.metric)}: {r.diff:+.3f} "
+            f"[{r.lo:+.3f}, {r.hi:+.3f}], sign in {r.n_sign}/{r.n_seeds} seeds"
+            for r in paired.itertuples() if r.excludes_zero]
+
+
+def _fmt(mean, half) -> str:
     if pd.isna(mean):
         return "-"
-    return f"{mean:.3f}" if n < 2 or pd.isna(std) else f"{mean:.3f} ± {std:.3f}"
+    return f"{mean:.3f}" if pd.isna(half) else f"{mean:.3f} ± {half:.3f}"
 
 
 def _display(table: pd.DataFrame) -> pd.DataFrame:
-    """``mean ± std`` cells with readable headers."""
+    """``mean ± half-width`` cells (95% interval over seeds) with readable headers."""
     out = table[["algorithm", "delay", "group"]].copy()
     for col in table.columns:
         if col.endswith(":mean"):
             name = col[: -len(":mean")]
-            out[pretty(name)] = [_fmt(m, s, n) for m, s, n in zip(table[col], table[f"{name}:std"], table["n_seeds"])]
+            out[pretty(name)] = [_fmt(m, h) for m, h in zip(table[col], table[f"{name}:half"])]
     out["seeds"] = table["n_seeds"]
     return out
+
+
+def _paired_display(paired: pd.DataFrame) -> pd.DataFrame:
+    """One row per (comparison, delay, group); cells ``diff ± half (sign count)``, ``*`` when
+    the interval excludes zero."""
+    rows = []
+    for (comp, delay, group), grp in paired.groupby(["comparison", "delay", "group"], sort=False):
+        row = {"comparison": comp, "delay": delay, "group": group}
+        for r in grp.itertuples():
+            cell = f"{r.diff:+.3f}" if pd.isna(r.half) else f"{r.diff:+.3f} ± {r.half:.3f}"
+            row[pretty(r.metric)] = f"{cell} ({r.n_sign}/{r.n_seeds}){' *' if r.excludes_zero else ''}"
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def pretty(name: str) -> str:
@@ -125,19 +226,17 @@ def pretty(name: str) -> str:
     return name
 
 
-def to_markdown(table: pd.DataFrame) -> str:
-    shown = _display(table)
+def _markdown(shown: pd.DataFrame) -> str:
     header = "| " + " | ".join(shown.columns) + " |"
     sep = "|" + "|".join("---" for _ in shown.columns) + "|"
     lines = ["| " + " | ".join(str(v) for v in row) + " |" for row in shown.itertuples(index=False)]
     return "\n".join([header, sep, *lines]) + "\n"
 
 
-def to_latex(table: pd.DataFrame) -> str:
-    shown = _display(table)
-
+def _latex(shown: pd.DataFrame) -> str:
     def esc(x):
-        return str(x).replace("_", r"\_").replace("±", r"$\pm$").replace("~", r"\textasciitilde{}").replace("@", "@")
+        return (str(x).replace("_", r"\_").replace("±", r"$\pm$").replace("−", "$-$")
+                .replace("~", r"\textasciitilde{}"))
 
     cols = "l" * 3 + "r" * (len(shown.columns) - 3)
     lines = [rf"\begin{{tabular}}{{{cols}}}", r"\toprule", " & ".join(esc(c) for c in shown.columns) + r" \\",
@@ -147,19 +246,44 @@ def to_latex(table: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
+def to_markdown(table: pd.DataFrame) -> str:
+    return _markdown(_display(table))
+
+
+def to_latex(table: pd.DataFrame) -> str:
+    return _latex(_display(table))
+
+
+PAIRED_NOTE = (f"Paired differences at equal (delay, G, seed): mean ± half-width of the {LEVEL:.0%} "
+               "t-interval over seeds (evaluation noise folded in), (seeds with the mean's sign / seeds "
+               "paired); * the interval excludes zero.")
+
+
+def paired_markdown(paired: pd.DataFrame) -> str:
+    resolved = resolved_differences(paired)
+    lines = [PAIRED_NOTE, "", "Differences whose interval excludes zero:"]
+    lines += [f"- {s}" for s in resolved] if resolved else ["- none"]
+    return "\n".join(lines) + "\n\n" + (_markdown(_paired_display(paired)) if len(paired) else "")
+
+
 def write_tables(results: str | Path, out: str | Path | None = None) -> dict[str, pd.DataFrame]:
-    """``main`` and ``diagnostics`` tables as CSV, Markdown and LaTeX under ``out``."""
+    """``main``, ``diagnostics`` and ``paired`` tables as CSV, Markdown and LaTeX under ``out``."""
     out = Path(out or Path(results) / "tables")
     frame = collect(results)
+    runs = frame
     base = eval_scores(Path(results) / "eval" / "base")
     if base:  # the starting point, before RL, as the first row
         frame = pd.concat([pd.DataFrame([{"algorithm": "base", "delay": "-", "group": 0, "seed": 0, **base}]), frame],
                           ignore_index=True)
-    tables = {"main": main_table(frame), "diagnostics": diagnostics_table(frame[frame["algorithm"] != "base"])}
+    tables = {"main": main_table(frame), "diagnostics": diagnostics_table(runs), "paired": paired_table(runs)}
     for name, table in tables.items():
         write_csv(table, out / f"{name}.csv")
-        write_text(out / f"{name}.md", to_markdown(table))
-        write_text(out / f"{name}.tex", to_latex(table))
+        if name == "paired":
+            write_text(out / f"{name}.md", paired_markdown(table))
+            write_text(out / f"{name}.tex", _latex(_paired_display(table)) if len(table) else "")
+        else:
+            write_text(out / f"{name}.md", to_markdown(table))
+            write_text(out / f"{name}.tex", to_latex(table))
     return tables
 
 

@@ -30,15 +30,17 @@ from __future__ import annotations
 
 import heapq
 import math
+import typing
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from functools import cached_property
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
-import torch
-from torch import Tensor
+
+if TYPE_CHECKING:  # the module itself needs no torch, so the workflow can read the registry cheaply
+    from torch import Tensor
 
 
 @dataclass
@@ -93,16 +95,19 @@ MakeGroups = Callable[[int, int], list[Group]]
 current weights, labelled ``version``."""
 
 
+Warmup = Literal["prefill", "ramp"]
+
+
 @dataclass(frozen=True)
 class DelayConfig:
     """How stale the rollouts are (method.md section 4)."""
 
-    mode: Literal["sync", "fixed", "latency"] = "fixed"
-    """``sync``: generate then train, no queue; ``fixed``: FIFO of delay ``d``; ``latency``:
-    the length-dependent latency model."""
+    mode: str = "fixed"
+    """A name of :data:`DELAY_MODES`. ``sync``: generate then train, no queue; ``fixed``: FIFO
+    of delay ``d``; ``latency``: the length-dependent latency model."""
     d: int = 0
     """Fixed delay in optimizer steps."""
-    warmup: Literal["prefill", "ramp"] = "prefill"
+    warmup: Warmup = "prefill"
     """Fixed delay warm-up [choice]; see the module docstring."""
     slots: int = 16
     """Latency model: generation slots K (groups in flight)."""
@@ -117,10 +122,10 @@ class DelayConfig:
     """Latency model: virtual seconds per optimizer step."""
 
     def __post_init__(self) -> None:
-        if self.mode not in ("sync", "fixed", "latency"):
-            raise ValueError(f"delay.mode must be 'sync', 'fixed' or 'latency', got {self.mode!r}")
-        if self.warmup not in ("prefill", "ramp"):
-            raise ValueError(f"delay.warmup must be 'prefill' or 'ramp', got {self.warmup!r}")
+        if self.mode not in DELAY_MODES:
+            raise ValueError(f"delay.mode must be one of {list(DELAY_MODES)}, got {self.mode!r}")
+        if self.warmup not in typing.get_args(Warmup):
+            raise ValueError(f"delay.warmup must be one of {typing.get_args(Warmup)}, got {self.warmup!r}")
         if self.d < 0:
             raise ValueError(f"delay.d must be >= 0, got {self.d}")
         if self.slots < 1:
@@ -300,15 +305,39 @@ class LatencySource(SyncSource):
                 "async/in_flight": float(len(self.in_flight))}
 
 
+@dataclass(frozen=True)
+class DelayMode:
+    """A registered delay mode: how to build its rollout source and how results show it."""
+
+    make: Callable[[DelayConfig, MakeGroups, int, int], SyncSource]
+    """``make(cfg, make_groups, batch_prompts, seed)``: the rollout source."""
+    label: str
+    """Name in figure titles and reports."""
+    named_point: bool
+    """The workflow sweeps it as ``delay~<name>`` (settings in config.yaml's section of that
+    name); otherwise it is not a sweep point of its own (``fixed`` runs are ``delay~<d>``)."""
+
+
+DELAY_MODES: dict[str, DelayMode] = {
+    "sync": DelayMode(lambda cfg, mg, n, seed: SyncSource(mg, n), "synchronous", named_point=False),
+    "fixed": DelayMode(lambda cfg, mg, n, seed: FixedDelaySource(mg, n, cfg.d, cfg.warmup), "fixed delay",
+                       named_point=False),
+    "latency": DelayMode(lambda cfg, mg, n, seed: LatencySource(mg, n, cfg, seed), "latency model",
+                         named_point=True),
+}
+"""Every delay mode by config name (``delay.mode``); the one place to add one."""
+
+
+def named_delays() -> list[str]:
+    """Delay modes swept by name (``delay~latency``), in registry order."""
+    return [name for name, mode in DELAY_MODES.items() if mode.named_point]
+
+
 def make_source(cfg: DelayConfig, make_groups: MakeGroups, batch_prompts: int, seed: int = 0) -> SyncSource:
-    if cfg.mode == "sync":
-        return SyncSource(make_groups, batch_prompts)
-    if cfg.mode == "fixed":
-        return FixedDelaySource(make_groups, batch_prompts, cfg.d, cfg.warmup)
-    return LatencySource(make_groups, batch_prompts, cfg, seed)
+    return DELAY_MODES[cfg.mode].make(cfg, make_groups, batch_prompts, seed)
 
 
 def staleness_stats(batch: list[Group]) -> dict[str, float]:
-    s = torch.tensor([float(g.staleness) for g in batch])
-    return {"async/staleness_mean": float(s.mean()), "async/staleness_max": float(s.max()),
-            "async/staleness_min": float(s.min())}
+    s = [g.staleness for g in batch]
+    return {"async/staleness_mean": sum(s) / len(s), "async/staleness_max": float(max(s)),
+            "async/staleness_min": float(min(s))}

@@ -1,16 +1,26 @@
-"""Command line: ``gmc <subcommand> ...`` (also ``python -m gmc``)."""
+"""Command line: ``gmc <subcommand> ...`` (also ``python -m gmc``).
+
+Progress and messages of the ``gmc`` loggers go to stderr at INFO (DEBUG with ``--debug``). An
+error ends the command with one line on stderr, ``gmc <subcommand>: error: <message>``, and exit
+status 1; ``--debug`` shows the traceback instead.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
+
+from gmc import __version__
 
 
 def build_parser() -> argparse.ArgumentParser:
     from gmc import theory
 
     parser = argparse.ArgumentParser(prog="gmc", description="Asynchronous RL post-training with group-mass capping")
+    parser.add_argument("--version", action="version", version=f"gmc {__version__}")
+    parser.add_argument("--debug", action="store_true", help="debug logging; show the traceback of an error")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("theory", help="exactly solvable checks of the paper's claims (CSV + figures)")
     theory.add_arguments(p)
@@ -23,8 +33,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_build_tiny_model)
 
+    p = sub.add_parser("build-random-model",
+                       help="build a random-init Qwen3-architecture model with Qwen3's vocabulary (no download)")
+    p.add_argument("--out", required=True, help="folder for the saved model and tokenizer")
+    p.add_argument("--hidden-size", type=int, default=64)
+    p.add_argument("--intermediate-size", type=int, default=192)
+    p.add_argument("--num-layers", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--source", default="local", choices=["local", "hub"], help="where the MATH problems come from")
+    p.add_argument("--data-root", default=None)
+    p.set_defaults(func=_build_random_model)
+
     p = sub.add_parser("grade-oracle", help="grade each benchmark's reference solutions against its gold answers")
-    p.add_argument("--data", default=None, help="local data root (default: $GMC_DATA_ROOT or ../shared/data)")
+    p.add_argument("--data", default=None, help="local data root (default: $GMC_DATA_ROOT, else data/ in the repository)")
     p.add_argument("--benchmarks", nargs="*", default=None, help="default: every benchmark with reference solutions")
     p.add_argument("--out", default=None, help="optional JSON file for the agreement table")
     p.add_argument("--timeout", type=float, default=5.0)
@@ -46,19 +67,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--benchmarks", nargs="+", default=None, help="shorthand for --set benchmarks=[...]")
     p.set_defaults(func=_evaluate)
 
-    p = sub.add_parser("mlflow-sync", help="import finished run directories into an MLflow store (idempotent)")
-    p.add_argument("run_dirs", nargs="+")
-    p.add_argument("--tracking-uri", default="sqlite:///results/mlflow.db")
-    p.add_argument("--experiment", default="gmc")
+    p = sub.add_parser("mlflow-sync", help="import run directories into MLflow, or bring earlier imports up to date")
+    p.add_argument("run_dirs", nargs="*", help="run directories (results/train/...)")
+    p.add_argument("--tracking-uri", default=None,
+                   help="default: $MLFLOW_TRACKING_URI, else sqlite:///results/mlflow.db")
+    p.add_argument("--experiment", default=None, help="default: $MLFLOW_EXPERIMENT_NAME, else gmc")
+    p.add_argument("--sweep", default=None, metavar="RESULTS",
+                   help="the sweep's results folder: make sure its parent run exists; with run directories, "
+                        "also log the base model's scores to it and mark it finished")
     p.add_argument("--out", default=None, help="optional JSON file mapping run directories to MLflow run ids")
     p.set_defaults(func=_mlflow_sync)
 
-    p = sub.add_parser("prepare-data", help="load and check the training set and benchmarks; write a manifest")
-    p.add_argument("--train", default="synthetic")
-    p.add_argument("--benchmarks", nargs="*", default=[])
+    p = sub.add_parser("prepare-data", help="download (--source hub) or check the data sets; write a manifest",
+                       description="Without --train and --benchmarks: the MATH training split and the six "
+                                   "benchmarks. --source hub downloads them into the data root (a connected "
+                                   "machine); --source local checks the files already there (offline).")
+    p.add_argument("--train", default=None, help="training set: math, synthetic or a JSONL/JSON/Parquet file")
+    p.add_argument("--benchmarks", nargs="*", default=None, help="benchmark names (synthetic: generated)")
     p.add_argument("--source", default="local", choices=["local", "hub"])
-    p.add_argument("--data-root", default=None)
-    p.add_argument("--out", required=True)
+    p.add_argument("--data-root", default=None, help="default: $GMC_DATA_ROOT, else data/ in the repository")
+    p.add_argument("--out", default=None, help="manifest file (default: <data root>/manifest.json)")
+    p.add_argument("--check", default=None, metavar="MANIFEST",
+                   help="fail unless every file has the rows and sha256 of this earlier manifest")
     p.set_defaults(func=_prepare_data)
 
     p = sub.add_parser("fetch-model", help="download a model from the Hugging Face hub into a folder")
@@ -82,22 +112,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("bundle")
     p.add_argument("--results", default="results")
     p.set_defaults(func=_import)
+    for p in sub.choices.values():  # --debug also after the subcommand
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return parser
 
 
 def _prepare_data(args: argparse.Namespace) -> None:
-    """Load every set the sweep needs with the loaders training and evaluation use."""
-    from gmc.config import TrainConfig
-    from gmc.evaluate import EvalConfig, benchmark_records
-    from gmc.io import write_json
-    from gmc.trainer import training_records
+    """Download or check every set named (default: all registered) and write the manifest."""
+    from pathlib import Path
 
-    train = TrainConfig(train_data=args.train, data_source=args.source, data_root=args.data_root)
-    manifest = {f"train/{args.train}": len(training_records(train))}
-    evaluation = EvalConfig(data_source=args.source, data_root=args.data_root)
-    for name in args.benchmarks:
-        manifest[f"eval/{name}"] = len(benchmark_records(name, evaluation))
-    write_json(args.out, manifest)
+    from gmc.data import data_root
+    from gmc.io import write_json
+    from gmc.prepare import MANIFEST, check_manifest, prepare, registered
+
+    names = ([args.train] if args.train else []) + list(args.benchmarks or [])
+    manifest = prepare(names or registered(), args.data_root, args.source)
+    if args.check:
+        check_manifest(json.loads(Path(args.check).read_text()), args.data_root)
+    write_json(args.out or data_root(args.data_root) / MANIFEST, manifest)
     print(json.dumps(manifest, indent=2))
 
 
@@ -157,24 +189,40 @@ def _evaluate(args: argparse.Namespace) -> None:
 
 def _mlflow_sync(args: argparse.Namespace) -> None:
     from gmc.io import write_json
-    from gmc.tracking import sync_run
+    from gmc.tracking import resolve_experiment, resolve_uri, sync_run, sync_sweep
 
+    if not args.run_dirs and not args.sweep:
+        raise ValueError("mlflow-sync: give run directories, --sweep RESULTS, or both")
+    uri, experiment = resolve_uri(args.tracking_uri), resolve_experiment(args.experiment)
+    out: dict = {"tracking_uri": uri, "experiment": experiment}
+    if args.sweep:
+        out["sweep"] = sync_sweep(args.sweep, uri, experiment, finish=bool(args.run_dirs))
     synced = {}
     for run_dir in args.run_dirs:
-        synced[run_dir] = sync_run(run_dir, args.tracking_uri, args.experiment)
+        synced[run_dir] = sync_run(run_dir, uri, experiment)
         print(f"{run_dir} -> MLflow run {synced[run_dir]}")
     if args.out:
-        write_json(args.out, {"tracking_uri": args.tracking_uri, "runs": synced})
+        write_json(args.out, {**out, "runs": synced})
 
 
 def _build_tiny_model(args: argparse.Namespace) -> None:
-    from gmc.policy import TinyModelConfig, build_tiny_model
+    from gmc.tiny import TinyModelConfig, build_tiny_model
 
     cfg = TinyModelConfig(target_accuracy=args.target_accuracy, max_steps=args.max_steps,
                           seed=args.seed)
     summary = build_tiny_model(args.out, cfg)
     print(f"tiny model: {summary['parameters']:,} parameters, greedy accuracy {summary['greedy_accuracy']:.3f} "
           f"after {summary['steps']} steps in {summary['seconds']:.0f} s -> {args.out}")
+
+
+def _build_random_model(args: argparse.Namespace) -> None:
+    from gmc.random_model import RandomModelConfig, build_random_qwen3
+
+    cfg = RandomModelConfig(hidden_size=args.hidden_size, intermediate_size=args.intermediate_size,
+                            num_layers=args.num_layers, seed=args.seed)
+    summary = build_random_qwen3(args.out, cfg, data_root=args.data_root, data_source=args.source)
+    print(f"random Qwen3-architecture model: {summary['parameters']:,} parameters, {summary['vocab_rows']:,} "
+          f"vocabulary rows, {summary['tokenizer_entries']:,} tokenizer entries -> {args.out}")
 
 
 def _grade_oracle(args: argparse.Namespace) -> None:
@@ -188,10 +236,38 @@ def _grade_oracle(args: argparse.Namespace) -> None:
         write_json(args.out, table)
 
 
+def _configure_logging(debug: bool) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+    gmc_log = logging.getLogger("gmc")
+    gmc_log.handlers[:] = [handler]
+    gmc_log.setLevel(logging.DEBUG if debug else logging.INFO)
+    gmc_log.propagate = False
+
+
+def error_line(e: BaseException) -> str:
+    """An exception as one line: its message (whitespace collapsed), and the exception's type
+    where the message alone would not say what went wrong."""
+    message = " ".join(str(e).split())
+    if not message or isinstance(e, (KeyError, AttributeError, TypeError, IndexError, AssertionError)):
+        message = f"{type(e).__name__}: {message}" if message else type(e).__name__
+    return message
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    args.func(args)
+    _configure_logging(args.debug)
+    try:
+        args.func(args)
+    except KeyboardInterrupt:
+        print(f"gmc {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:
+        if args.debug:
+            raise
+        print(f"gmc {args.command}: error: {error_line(e)} (--debug for the traceback)", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -3,9 +3,10 @@
 
 Every source becomes a list of :class:`Record` (``id``, ``problem``, ``answer`` as a
 normalised string, ``source``, and the original fields in ``meta``). A registered set loads
-either from a local file under a data root (JSONL, JSON or Parquet; ``../shared/data`` in this
-repository's layout) or from the Hugging Face hub on a connected machine. The synthetic task
-is generated from a seed and is the default training and evaluation data of the CPU run.
+either from a local file under a data root (JSONL, JSON or Parquet; ``$GMC_DATA_ROOT``, else
+``data/`` in the repository, filled by ``gmc prepare-data``, see :mod:`gmc.prepare`) or from
+the Hugging Face hub on a connected machine. The synthetic task is generated from a seed and
+is the default training and evaluation data of the CPU run.
 
 Bad input raises :class:`DataError` naming the file and line, or the setting to change.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import random
 import re
@@ -63,26 +65,47 @@ class DatasetSpec:
     id_field: str | None = None
     hub_answer_from_boxed: bool = False
     """The hub copy has no answer field: take the last ``\\boxed{}`` of its answer field."""
+    label: str = ""
+    """Name in tables, figures and reports."""
+    k: int = 4
+    """Benchmarks: samples per problem for Pass@1 by default (``evaluate.samples`` overrides)."""
+    solution_field: str | None = None
+    """Benchmarks: the field holding a worked reference solution (for ``gmc grade-oracle``)."""
 
 
 BENCHMARKS: dict[str, DatasetSpec] = {
-    "math500": DatasetSpec("benchmarks/math500/test.jsonl", "HuggingFaceH4/MATH-500", id_field="unique_id"),
-    "aime24": DatasetSpec("benchmarks/aime24/test.jsonl", "HuggingFaceH4/aime_2024", hub_split="train", id_field="id"),
-    "aime25": DatasetSpec("benchmarks/aime25/test.jsonl", "math-ai/aime25", id_field="id"),
-    "amc23": DatasetSpec("benchmarks/amc23/test.jsonl", "math-ai/amc23", hub_problem_field="question", id_field="id"),
-    "minerva_math": DatasetSpec("benchmarks/minerva_math/test.jsonl", "math-ai/minervamath", hub_problem_field="question", id_field="idx"),
-    "olympiadbench": DatasetSpec("benchmarks/olympiadbench/test.jsonl", "math-ai/olympiadbench", hub_problem_field="question", hub_answer_field="final_answer", id_field="id"),
+    "math500": DatasetSpec("benchmarks/math500/test.jsonl", "HuggingFaceH4/MATH-500", id_field="unique_id",
+                           label="MATH500", solution_field="solution"),
+    "aime24": DatasetSpec("benchmarks/aime24/test.jsonl", "HuggingFaceH4/aime_2024", hub_split="train", id_field="id",
+                          label="AIME 2024", k=16, solution_field="solution"),
+    "aime25": DatasetSpec("benchmarks/aime25/test.jsonl", "math-ai/aime25", id_field="id", label="AIME 2025", k=16),
+    "amc23": DatasetSpec("benchmarks/amc23/test.jsonl", "math-ai/amc23", hub_problem_field="question", id_field="id",
+                         label="AMC 2023", k=16),
+    "minerva_math": DatasetSpec("benchmarks/minerva_math/test.jsonl", "math-ai/minervamath",
+                                hub_problem_field="question", id_field="idx", label="Minerva Math",
+                                solution_field="solution"),
+    "olympiadbench": DatasetSpec("benchmarks/olympiadbench/test.jsonl", "math-ai/olympiadbench",
+                                 hub_problem_field="question", hub_answer_field="final_answer", id_field="id",
+                                 label="OlympiadBench", solution_field="solution"),
 }
-"""The six evaluation benchmarks of method.md section 5."""
+"""The six evaluation benchmarks of method.md section 5; the one place to add one."""
+
+SYNTHETIC = DatasetSpec("", "", label="synthetic arithmetic", k=4)
+"""The generated benchmark ``synthetic`` (the synthetic task's test split): no file, no hub copy."""
 
 TRAIN_SETS: dict[str, DatasetSpec] = {
     "math": DatasetSpec("train/math/train.jsonl", "DigitalLearningGmbH/MATH-lighteval", hub_split="train",
-                        hub_answer_field="solution", hub_answer_from_boxed=True),
+                        hub_answer_field="solution", hub_answer_from_boxed=True, label="MATH train split"),
 }
 """Training sets: the MATH training split."""
 
-REFERENCE_SOLUTION_FIELDS = {"math500": "solution", "minerva_math": "solution", "aime24": "solution", "olympiadbench": "solution"}
+REFERENCE_SOLUTION_FIELDS = {name: spec.solution_field for name, spec in BENCHMARKS.items() if spec.solution_field}
 """Benchmarks whose data carries a worked reference solution (used by the grading oracle)."""
+
+
+def benchmark_specs() -> dict[str, DatasetSpec]:
+    """Every benchmark name ``evaluate.benchmarks`` accepts: ``synthetic``, then the registered six."""
+    return {"synthetic": SYNTHETIC, **BENCHMARKS}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -90,42 +113,54 @@ REFERENCE_SOLUTION_FIELDS = {"math500": "solution", "minerva_math": "solution", 
 
 _INT_RE = re.compile(r"^[+-]?\d+$")
 _FLOAT_INT_RE = re.compile(r"^([+-]?\d+)\.0*$")
+_DOLLAR_RE = re.compile(r"(?<!\\)\$")  # an unescaped $
+
+
+def canonical_int(digits: str) -> str:
+    """``"+007"`` -> ``"7"``, ``"-0"`` -> ``"0"``: as ``str(int(x))``, without Python's limit on
+    the number of digits an ``int`` may be parsed from."""
+    sign = "-" if digits.startswith("-") else ""
+    body = digits.lstrip("+-").lstrip("0") or "0"
+    return ("" if body == "0" else sign) + body
 
 
 def normalize_gold(value: Any) -> str:
-    """Gold answers as strings: ``"025"`` -> ``"25"``, ``27.0`` -> ``"27"``, list -> joined,
-    surrounding ``$`` and whitespace removed; everything else kept as written."""
+    """Gold answers as strings: ``"025"`` -> ``"25"``, ``27.0`` -> ``"27"``, surrounding ``$``
+    and whitespace removed; a list (OlympiadBench's ``final_answer``, e.g. ``["$69$,$84$"]``)
+    -> its items without ``$`` delimiters, joined by commas (``"69,84"``, as in the local copy);
+    everything else kept as written. Integers of any length are handled as text."""
     if isinstance(value, bool):
         raise TypeError("a boolean is not a gold answer")
     if isinstance(value, (list, tuple)):
-        return ",".join(normalize_gold(v) for v in value)
+        return ",".join(normalize_gold(_DOLLAR_RE.sub("", str(v))) for v in value)
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
     text = str(value).strip().strip("$").strip()
     if _INT_RE.match(text):
-        return str(int(text))
+        return canonical_int(text)
     m = _FLOAT_INT_RE.match(text)
     if m:
-        return str(int(m.group(1)))
+        return canonical_int(m.group(1))
     return text
 
 
+_BOXED_OPEN = re.compile(r"\\(?:boxed|fbox)\s*\{")
+
+
 def last_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}`` or ``\\fbox{...}`` (nested braces), else None."""
-    start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
-    while start >= 0:
-        i = text.find("{", start)
-        if i >= 0 and text[start:i].strip() in ("\\boxed", "\\fbox"):
-            depth = 0
-            for j in range(i, len(text)):
-                if text[j] == "{":
-                    depth += 1
-                elif text[j] == "}":
-                    depth -= 1
-                    if depth == 0:
-                        return text[i + 1 : j]
-        # unbalanced or not followed by a brace: try an earlier one
-        start = max(text.rfind("\\boxed", 0, start), text.rfind("\\fbox", 0, start))
+    """Content of the last ``\\boxed{...}`` or ``\\fbox{...}`` whose braces balance (nested
+    braces matched), else None. Linear time: one pass pairs every brace."""
+    closing: dict[int, int] = {}
+    stack: list[int] = []
+    for m in re.finditer(r"[{}]", text):
+        if m.group() == "{":
+            stack.append(m.start())
+        elif stack:
+            closing[stack.pop()] = m.start()
+    for m in reversed(list(_BOXED_OPEN.finditer(text))):
+        start = m.end() - 1
+        if start in closing:
+            return text[start + 1 : closing[start]]
     return None
 
 
@@ -133,15 +168,18 @@ def last_boxed(text: str) -> str | None:
 # file loading
 
 
+DEFAULT_DATA_ROOT = Path(__file__).resolve().parents[1] / "data"
+"""``data/`` in the repository (git-ignored): where ``gmc prepare-data`` puts the files."""
+
+
 def data_root(root: str | os.PathLike | None = None) -> Path:
-    """The local data root: the argument, else ``$GMC_DATA_ROOT``, else ``../shared/data``
-    beside the package's repository."""
+    """The local data root: the argument, else ``$GMC_DATA_ROOT``, else :data:`DEFAULT_DATA_ROOT`."""
     if root is not None:
         return Path(root)
     env = os.environ.get(DEFAULT_DATA_ROOT_ENV)
     if env:
         return Path(env)
-    return Path(__file__).resolve().parents[2] / "shared" / "data"
+    return DEFAULT_DATA_ROOT
 
 
 def read_rows(path: str | os.PathLike) -> list[tuple[int, dict[str, Any]]]:
@@ -149,16 +187,19 @@ def read_rows(path: str | os.PathLike) -> list[tuple[int, dict[str, Any]]]:
     its 1-based line (JSONL) or row number."""
     path = Path(path)
     if not path.exists():
-        raise DataError(f"{path}: file not found (set the data root with --data-root or ${DEFAULT_DATA_ROOT_ENV})")
+        raise DataError(f"{path}: file not found (set the data root with --data-root, data.root or "
+                        f"${DEFAULT_DATA_ROOT_ENV}; `gmc prepare-data --source hub` fills it)")
     suffix = path.suffix.lower()
     if suffix == ".parquet":
         import pandas as pd
 
         frame = pd.read_parquet(path)
-        rows = [(i + 1, row) for i, row in enumerate(frame.to_dict(orient="records"))]
+        rows = [(i + 1, {k: v.tolist() if hasattr(v, "tolist") else v for k, v in row.items()})  # numpy -> Python
+                for i, row in enumerate(frame.to_dict(orient="records"))]
     elif suffix == ".json":
+        data = path.read_bytes()
         try:
-            obj = json.loads(path.read_text())
+            obj = json.loads(_decode(data, path, 1), parse_int=_parse_int)
         except json.JSONDecodeError as e:
             raise DataError(f"{path}:{e.lineno}: invalid JSON: {e.msg}") from None
         if isinstance(obj, dict) and isinstance(obj.get("data"), list):
@@ -168,12 +209,13 @@ def read_rows(path: str | os.PathLike) -> list[tuple[int, dict[str, Any]]]:
         rows = list(enumerate(obj, start=1))
     elif suffix in (".jsonl", ".ndjson"):
         rows = []
-        with path.open() as fh:
-            for lineno, line in enumerate(fh, start=1):
+        with path.open("rb") as fh:
+            for lineno, raw in enumerate(fh, start=1):
+                line = _decode(raw, path, lineno)
                 if not line.strip():
                     continue
                 try:
-                    rows.append((lineno, json.loads(line)))
+                    rows.append((lineno, json.loads(line, parse_int=_parse_int)))
                 except json.JSONDecodeError as e:
                     raise DataError(f"{path}:{lineno}: invalid JSON: {e.msg}") from None
     else:
@@ -186,6 +228,32 @@ def read_rows(path: str | os.PathLike) -> list[tuple[int, dict[str, Any]]]:
     return rows
 
 
+def _decode(data: bytes, path: Path, first_line: int) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = first_line + data.count(b"\n", 0, e.start)
+        raise DataError(f"{path}:{line}: not UTF-8 text (byte 0x{data[e.start]:02x})") from None
+
+
+def _parse_int(digits: str) -> int | str:
+    """JSON integers; one too long for Python's int conversion is kept as its digits."""
+    return int(digits) if len(digits) <= 4000 else digits
+
+
+def _check_types(row: dict, where: str, lineno: int, name: str, problem_field: str, answer_field: str) -> None:
+    if not isinstance(row[problem_field], str):
+        raise DataError(f"{where}:{lineno}: field {problem_field!r} must be text, got "
+                        f"{type(row[problem_field]).__name__} (dataset {name!r})")
+    answer = row[answer_field]
+    parts = answer if isinstance(answer, (list, tuple)) else [answer]
+    for part in parts:
+        if isinstance(part, bool) or not isinstance(part, (str, int, float)) or (
+                isinstance(part, float) and not math.isfinite(part)):
+            raise DataError(f"{where}:{lineno}: field {answer_field!r} must be text, a finite number or a list of "
+                            f"them, got {part!r} (dataset {name!r})")
+
+
 def records_from_rows(rows, name: str, spec: DatasetSpec, where: str, problem_field: str,
                       answer_field: str, answer_from_boxed: bool = False) -> list[Record]:
     """Normalise raw rows; missing fields raise, duplicates (same problem text) are reported."""
@@ -196,6 +264,7 @@ def records_from_rows(rows, name: str, spec: DatasetSpec, where: str, problem_fi
         for fname in (problem_field, answer_field):
             if fname not in row or row[fname] is None or (isinstance(row[fname], str) and not row[fname].strip()):
                 raise DataError(f"{where}:{lineno}: missing or empty field {fname!r} (dataset {name!r})")
+        _check_types(row, where, lineno, name, problem_field, answer_field)
         answer = row[answer_field]
         if answer_from_boxed:
             answer = last_boxed(str(answer))
@@ -235,6 +304,8 @@ def load_dataset(name: str, source: str = "local", root: str | os.PathLike | Non
     ``datasets.load_dataset(spec.hub_id, ...)`` (needs a network connection).
     """
     spec = _spec(name)
+    if limit is not None and limit < 1:
+        raise DataError(f"limit must be >= 1 (or None for every problem), got {limit}")
     if source == "local":
         path = data_root(root) / spec.local
         rows = read_rows(path)
@@ -256,7 +327,13 @@ def _load_hub(name: str, spec: DatasetSpec) -> list[Record]:
             f"could not load dataset {name!r} from the hub ({spec.hub_id}, split {spec.hub_split}): {e}. "
             "Offline? Set data.source: local and data.root to a folder holding the files."
         ) from e
-    rows = list(enumerate(ds, start=1))
+    return hub_records(name, spec, ds)
+
+
+def hub_records(name: str, spec: DatasetSpec, rows) -> list[Record]:
+    """Records from the rows of a hub copy (a ``datasets.Dataset`` or any iterable of dicts),
+    mapped through the spec's hub field names."""
+    rows = list(enumerate(rows, start=1))
     where = f"hub:{spec.hub_id}[{spec.hub_split}]"
     return records_from_rows(rows, name, spec, where, spec.hub_problem_field or spec.problem_field,
                              spec.hub_answer_field or spec.answer_field, spec.hub_answer_from_boxed)

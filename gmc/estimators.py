@@ -33,6 +33,7 @@ added when ``kl_coef > 0`` and ``ref_logp`` is given.
 from __future__ import annotations
 
 import math
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Literal
@@ -41,7 +42,8 @@ import torch
 from torch import Tensor
 
 Aggregation = Literal["token_mean", "seq_mean", "seq_sum_const"]
-AGGREGATIONS: tuple[str, ...] = ("token_mean", "seq_mean", "seq_sum_const")
+AGGREGATIONS: tuple[str, ...] = typing.get_args(Aggregation)
+TicMode = Literal["truncate", "ppo_min"]
 TRAJECTORY_METHODS: tuple[str, ...] = ("tic", "gmc", "is", "none")
 ADV_EPS = 1e-6
 
@@ -64,7 +66,7 @@ class EstimatorConfig:
     """``gspo`` sequence-ratio clip, lower side (GSPO paper's value)."""
     gspo_eps_high: float = 4e-4
     """``gspo`` sequence-ratio clip, upper side (GSPO paper's value)."""
-    tic_mode: Literal["truncate", "ppo_min"] = "truncate"
+    tic_mode: TicMode = "truncate"
     """TIC-GRPO semantics [choice]: ``truncate`` (detached ``min(rho, 1+eps)``) or ``ppo_min``
     (``min(rho A, min(rho, 1+eps) A)`` with the gradient through ``rho``)."""
     length_corrected: bool = False
@@ -91,12 +93,14 @@ class EstimatorConfig:
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"EstimatorConfig.{name} must be a finite number >= 0, got {value!r}")
+        if not (isinstance(self.is_log_ratio_clamp, (int, float)) and math.isfinite(self.is_log_ratio_clamp)
+                and self.is_log_ratio_clamp > 0):
+            raise ValueError(f"EstimatorConfig.is_log_ratio_clamp must be a finite number > 0, "
+                             f"got {self.is_log_ratio_clamp!r}")
         if self.eps_low >= 1:
             raise ValueError(f"EstimatorConfig.eps_low must be < 1, got {self.eps_low!r}")
-        if self.tic_mode not in ("truncate", "ppo_min"):
-            raise ValueError(
-                f"EstimatorConfig.tic_mode must be 'truncate' or 'ppo_min', got {self.tic_mode!r}"
-            )
+        if self.tic_mode not in typing.get_args(TicMode):
+            raise ValueError(f"EstimatorConfig.tic_mode must be one of {typing.get_args(TicMode)}, got {self.tic_mode!r}")
         if self.aggregation is not None and self.aggregation not in AGGREGATIONS:
             raise ValueError(
                 f"EstimatorConfig.aggregation must be one of {AGGREGATIONS} or None, "
@@ -230,7 +234,7 @@ def _ratio_stats(log_ratio: Tensor, token_l: Tensor, mask: Tensor) -> dict[str, 
     m = mask.bool()
     l_tok = token_l.clamp(-50, 50)
     k3 = torch.where(m, torch.expm1(l_tok) - l_tok, torch.zeros_like(l_tok))
-    q = torch.quantile(log_m, torch.tensor([0.5, 0.9]))
+    q = torch.quantile(log_m, torch.tensor([0.5, 0.9], device=log_m.device))
     return {
         "ratio/log_ratio_mean": float(L.mean()),
         "ratio/log_ratio_max": float(L.max()),
@@ -362,15 +366,40 @@ def tis_loss(logp, logp_behavior, mask, advantages, cfg: EstimatorConfig, ref_lo
 
 LossFn = Callable[..., tuple[Tensor, dict[str, float]]]
 
-ESTIMATORS: dict[str, LossFn] = {
-    "grpo": grpo_loss,
-    "tic": tic_loss,
-    "gmc": gmc_loss,
-    "is": is_loss,
-    "none": none_loss,
-    "gspo": gspo_loss,
-    "tis": tis_loss,
+
+@dataclass(frozen=True)
+class Estimator:
+    """A registered estimator: its loss and what tables and figures need to show it."""
+
+    loss: LossFn
+    label: str
+    """Name in figure legends and reports."""
+    diagnostics: tuple[str, ...]
+    """Its own clip/cap statistics among the stats it returns (tables and summaries report them)."""
+    color: str
+    """Matplotlib colour of its lines."""
+
+
+REGISTRY: dict[str, Estimator] = {
+    "grpo": Estimator(grpo_loss, "GRPO", ("ratio/frac_tokens_clipped",), "tab:blue"),
+    "tic": Estimator(tic_loss, "TIC-GRPO", ("ratio/frac_traj_capped",), "tab:orange"),
+    "gmc": Estimator(gmc_loss, "GMC-GRPO", ("ratio/frac_groups_capped",), "tab:green"),
+    "is": Estimator(is_loss, "IS (uncapped)", (), "tab:red"),
+    "none": Estimator(none_loss, "no correction", (), "tab:gray"),
+    "gspo": Estimator(gspo_loss, "GSPO", ("ratio/frac_seq_clipped",), "tab:purple"),
+    "tis": Estimator(tis_loss, "token TIS", ("ratio/frac_tokens_clipped",), "tab:brown"),
 }
+"""Every estimator by config name (``algorithm``); the one place to add one."""
+
+ESTIMATORS: dict[str, LossFn] = {name: e.loss for name, e in REGISTRY.items()}
+
+SHARED_DIAGNOSTICS: tuple[str, ...] = ("ratio/ess_frac", "ratio/shortfall")
+"""Statistics of the trajectory weights that the tables report for every estimator that has them."""
+
+
+def diagnostic_names() -> list[str]:
+    """Every registered estimator's own diagnostics, then the shared ones, without repeats."""
+    return list(dict.fromkeys([*(d for e in REGISTRY.values() for d in e.diagnostics), *SHARED_DIAGNOSTICS]))
 
 
 def get_estimator(name: str) -> LossFn:

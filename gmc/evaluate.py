@@ -6,7 +6,9 @@ give Pass@1, the mean correctness over samples, with its standard error across p
 the unbiased pass@k' estimator ``1 - C(n-c, k') / C(n, k')`` for every ``k' <= k``.
 
 Writes ``<out>/<benchmark>.json`` (the summary) and ``<out>/<benchmark>.completions.jsonl``
-(every completion with its extracted answer and grade), atomically.
+(every completion with its extracted answer and grade), atomically. The engine is called on
+chunks of about ``SAMPLES_PER_CALL`` completions, and the progress bar of each benchmark counts
+its completions (problems times ``1 + k``).
 """
 
 from __future__ import annotations
@@ -16,17 +18,20 @@ import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from tqdm import tqdm
 
-from gmc.data import BENCHMARKS, SyntheticTask, format_prompt, load_dataset
+from gmc.config import ConfigError, check_number
+from gmc.data import BENCHMARKS, SyntheticTask, benchmark_specs, format_prompt, load_dataset
 from gmc.io import atomic_path, write_json
 from gmc.rewards import Grader
-from gmc.rollout import SamplingConfig, make_engine
+from gmc.rollout import SamplingConfig, VLLMConfig, make_engine
 
-DEFAULT_SAMPLES = {"aime24": 16, "aime25": 16, "amc23": 16, "math500": 4, "minerva_math": 4, "olympiadbench": 4,
-                   "synthetic": 4}
-"""Samples per problem for Pass@1 (method.md section 5)."""
+DEFAULT_SAMPLES = {name: spec.k for name, spec in benchmark_specs().items()}
+"""Samples per problem for Pass@1 (method.md section 5), from the benchmark registry."""
+SAMPLES_PER_CALL = 512
+"""Completions per engine call (a chunk of problems with all their samples)."""
 
 
 @dataclass(frozen=True)
@@ -38,21 +43,55 @@ class EvalConfig:
     samples: dict[str, int] = field(default_factory=dict)
     """Samples per problem for Pass@1, per benchmark (default :data:`DEFAULT_SAMPLES`)."""
     temperature: float = 0.6
+    """Sampling temperature of the Pass@1 samples."""
     top_p: float = 0.95
+    """Nucleus sampling of the Pass@1 samples."""
     max_new_tokens: int = 48
+    """Token limit of every answer, greedy and sampled."""
     greedy: bool = True
     """Also decode greedily (temperature 0) for the greedy accuracy."""
     limit: int | None = None
     """Evaluate only the first ``limit`` problems of each benchmark (quick runs)."""
     synthetic_problems: int = 200
+    """Problems of the ``synthetic`` benchmark (the synthetic task's test split)."""
     synthetic: SyntheticTask = field(default_factory=SyntheticTask)
+    """Difficulty knobs of the synthetic task (as in training)."""
     data_root: str | None = None
-    data_source: str = "local"
-    engine: str = "hf"
+    """Local data root (default ``$GMC_DATA_ROOT``, else ``data/`` in the repository)."""
+    data_source: Literal["local", "hub"] = "local"
+    """Registered benchmarks: read the local copy or the Hugging Face hub."""
+    engine: Literal["hf", "vllm"] = "hf"
+    """Decoding engine: ``hf`` (any machine) or ``vllm`` (GPU)."""
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
+    """Settings of the vLLM engine (``engine: vllm``), as in training."""
     device: str = "auto"
-    model_dtype: str = "float32"
+    """``auto`` (CUDA when available), ``cpu`` or ``cuda[:i]``."""
+    model_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Parameter dtype of the evaluated model."""
     thinking: bool = False
+    """Qwen3 thinking mode in the chat template."""
     seed: int = 1234
+    """Seed of the sampled answers."""
+
+    def __post_init__(self) -> None:
+        known = sorted(BENCHMARKS) + ["synthetic"]
+        unknown = [name for name in self.benchmarks if name not in known]
+        if not self.benchmarks or unknown:
+            raise ConfigError(f"benchmarks: unknown {unknown or 'none given'}; known: {known}", key="benchmarks")
+        bad = {k: v for k, v in self.samples.items() if isinstance(v, bool) or not isinstance(v, int) or v < 0}
+        if bad:
+            raise ConfigError(f"samples: must be integers >= 0, got {bad}", key="samples")
+        if self.limit is not None and self.limit < 1:
+            raise ConfigError(f"limit: must be >= 1 (or null for every problem), got {self.limit}", key="limit")
+        check_number(self, "temperature", 0, 10)  # 0: the samples are greedy
+        check_number(self, "top_p", 0, 1, low_open=True)
+        for name, low in (("max_new_tokens", 1), ("synthetic_problems", 1), ("seed", 0)):
+            if getattr(self, name) < low:
+                raise ConfigError(f"{name}: must be >= {low}, got {getattr(self, name)}", key=name)
+        for name, allowed in (("engine", ("hf", "vllm")), ("data_source", ("local", "hub")),
+                              ("model_dtype", ("float32", "bfloat16", "float16"))):
+            if getattr(self, name) not in allowed:
+                raise ConfigError(f"{name}: must be one of {allowed}, got {getattr(self, name)!r}", key=name)
 
     def k_for(self, name: str) -> int:
         return int(self.samples.get(name, DEFAULT_SAMPLES.get(name, 4)))
@@ -95,35 +134,50 @@ def summarize(name: str, golds: list[str], greedy_correct: list[bool] | None,
     return out
 
 
+def _generate(engine, prompts: list[str], k: int, sampling: SamplingConfig, bar) -> list:
+    """``engine.generate(prompts, k, sampling)`` in chunks of problems, advancing ``bar`` by the
+    completions of each chunk."""
+    step = max(1, SAMPLES_PER_CALL // k)
+    groups = []
+    for start in range(0, len(prompts), step):
+        chunk = prompts[start : start + step]
+        groups += engine.generate(chunk, k, sampling)
+        bar.update(len(chunk) * k)
+    return groups
+
+
 def evaluate(model_path: str, out: str | Path, cfg: EvalConfig = EvalConfig(), progress: bool = True) -> dict[str, dict]:
     """Evaluate one checkpoint on ``cfg.benchmarks``; returns the summaries by benchmark."""
     from gmc.policy import load_policy
 
     out = Path(out)
+    tasks = {name: benchmark_records(name, cfg) for name in cfg.benchmarks}  # bad data fails before the model loads
     model, tokenizer = load_policy(model_path, cfg.model_dtype, cfg.device)
     model.eval()
-    engine = make_engine(cfg.engine, model, tokenizer, model_path=model_path, seed=cfg.seed)
+    engine = make_engine(cfg.engine, model, tokenizer, model_path=model_path, seed=cfg.seed, vllm=cfg.vllm)
     summaries = {}
     with Grader() as grader:
-        for name in tqdm(cfg.benchmarks, desc="evaluate", disable=not progress):
+        for name in cfg.benchmarks:
             start = time.time()
-            records = benchmark_records(name, cfg)
+            records = tasks[name]
             prompts = [format_prompt(tokenizer, r.problem, cfg.thinking) for r in records]
             golds = [r.answer for r in records]
             rows = []
             greedy_correct = None
+            k = cfg.k_for(name)
+            bar = tqdm(total=len(records) * (int(cfg.greedy) + k), desc=f"evaluate {name} ({len(records)} problems)",
+                       unit="completion", disable=not progress)
             if cfg.greedy:
-                groups = engine.generate(prompts, 1, SamplingConfig(0.0, 1.0, cfg.max_new_tokens))
+                groups = _generate(engine, prompts, 1, SamplingConfig(0.0, 1.0, cfg.max_new_tokens), bar)
                 grades = grader.grade_batch([g[0].text for g in groups], golds)
                 greedy_correct = [g.correct for g in grades]
                 rows += [{"id": r.id, "mode": "greedy", "sample": 0, "completion": g[0].text, "answer": gr.answer,
                           "gold": r.answer, "correct": gr.correct, "reason": gr.reason, "length": g[0].length}
                          for r, g, gr in zip(records, groups, grades)]
-            k = cfg.k_for(name)
             sample_correct: list[list[bool]] = []
             if k:
                 sampling = SamplingConfig(cfg.temperature, cfg.top_p, cfg.max_new_tokens)
-                groups = engine.generate(prompts, k, sampling)
+                groups = _generate(engine, prompts, k, sampling, bar)
                 grades = grader.grade_batch([s.text for g in groups for s in g], [a for a in golds for _ in range(k)])
                 for i, (r, g) in enumerate(zip(records, groups)):
                     row_grades = grades[i * k : (i + 1) * k]
@@ -131,6 +185,7 @@ def evaluate(model_path: str, out: str | Path, cfg: EvalConfig = EvalConfig(), p
                     rows += [{"id": r.id, "mode": "sample", "sample": j, "completion": s.text, "answer": gr.answer,
                               "gold": r.answer, "correct": gr.correct, "reason": gr.reason, "length": s.length}
                              for j, (s, gr) in enumerate(zip(g, row_grades))]
+            bar.close()
             summary = summarize(name, golds, greedy_correct, sample_correct)
             summary.update({"model": str(model_path), "temperature": cfg.temperature, "top_p": cfg.top_p,
                             "max_new_tokens": cfg.max_new_tokens, "seconds": round(time.time() - start, 2)})

@@ -1,5 +1,9 @@
-"""Atomic file output: every artefact is written to a temporary file beside its target and
-renamed into place, so an interrupted job never leaves a file that looks finished."""
+"""File input and output without heavy dependencies: every artefact is written to a temporary
+file beside its target and renamed into place, so an interrupted job never leaves a file that
+looks finished; JSONL metrics files are read tolerating a torn last line; nested configs are
+flattened to dotted keys. Files and folders get the modes the umask allows (644 and 755
+under umask 022), not the private ones of ``mkstemp``/``mkdtemp``. Imports nothing from the
+rest of the package."""
 
 from __future__ import annotations
 
@@ -13,6 +17,12 @@ from pathlib import Path
 from typing import Any
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 @contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path in the target's folder; rename it onto ``path`` on success."""
@@ -23,6 +33,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     tmp_path = Path(tmp)
     try:
         yield tmp_path
+        os.chmod(tmp_path, 0o666 & ~_umask())
         os.replace(tmp_path, target)
     finally:
         tmp_path.unlink(missing_ok=True)
@@ -36,6 +47,7 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
     try:
         yield tmp
+        os.chmod(tmp, 0o777 & ~_umask())
         if target.exists():
             old = target.with_name(f".{target.name}.old")
             shutil.rmtree(old, ignore_errors=True)
@@ -68,3 +80,36 @@ def save_figure(fig, path: str | os.PathLike, **kwargs: Any) -> None:
     fmt = Path(path).suffix.lstrip(".")
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format=fmt, bbox_inches="tight", **kwargs)
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    """Lines of a JSONL file; a torn last line (a crash mid-write) is ignored."""
+    rows = []
+    p = Path(path)
+    if not p.exists():
+        return rows
+    with p.open() as fh:
+        for line in fh:
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                break
+    return rows
+
+
+def truncate_jsonl(path: Path, step: int) -> None:
+    """Keep the lines with ``step < step`` (what a checkpoint at ``step`` had seen)."""
+    rows = [r for r in read_jsonl(path) if r["step"] < step]
+    with atomic_path(path) as tmp:
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, f"{key}."))
+        else:
+            out[key] = v
+    return out

@@ -9,15 +9,23 @@ from __future__ import annotations
 from pathlib import Path
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from gmc.analysis import delay_order, delay_title  # noqa: E402
+from gmc.estimators import REGISTRY  # noqa: E402
 from gmc.io import save_figure  # noqa: E402
+from gmc.stats import mean_interval  # noqa: E402
 
-METHOD_COLORS = {"grpo": "tab:blue", "tic": "tab:orange", "gmc": "tab:green", "is": "tab:red",
-                 "none": "tab:gray", "gspo": "tab:purple", "tis": "tab:brown"}
+METHOD_COLORS = {name: e.color for name, e in REGISTRY.items()}
+
+
+def method_label(name: str) -> str:
+    """An estimator's legend label (its registry label; the name itself if unregistered)."""
+    return REGISTRY[name].label if name in REGISTRY else name
 
 
 def _row(n: int, width: float = 4.0, sharey: bool = False):
@@ -34,15 +42,23 @@ def _save(fig, out: Path, stem: str) -> list[Path]:
     return paths
 
 
+def _spread(values: list, k: int = 4) -> list:
+    """At most ``k`` values spread over ``values`` (first and last included)."""
+    if len(values) <= k:
+        return list(values)
+    return [values[i] for i in sorted({round(j * (len(values) - 1) / (k - 1)) for j in range(k)})]
+
+
 def theory_figures(tables: dict[str, pd.DataFrame], out: Path) -> list[Path]:
-    """Bias vs G (log-log, one panel per eps), shortfall vs eps, final reward vs delay."""
+    """Bias vs G (log-log, one panel per eps), the cap's bias vs eps, shortfall vs eps, final
+    reward vs delay."""
     out = Path(out)
     written: list[Path] = []
     fixed = tables["fixed_policy"]
     for variant, title in (("exact_baseline", "exact baseline A = r - J"),
-                           ("group_norm", "group-normalised advantages")):
+                           ("group_norm", "group-normalised advantages; is: the uncapped reference")):
         sub = fixed[fixed["variant"] == variant]
-        eps_values = sorted(sub["eps"].unique())
+        eps_values = _spread(sorted(sub["eps"].unique()))
         fig, axes = _row(len(eps_values), 3.6, sharey=True)
         drifts = sorted(sub["drift"].unique())
         styles = ["-", "--", ":", "-."]
@@ -59,13 +75,41 @@ def theory_figures(tables: dict[str, pd.DataFrame], out: Path) -> list[Path]:
             ax.set_yscale("log")
             ax.set_title(f"eps = {eps:g}")
             ax.set_xlabel("group size G")
-        axes[0].set_ylabel("bias norm ||E g - grad J||")
-        axes[-1].legend(fontsize=7, loc="lower left")
+        axes[0].set_ylabel("bias norm ||E g - target||")
+        axes[-1].legend(fontsize=6, loc="lower left")
         fig.suptitle(f"Bias of the capped estimators vs group size ({title}); "
                      "triangles: 95% upper bounds where the bias is not resolved", fontsize=9)
         written += _save(fig, out, f"theory_bias_vs_G_{variant}")
 
-    sub = fixed[fixed["variant"] == "exact_baseline"]
+    claims = tables["claims"]
+    sub = fixed[(fixed["variant"] == "exact_baseline") & (fixed["method"] != "is")]
+    group_sizes = _spread(sorted(sub["G"].unique()), 3)
+    fig, axes = _row(len(sub["drift"].unique()), 3.6, sharey=True)
+    for ax, (drift, grp_d) in zip(axes, sub.groupby("drift")):
+        for (method, G), grp in grp_d[grp_d["G"].isin(group_sizes)].groupby(["method", "G"]):
+            grp = grp.sort_values("eps")
+            ok = grp[grp["excess_lo"] > 0]
+            fit = claims[(claims["claim"] == "1") & (claims["variant"] == "exact_baseline")
+                         & (claims["drift"] == drift) & (claims["method"] == method) & (claims["at"] == f"G={G:g}")]
+            k = fit.iloc[0] if len(fit) else None
+            label = f"{method}, G={G}" + (f": {k.exponent:.2f} [{k.lo:.2f}, {k.hi:.2f}]"
+                                          if k is not None and pd.notna(k.exponent) else "")
+            ax.errorbar(ok["eps"], ok["excess"], yerr=[ok["excess"] - ok["excess_lo"], ok["excess_hi"] - ok["excess"]],
+                        color=METHOD_COLORS[method], ls=["-", "--", ":"][group_sizes.index(G)], marker="o", ms=3,
+                        capsize=2, label=label)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.set_xlabel("eps (cap 1+eps)")
+        ax.set_title(f"drift {drift:g} (max |rho-1| = {grp_d['rho_max_dev'].iloc[0]:.2g})", fontsize=9)
+    axes[0].set_ylabel("bias of the cap ||E g - grad J||")
+    for ax in axes:
+        ax.legend(fontsize=6, loc="lower left")
+    fig.suptitle("Claim 1: the cap's bias against eps (exact baseline); legend: fitted exponent, 95% interval",
+                 fontsize=9)
+    written += _save(fig, out, "theory_bias_vs_eps")
+
+    sub = fixed[(fixed["variant"] == "exact_baseline") & (fixed["method"] != "is")]
     fig, axes = _row(len(sub["drift"].unique()), 4)
     for ax, (drift, grp_d) in zip(axes, sub.groupby("drift")):
         for (method, G), grp in grp_d.groupby(["method", "G"]):
@@ -87,14 +131,15 @@ def theory_figures(tables: dict[str, pd.DataFrame], out: Path) -> list[Path]:
     for ax, ((eps, G), grp) in zip(axes, panels):
         for method, g in grp.groupby("method"):
             g = g.sort_values("delay")
-            ax.errorbar(g["delay"], g["final_reward"], yerr=g["final_reward_std"].fillna(0), color=METHOD_COLORS[method],
+            yerr = [(g["final_reward"] - g["final_reward_lo"]).fillna(0), (g["final_reward_hi"] - g["final_reward"]).fillna(0)]
+            ax.errorbar(g["delay"], g["final_reward"], yerr=yerr, color=METHOD_COLORS[method],
                         marker="o", ms=3, capsize=2, label=method)
         ax.set_xscale("symlog", linthresh=1)
         ax.set_xlabel("delay d (optimizer steps)")
         ax.set_title(f"eps = {eps:g}, G = {G}")
     axes[0].set_ylabel("final expected reward")
     axes[-1].legend(fontsize=8)
-    fig.suptitle("Delayed gradient ascent in the tabular world")
+    fig.suptitle("Delayed gradient ascent in the tabular world; bars: 95% interval over seeds")
     written += _save(fig, out, "theory_reward_vs_delay")
     return written
 
@@ -104,30 +149,38 @@ def theory_figures(tables: dict[str, pd.DataFrame], out: Path) -> list[Path]:
 
 
 def _numeric_delays(frame: pd.DataFrame) -> pd.DataFrame:
-    out = frame[frame["delay"] != "latency"].copy()
+    out = frame[frame["delay"].str.isdigit()].copy()
     out["delay"] = out["delay"].astype(int)
     return out
 
 
 def _score_column(frame: pd.DataFrame) -> tuple[str, str]:
-    """The headline score: mean Pass@1 over benchmarks when evaluated, else final train reward."""
-    from gmc.analysis import FINAL_REWARD, benchmarks_in
+    """The headline score: mean Pass@1 over benchmarks when evaluated, else final train reward.
+
+    Adds ``score`` and its evaluation standard error ``score_se`` (0 for the train reward) to ``frame``."""
+    from gmc.analysis import FINAL_REWARD, SE, benchmarks_in, with_benchmark_means
 
     benches = benchmarks_in(frame)
-    if benches:
-        cols = [f"eval/{b}/pass_at_1" for b in benches if f"eval/{b}/pass_at_1" in frame.columns]
-        if cols:
-            frame["score"] = frame[cols].mean(axis=1)
-            return "score", f"Pass@1 (mean over {', '.join(benches)})"
+    means = with_benchmark_means(frame)
+    if "eval/mean/pass_at_1" in means.columns:
+        frame["score"] = means["eval/mean/pass_at_1"]
+        frame["score_se"] = means[f"eval/mean/pass_at_1{SE}"]
+        return "score", f"Pass@1 (mean over {', '.join(benches)})"
     frame["score"] = frame[FINAL_REWARD]
+    frame["score_se"] = 0.0
     return "score", "final training reward (last 20 steps)"
 
 
-def _line_by_algorithm(ax, frame, x, y, label_suffix=""):
+def _line_by_algorithm(ax, frame, x, y, se=None):
+    """Mean over seeds per ``x``, one line per algorithm, error bars = 95% interval
+    (:func:`gmc.stats.mean_interval`, evaluation noise ``se`` folded in; none with one seed)."""
     for algo, grp in frame.groupby("algorithm"):
-        stats = grp.groupby(x)[y].agg(["mean", "std"]).reset_index().sort_values(x)
-        ax.errorbar(stats[x], stats["mean"], yerr=stats["std"].fillna(0), marker="o", ms=4, capsize=2,
-                    color=METHOD_COLORS.get(algo), label=f"{algo}{label_suffix}")
+        points = []
+        for xv, g in grp.groupby(x):
+            iv = mean_interval(g[y], g[se] if se else None)
+            points.append((xv, iv.mean, 0.0 if pd.isna(iv.half) else iv.half))
+        xs, ms, hs = zip(*sorted(points))
+        ax.errorbar(xs, ms, yerr=hs, marker="o", ms=4, capsize=2, color=METHOD_COLORS.get(algo), label=method_label(algo))
 
 
 def run_figures(results: str | Path, out: str | Path | None = None) -> list[Path]:
@@ -135,7 +188,7 @@ def run_figures(results: str | Path, out: str | Path | None = None) -> list[Path
     import numpy as np
 
     from gmc.analysis import collect
-    from gmc.trainer import read_jsonl
+    from gmc.io import read_jsonl
 
     results = Path(results)
     out = Path(out or results / "figures")
@@ -145,19 +198,24 @@ def run_figures(results: str | Path, out: str | Path | None = None) -> list[Path
     # 1. training reward vs step, one panel per delay, one line per algorithm (largest group size)
     G = int(frame["group"].max())
     sub = frame[frame["group"] == G]
-    delays = sorted(sub["delay"].unique(), key=lambda d: (d == "latency", int(d) if d != "latency" else 0))
+    delays = sorted(sub["delay"].unique(), key=delay_order)
     fig, axes = _row(len(delays), 4, sharey=True)
     for ax, delay in zip(axes, delays):
         for algo, grp in sub[sub["delay"] == delay].groupby("algorithm"):
-            curves = [pd.Series([r.get("rollout/reward_mean", np.nan) for r in read_jsonl(Path(d) / "metrics.jsonl")])
-                      for d in grp["run_dir"]]
-            curve = pd.concat(curves, axis=1).mean(axis=1).rolling(10, min_periods=1).mean()
-            ax.plot(curve.index, curve.values, color=METHOD_COLORS.get(algo), label=algo)
-        ax.set_title(f"delay {delay}" if delay == "latency" else f"delay d = {delay}")
+            curves = pd.concat([pd.Series([r.get("rollout/reward_mean", np.nan)
+                                           for r in read_jsonl(Path(d) / "metrics.jsonl")]).rolling(10, min_periods=1).mean()
+                                for d in grp["run_dir"]], axis=1)  # [step, seed]
+            band = [mean_interval(row) for row in curves.to_numpy()]
+            mean = np.array([iv.mean for iv in band])
+            ax.plot(curves.index, mean, color=METHOD_COLORS.get(algo), label=f"{method_label(algo)} (n = {curves.shape[1]})")
+            if curves.shape[1] > 1:
+                ax.fill_between(curves.index, [iv.lo for iv in band], [iv.hi for iv in band],
+                                color=METHOD_COLORS.get(algo), alpha=0.2, lw=0)
+        ax.set_title(delay_title(delay))
         ax.set_xlabel("optimizer step")
     axes[0].set_ylabel("rollout reward (10-step mean)")
     axes[-1].legend()
-    fig.suptitle(f"Training reward of fresh rollouts, G = {G}")
+    fig.suptitle(f"Training reward of fresh rollouts, G = {G}; bands: 95% interval over seeds")
     written += _save(fig, out, "reward_vs_step")
 
     # 2. final score vs delay, one panel per group size
@@ -167,37 +225,38 @@ def run_figures(results: str | Path, out: str | Path | None = None) -> list[Path
     groups = sorted(frame["group"].unique())
     fig, axes = _row(len(groups), 4, sharey=True)
     for ax, g in zip(axes, groups):
-        _line_by_algorithm(ax, numeric[numeric["group"] == g], "delay", score)
-        lat = frame[(frame["delay"] == "latency") & (frame["group"] == g)]
+        _line_by_algorithm(ax, numeric[numeric["group"] == g], "delay", score, "score_se")
+        lat = frame[~frame["delay"].str.isdigit() & (frame["group"] == g)]
         for algo, grp in lat.groupby("algorithm"):
             ax.axhline(grp[score].mean(), color=METHOD_COLORS.get(algo), ls=":", lw=1)
         ax.set_xscale("symlog", linthresh=1)
         ax.set_xlim(-0.5, 1.5 * max(numeric["delay"].max(), 1))
         ax.set_xlabel("delay d (optimizer steps)")
-        ax.set_title(f"G = {g}" + (" (dotted: latency model)" if len(lat) else ""))
+        named = ", ".join(delay_title(d) for d in sorted(lat["delay"].unique(), key=delay_order))
+        ax.set_title(f"G = {g}" + (f" (dotted: {named})" if len(lat) else ""))
     axes[0].set_ylabel(score_label)
     axes[-1].legend()
-    fig.suptitle("Final score vs delay")
+    fig.suptitle("Final score vs delay; bars: 95% interval over seeds")
     written += _save(fig, out, "score_vs_delay")
 
     # 3. final score vs group size, one panel per delay
     fig, axes = _row(len(delays), 4, sharey=True)
     for ax, delay in zip(axes, delays):
-        _line_by_algorithm(ax, frame[frame["delay"] == delay], "group", score)
+        _line_by_algorithm(ax, frame[frame["delay"] == delay], "group", score, "score_se")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("group size G")
-        ax.set_title(f"delay {delay}")
+        ax.set_title(delay_title(delay))
     axes[0].set_ylabel(score_label)
     axes[-1].legend()
-    fig.suptitle("Final score vs group size")
+    fig.suptitle("Final score vs group size; bars: 95% interval over seeds")
     written += _save(fig, out, "score_vs_group")
 
     # 4. ratio diagnostics vs delay
     panels = [("capped", "fraction capped / clipped"), ("ratio/ess_frac", "ESS / G"),
               ("ratio/shortfall", "shortfall sum(rho - w) / sum(rho)")]
     numeric = numeric.copy()
-    capped_cols = [c for c in ("ratio/frac_groups_capped", "ratio/frac_traj_capped", "ratio/frac_tokens_clipped")
-                   if c in numeric.columns]
+    own = dict.fromkeys(d for e in REGISTRY.values() for d in e.diagnostics)  # each estimator's clip statistic
+    capped_cols = [c for c in own if c in numeric.columns]
     numeric["capped"] = numeric[capped_cols].bfill(axis=1).iloc[:, 0] if capped_cols else np.nan
     fig, axes = _row(3)
     for ax, (col, label) in zip(axes, panels):
@@ -208,21 +267,23 @@ def run_figures(results: str | Path, out: str | Path | None = None) -> list[Path
         ax.set_xlabel("delay d")
         ax.set_ylabel(label)
     axes[0].legend(fontsize=8)
-    fig.suptitle(f"Ratio diagnostics vs delay (G = {G}; gmc: groups, tic: trajectories, grpo: tokens)")
+    fig.suptitle(f"Ratio diagnostics vs delay (G = {G}; capped: each estimator's own fraction, "
+                 f"{', '.join(capped_cols)})")
     written += _save(fig, out, "ratio_diagnostics")
 
     # 5. staleness vs response length under the latency model
     fig, ax = plt.subplots(figsize=(5, 3.6), layout="constrained")
-    lat = frame[frame["delay"] == "latency"]
+    lat = frame[~frame["delay"].str.isdigit()]
     for algo, grp in lat.groupby("algorithm"):
         rows = [r for d in grp["run_dir"] for r in read_jsonl(Path(d) / "groups.jsonl")]
         gdf = pd.DataFrame(rows)
         bins = pd.cut(gdf["length_max"], bins=8)
         stats = gdf.groupby(bins, observed=True)["staleness"].mean()
         centers = [b.mid for b in stats.index]
-        ax.plot(centers, stats.values, marker="o", color=METHOD_COLORS.get(algo), label=algo)
+        ax.plot(centers, stats.values, marker="o", color=METHOD_COLORS.get(algo), label=method_label(algo))
     if lat.empty:
-        ax.text(0.5, 0.5, "no latency-model runs in this sweep", ha="center", va="center", transform=ax.transAxes)
+        ax.text(0.5, 0.5, "no runs of a named delay model in this sweep", ha="center", va="center",
+                transform=ax.transAxes)
     else:
         ax.legend()
     ax.set_xlabel("longest response in the group (tokens)")

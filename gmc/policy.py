@@ -1,27 +1,23 @@
-"""The policy: loading a causal LM, memory-aware response log-probs, and the tiny model builder.
+"""The policy: loading a causal LM and memory-aware token log-probs.
 
-``response_logprobs`` computes ``log pi(y_t | x, y_<t)`` for the response tokens of a
-left-padded batch without materialising a ``[N, T, vocab]`` float32 log-softmax: the LM head
-and the log-softmax run over chunks of positions under activation checkpointing, so peak
-memory grows with the chunk, not the vocabulary times the sequence.
+``token_logprobs_from_hidden`` computes ``log softmax(h W^T / temperature)[y]`` without
+materialising a ``[N, T, vocab]`` float32 log-softmax: the LM head and the log-softmax run over
+chunks of positions under activation checkpointing, so peak memory grows with the chunk, not
+the vocabulary times the sequence (the passes over rollouts that use it are in
+:mod:`gmc.update`).
 
-``build_tiny_model`` makes the default policy of the CPU run: a small Qwen3-architecture model
-(random init) with a byte-level BPE tokenizer trained on the synthetic arithmetic task, warm
-started by supervised training on worked solutions until a target greedy accuracy, so that RL
-has room to improve (method.md section 5; the paper's models are Qwen3 from the hub).
+The tiny CPU policy is built in ``gmc.tiny``.
 """
 
 from __future__ import annotations
 
 import logging
-import random
-import time
-from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
+
+from gmc.preflight import check_model_dir
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +37,7 @@ def load_policy(name_or_path: str, dtype: str = "float32", device: str = "auto",
 
     if dtype not in DTYPES:
         raise ValueError(f"model dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    check_model_dir(name_or_path)  # a local folder lacking weights or tokenizer is named before loading
     try:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path)
         model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=DTYPES[dtype])
@@ -84,176 +81,6 @@ def token_logprobs_from_hidden(head_weight: Tensor, hidden: Tensor, targets: Ten
         else:
             pieces.append(_chunk_logprobs(head_weight, h, t, temperature))
     return torch.cat(pieces).reshape(N, T)
-
-
-def response_logprobs(model, input_ids: Tensor, attention_mask: Tensor, prompt_len: int,
-                      temperature: float = 1.0, chunk_size: int = 4096) -> Tensor:
-    """Per-token log-probs ``[N, T]`` of the response ``input_ids[:, prompt_len:]`` given the
-    (left-padded) prompt ``input_ids[:, :prompt_len]``. Entries past a response's end are
-    computed but meaningless; mask them.
-
-    Rows that repeat the row before them in prompt (the samples of a group) share one forward
-    of that prompt: its keys and values are computed once, repeated to the rows (gradients flow
-    back through the repetition), and only the responses run per row. Under gradient
-    checkpointing, which drops caches, every row runs in full."""
-    decoder = model.get_decoder()
-    head = model.get_output_embeddings()
-    if getattr(head, "bias", None) is not None:
-        raise NotImplementedError("response_logprobs expects an LM head without bias")
-    P = prompt_len
-    positions = position_ids_from_mask(attention_mask)
-    prompt_keys = torch.cat([input_ids[:, :P], attention_mask[:, :P]], dim=1)
-    unique, rows = torch.unique_consecutive(prompt_keys, dim=0, return_inverse=True)
-    checkpointing = getattr(model, "is_gradient_checkpointing", False) and model.training
-    if len(unique) < len(input_ids) and not checkpointing:
-        first = torch.searchsorted(rows, torch.arange(len(unique), device=rows.device))
-        prompt = decoder(input_ids=input_ids[first, :P], attention_mask=attention_mask[first, :P],
-                         position_ids=positions[first, :P], use_cache=True)
-        cache = prompt.past_key_values
-        cache.reorder_cache(rows)
-        response = decoder(input_ids=input_ids[:, P:], attention_mask=attention_mask, position_ids=positions[:, P:],
-                           past_key_values=cache, use_cache=True).last_hidden_state
-        hidden = torch.cat([prompt.last_hidden_state[rows, -1:], response[:, :-1]], dim=1)
-    else:
-        hidden = decoder(input_ids=input_ids, attention_mask=attention_mask,
-                         position_ids=positions).last_hidden_state[:, P - 1 : -1]
-    return token_logprobs_from_hidden(head.weight, hidden, input_ids[:, P:], temperature, chunk_size)
-
-
-# ---------------------------------------------------------------------------------------------
-# the tiny model
-
-
-@dataclass(frozen=True)
-class TinyModelConfig:
-    """The tiny CPU policy and its warm start."""
-
-    hidden_size: int = 128
-    intermediate_size: int = 384
-    num_layers: int = 4
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    vocab_size: int = 384
-    """BPE vocabulary (256 byte symbols + merges + special tokens)."""
-    target_accuracy: float = 0.4
-    """Stop the warm start once greedy accuracy on held-out problems reaches this."""
-    answer_noise: float = 0.5
-    """Fraction of warm-start solutions whose boxed answer is off by one (the worked steps stay
-    right). The warm-started policy then hesitates between the right answer and its neighbour
-    after a right computation: a mistake that greedy decoding makes about half the time and
-    that RL can learn away within a few hundred steps."""
-    max_steps: int = 1500
-    """Step budget of the warm start: the build stops on accuracy or steps, never on wall-clock
-    time, so the model it makes does not depend on the machine's speed."""
-    batch_size: int = 64
-    lr: float = 3e-3
-    eval_every: int = 50
-    eval_problems: int = 128
-    seed: int = 0
-
-
-def _train_tokenizer(texts: list[str], vocab_size: int):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-    ])
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>", "<|pad|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(texts, trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|pad|>",
-                                   padding_side="left")
-
-
-def build_tiny_model(out: str | Path, cfg: TinyModelConfig = TinyModelConfig(), task=None,
-                     progress: bool = True) -> dict:
-    """Build, warm-start and save the tiny policy under ``out``; returns a summary dict."""
-    from tqdm import tqdm
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    from gmc.data import PLAIN_TEMPLATE, SyntheticTask, solution_steps
-    from gmc.io import atomic_dir, write_json
-    from gmc.rewards import extract_answer, fast_verdict
-    from gmc.rollout import HFEngine, SamplingConfig
-
-    start = time.time()
-    torch.manual_seed(cfg.seed)
-    task = task or SyntheticTask()
-    train = task.generate("train", 5000, seed=cfg.seed)
-    held_out = task.generate("test", cfg.eval_problems, seed=cfg.seed + 1)
-    prompts = [PLAIN_TEMPLATE.format(problem=r.problem) for r in train]
-    noise = random.Random(cfg.seed)
-    targets = [" " + solution_steps(r.meta["expression"], int(noise.random() < cfg.answer_noise)) for r in train]
-    tokenizer = _train_tokenizer([p + t for p, t in zip(prompts, targets)], cfg.vocab_size)
-    head_dim = cfg.hidden_size // cfg.num_heads
-    mcfg = Qwen3Config(vocab_size=len(tokenizer), hidden_size=cfg.hidden_size,
-                       intermediate_size=cfg.intermediate_size, num_hidden_layers=cfg.num_layers,
-                       num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
-                       head_dim=head_dim, max_position_embeddings=512, tie_word_embeddings=True,
-                       bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
-                       pad_token_id=tokenizer.pad_token_id, rope_theta=10000.0)
-    model = Qwen3ForCausalLM(mcfg)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 50))
-    eos = tokenizer.eos_token
-    engine = HFEngine(model, tokenizer, seed=cfg.seed)
-    greedy = SamplingConfig(temperature=0.0, max_new_tokens=48)
-
-    def accuracy() -> float:
-        model.eval()
-        groups = engine.generate([PLAIN_TEMPLATE.format(problem=r.problem) for r in held_out], 1, greedy)
-        model.train()
-        return sum(bool(fast_verdict(r.answer, extract_answer(g[0].text) or "")) for r, g in zip(held_out, groups)) / len(held_out)
-
-    gen = torch.Generator().manual_seed(cfg.seed)
-    acc, step, history = 0.0, 0, []
-    bar = tqdm(total=cfg.max_steps, desc="warm start", disable=not progress)
-    model.train()
-    while step < cfg.max_steps:
-        idx = torch.randint(0, len(train), (cfg.batch_size,), generator=gen).tolist()
-        enc = tokenizer([prompts[i] + targets[i] + eos for i in idx], return_tensors="pt", padding=True)
-        n_prompt = [len(tokenizer(prompts[i])["input_ids"]) for i in idx]
-        labels = enc["input_ids"].clone()
-        labels[enc["attention_mask"] == 0] = -100
-        pad = (enc["attention_mask"] == 0).sum(1)
-        for row, (p, n) in enumerate(zip(pad.tolist(), n_prompt)):
-            labels[row, : p + n] = -100
-        fwd = model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
-                    position_ids=position_ids_from_mask(enc["attention_mask"]), labels=labels)
-        fwd.loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        opt.zero_grad(set_to_none=True)
-        step += 1
-        bar.update(1)
-        if step % cfg.eval_every == 0:
-            acc = accuracy()
-            history.append({"step": step, "loss": float(fwd.loss.detach()), "greedy_accuracy": acc})
-            bar.set_postfix(loss=f"{history[-1]['loss']:.3f}", acc=f"{acc:.2f}")
-            log.info("warm start step %d: loss %.3f, greedy accuracy %.3f", step, history[-1]["loss"], acc)
-            if acc >= cfg.target_accuracy:
-                break
-    bar.close()
-    if step % cfg.eval_every:
-        acc = accuracy()
-    model.eval()
-    summary = {"steps": step, "greedy_accuracy": acc, "seconds": round(time.time() - start, 1),
-               "parameters": count_parameters(model), "history": history,
-               "config": asdict(cfg), "task": asdict(task)}
-    with atomic_dir(out) as tmp:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        write_json(tmp / "build_summary.json", summary)
-    return summary
-
-
-def count_parameters(model) -> int:
-    return sum(p.numel() for p in model.parameters())
 
 
 def parameter_bytes(model) -> int:

@@ -12,16 +12,24 @@ by the pool, which kills and replaces a worker that overruns.
 from __future__ import annotations
 
 import atexit
+import math
 import multiprocessing as mp
 import os
 import re
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from gmc.data import last_boxed, normalize_gold
+from gmc.data import canonical_int, last_boxed, normalize_gold
 
-Reason = Literal["ok", "no_answer", "parse_error", "timeout", "wrong"]
+Reason = Literal["ok", "no_answer", "parse_error", "timeout", "too_long", "wrong"]
+
+MAX_COMPLETION_CHARS = 1_000_000
+"""Extraction reads at most the last this-many characters of a completion."""
+MAX_ANSWER_CHARS = 1_000
+"""Longer answers (the longest gold answer of the benchmarks has about 200 characters) are
+decided by the fast path only: identical or numerically equal, else ``too_long``."""
 
 
 @dataclass(frozen=True)
@@ -34,23 +42,48 @@ class Grade:
     """What :func:`extract_answer` read from the completion (None when nothing was found)."""
     reason: Reason
     """``ok`` (correct), ``wrong``, ``no_answer`` (nothing to extract), ``parse_error``
-    (an answer or the gold could not be parsed) or ``timeout``."""
+    (an answer or the gold could not be parsed), ``timeout``, or ``too_long`` (an answer
+    longer than :data:`MAX_ANSWER_CHARS` that the fast path could not decide)."""
 
 
 # ---------------------------------------------------------------------------------------------
-# extraction
+# extraction: every pattern runs in linear time (no pattern can fail after a quantifier whose
+# characters overlap the next one's), so hostile completions cost milliseconds, not minutes
 
-_FINAL_ANSWER_RES = [
-    # "The final answer is $X$" / "the answer is X" (last occurrence wins)
-    re.compile(r"(?:final answer|the answer) is[:\s]*\$?(?P<a>[^\n$]+?)\$?\s*(?:\.\s*|$)", re.IGNORECASE | re.MULTILINE),
-    # "Answer: X" at a line start
-    re.compile(r"^\s*\**answer\**\s*[:：]\s*\**\s*\$?(?P<a>[^\n$]+?)\$?\s*\.?\s*$", re.IGNORECASE | re.MULTILINE),
-]
+# "The final answer is $X$" / "the answer is X": X runs to a sentence's period (not a decimal
+# point), a "$" or the line's end
+_PHRASE = re.compile(r"(?:final answer|the answer) is[:\s]*\$?(?P<a>\.?(?:[^\n$.]|(?<=\d)\.(?=\d))*)", re.IGNORECASE)
+_DOLLAR_END = re.compile(r"\$\s*(?:\.|$)", re.MULTILINE)
+# "Answer: X" at a line start; X runs to a "$" or the line's end
+_ANSWER_LINE = re.compile(r"^[^\S\n]*\**answer\**\s*[:：]\s*\**\s*\$?(?P<a>[^\n$]*)", re.IGNORECASE | re.MULTILINE)
+_LINE_END_AFTER_DOLLAR = re.compile(r"\$[^\S\n]*\.?[^\S\n]*(?:\n|\Z)")
 _BRACELESS_BOXED = re.compile(r"\\boxed\s+([^\s$]+)")
 
 
+def _phrase_answer(text: str) -> str | None:
+    found = None
+    for m in _PHRASE.finditer(text):
+        a, end = m.group("a").strip(), m.end()
+        term = text[end] if end < len(text) else ""
+        if a and (term != "$" or _DOLLAR_END.match(text, end)):
+            found = a
+    return found
+
+
+def _line_answer(text: str) -> str | None:
+    found = None
+    for m in _ANSWER_LINE.finditer(text):
+        a, end = m.group("a").rstrip(), m.end()
+        if a.endswith("."):
+            a = a[:-1].rstrip()
+        if a and (end == len(text) or text[end] == "\n" or _LINE_END_AFTER_DOLLAR.match(text, end)):
+            found = a
+    return found
+
+
 def extract_answer(text: str) -> str | None:
-    """The final answer in a completion, or None. In order of preference:
+    """The final answer in a completion's last :data:`MAX_COMPLETION_CHARS` characters, or
+    None. In order of preference:
 
     1. the content of the last ``\\boxed{...}`` or ``\\fbox{...}`` (nested braces matched);
     2. a brace-less ``\\boxed 5`` (the token after it);
@@ -61,17 +94,17 @@ def extract_answer(text: str) -> str | None:
     """
     if not text:
         return None
+    text = text[-MAX_COMPLETION_CHARS:]
     boxed = last_boxed(text)
     if boxed is not None:
         return clean_answer(boxed)
     braceless = _BRACELESS_BOXED.findall(text)
     if braceless:
         return clean_answer(braceless[-1])
-    for pattern in _FINAL_ANSWER_RES:
-        matches = list(pattern.finditer(text))
-        if matches:
-            return clean_answer(matches[-1].group("a"))
-    return None
+    found = _phrase_answer(text)
+    if found is None:
+        found = _line_answer(text)
+    return None if found is None else clean_answer(found)
 
 
 _BOLD = re.compile(r"\\(?:mathbf|textbf|boldsymbol|bm)\{([^{}]*)\}")
@@ -86,9 +119,10 @@ def clean_answer(answer: str) -> str:
     a = answer.strip().strip("$").strip()
     if a.endswith("."):
         a = a[:-1].strip().strip("$").strip()
-    prev = None
-    while prev != a:
-        prev, a = a, _BOLD.sub(r"\1", a)
+    for _ in range(8):  # nested wrappers, innermost first; deeper nesting is not typography
+        a, n = _BOLD.subn(r"\1", a)
+        if not n:
+            break
     a = _DIGIT_GAP.sub("", a)
     m = _PAREN_INT.match(a)
     return m.group(1) if m else a
@@ -99,6 +133,7 @@ def clean_answer(answer: str) -> str:
 
 _LATEX_NOISE = re.compile(r"\\left|\\right|\\!|\\,|\\;|\\:|\\ |\s+|\\displaystyle|\\text\{\s*\}")
 _NUMBER = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$")
+_INTEGER = re.compile(r"^[+-]?\d+$")
 
 
 def _canonical(text: str) -> str:
@@ -111,12 +146,17 @@ def _canonical(text: str) -> str:
 
 def fast_verdict(gold: str, answer: str) -> bool | None:
     """True/False when the answer is decided without sympy (identical after LaTeX-noise removal,
-    or both plain numbers); None when math-verify must decide."""
+    or both plain numbers: integers compared exactly as text, others as floats); None when
+    math-verify must decide."""
     g, a = _canonical(normalize_gold(gold)), _canonical(normalize_gold(answer))
     if g == a:
         return True
     if _NUMBER.match(g) and _NUMBER.match(a):
+        if _INTEGER.match(g) and _INTEGER.match(a):
+            return canonical_int(g) == canonical_int(a)  # exact, at any length
         x, y = float(g), float(a)
+        if not (math.isfinite(x) and math.isfinite(y)):
+            return None
         return abs(x - y) <= 1e-9 * max(1.0, abs(x))
     return None
 
@@ -150,6 +190,10 @@ def _verify_worker(args: tuple[str, str, int]) -> tuple[bool, Reason]:
 
 def _warm_worker() -> None:
     import math_verify  # noqa: F401  (import once per worker, not per item)
+
+    # answers reach a worker at most MAX_ANSWER_CHARS long, and the pool bounds each item's time:
+    # Python's guard against slow int <-> str conversions only turned long integers into errors
+    sys.set_int_max_str_digits(0)
 
 
 class Grader:
@@ -192,10 +236,12 @@ class Grader:
                 grades[i] = Grade(False, 0.0, None, "no_answer")
                 continue
             verdict = fast_verdict(str(g), a)
-            if verdict is None:
-                pending.append(i)
-            else:
+            if verdict is not None:
                 grades[i] = Grade(verdict, float(verdict), a, "ok" if verdict else "wrong")
+            elif len(a) > MAX_ANSWER_CHARS or len(str(g)) > MAX_ANSWER_CHARS:
+                grades[i] = Grade(False, 0.0, a, "too_long")
+            else:
+                pending.append(i)
         alarm = max(1, int(round(timeout)))
         while pending:
             pool = self._ensure_pool()

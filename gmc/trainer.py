@@ -7,13 +7,15 @@ optimizer. The loop composes the other modules and owns no math of its own.
 
 A run directory holds ``config.yaml`` (resolved), ``run.json`` (provenance: run id, git
 revision, package versions, seed), ``metrics.jsonl`` (one line per step), ``groups.jsonl``
-(one line per consumed group: staleness, length, reward), ``checkpoint.pt`` (the latest, written
-atomically), and at the end ``model/`` and ``summary.json``. ``summary.json`` is written last:
-its presence marks a finished run.
+(one line per consumed group: staleness, length, reward), ``checkpoint.pt`` (the latest) and
+``checkpoint.prev.pt`` (the one before), and at the end ``model/`` and ``summary.json``.
+``summary.json`` is written last: its presence marks a finished run. Ownership, resume checks
+and checkpoint files are :mod:`gmc.rundir`'s.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -24,7 +26,6 @@ import random
 import subprocess
 import time
 import uuid
-from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
@@ -36,12 +37,19 @@ from tqdm import tqdm
 from gmc.asynchrony import Group, make_source, staleness_stats
 from gmc.config import TrainConfig, to_dict
 from gmc.data import format_prompt, load_dataset, load_file
-from gmc.estimators import advantages_for, get_estimator
-from gmc.io import atomic_dir, atomic_path, write_json, write_text
-from gmc.policy import load_policy, parameter_bytes, response_logprobs
+from gmc.estimators import diagnostic_names, get_estimator
+from gmc.io import (
+    atomic_dir,
+    read_jsonl,
+    truncate_jsonl,
+    write_json,
+    write_text,
+)
+from gmc.policy import DTYPES, load_policy, parameter_bytes
 from gmc.rewards import Grader
 from gmc.rollout import make_engine
-from gmc.tracking import flatten
+from gmc.rundir import RunDir, nonfinite_tensors
+from gmc.update import Rows, Update, precision
 
 log = logging.getLogger(__name__)
 
@@ -97,44 +105,6 @@ def training_records(cfg: TrainConfig):
 
 
 # ---------------------------------------------------------------------------------------------
-# batching
-
-
-@dataclass
-class Collated:
-    input_ids: torch.Tensor  # [N, P+T]
-    attention_mask: torch.Tensor  # [N, P+T]
-    prompt_len: int  # P
-    response_mask: torch.Tensor  # [N, T] bool
-
-
-def collate(prompts: list[torch.Tensor], responses: list[torch.Tensor], lengths: list[int], pad_id: int,
-            device) -> Collated:
-    """Left-pad prompts to a common length P, right-pad responses to T."""
-    P = max(len(p) for p in prompts)
-    T = max(max(lengths), 1)
-    N = len(prompts)
-    ids = torch.full((N, P + T), pad_id, dtype=torch.long)
-    attn = torch.zeros((N, P + T), dtype=torch.long)
-    for i, (p, r, n) in enumerate(zip(prompts, responses, lengths)):
-        ids[i, P - len(p) : P] = p
-        ids[i, P : P + n] = r[:n]
-        attn[i, P - len(p) : P + n] = 1
-    resp_mask = attn[:, P:].bool()
-    return Collated(ids.to(device), attn.to(device), P, resp_mask.to(device))
-
-
-def collate_groups(groups: list[Group], pad_id: int, device) -> Collated:
-    prompts, responses, lengths = [], [], []
-    for g in groups:
-        for i in range(g.response_ids.shape[0]):
-            prompts.append(g.prompt_ids)
-            responses.append(g.response_ids[i])
-            lengths.append(int(g.response_mask[i].sum()))
-    return collate(prompts, responses, lengths, pad_id, device)
-
-
-# ---------------------------------------------------------------------------------------------
 # provenance
 
 
@@ -171,26 +141,43 @@ class Trainer:
         self.cfg = cfg
         self.out = Path(out)
         self.progress = progress
-        self.ckpt_path = self.out / "checkpoint.pt"
-        if (self.out / "summary.json").exists() and not resume:
-            raise FileExistsError(f"{self.out}: a finished run is already there; choose another --out")
-        if self.ckpt_path.exists() and not resume:
-            raise FileExistsError(f"{self.out}: holds a checkpoint; pass --resume to continue it, or choose another --out")
-        self.out.mkdir(parents=True, exist_ok=True)
+        self.rundir = RunDir(self.out)
+        self.ckpt_path = self.rundir.checkpoint
+        resuming = self.rundir.open(to_dict(cfg), resume)  # the lock, the config check, leftovers
+        try:
+            self._setup(cfg, resuming)
+        except BaseException:
+            self.rundir.close()
+            raise
+
+    def _setup(self, cfg: TrainConfig, resuming: bool) -> None:
+        self.records = training_records(cfg)  # bad data fails here, before the model loads
         random.seed(cfg.seed)
         np.random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
 
-        self.model, self.tokenizer = load_policy(cfg.model, cfg.model_dtype, cfg.device, cfg.gradient_checkpointing)
+        # below float32, the parameters (and the optimizer's view of them) stay float32 masters
+        # and every forward runs under autocast to model_dtype (method.md section 7)
+        params_dtype = "float32" if cfg.master_weights else cfg.model_dtype
+        self.compute_dtype = DTYPES[cfg.model_dtype]
+        self.model, self.tokenizer = load_policy(cfg.model, params_dtype, cfg.device, cfg.gradient_checkpointing)
         self.device = next(self.model.parameters()).device
         self.pad_id = self.tokenizer.pad_token_id
-        self.engine = make_engine(cfg.engine, self.model, self.tokenizer, model_path=cfg.model, seed=cfg.seed)
-        self.records = training_records(cfg)
+        reference = None
+        if cfg.estimator.kl_coef > 0:  # the frozen starting policy, loaded like the policy
+            ref_device = self.device if cfg.reference_device == "auto" else cfg.reference_device
+            reference, _ = load_policy(cfg.model, params_dtype, ref_device)
+            reference.requires_grad_(False)
+        self.engine = make_engine(cfg.engine, self.model, self.tokenizer, model_path=cfg.model, seed=cfg.seed,
+                                  vllm=cfg.vllm)
         self.cursor = PromptCursor(self.records, cfg.seed)
         self.grader = Grader()
         self.loss_fn = get_estimator(cfg.algorithm)
         # seq_sum_const divides by the generation token limit of this run
         self.est_cfg = dataclasses.replace(cfg.estimator, max_new_tokens=cfg.sampling.max_new_tokens)
+        self.update = Update(self.model, self.loss_fn, self.est_cfg, cfg.micro_batch_tokens, self.pad_id,
+                             temperature=cfg.sampling.temperature, chunk_size=cfg.logprob_chunk_size,
+                             reference=reference, compute_dtype=self.compute_dtype)
         self.source = make_source(cfg.delay, self._make_groups, cfg.prompts_per_step, seed=cfg.seed)
         # on-policy steps (sync, or fixed delay 0) train on the batch they generate, with the same
         # weights: the training forward gives the behaviour log-probs exactly, no extra pass needed
@@ -201,7 +188,7 @@ class Trainer:
         self.consecutive_nonfinite = 0
         self.skipped = 0
         self._gen_log: list[dict] = []
-        if resume and self.ckpt_path.exists() and self._checkpoint_matches_config():
+        if resuming:
             self._load_checkpoint()
         else:
             self._start_fresh()
@@ -231,8 +218,7 @@ class Trainer:
         return 1.0
 
     def _start_fresh(self) -> None:
-        for name in ("metrics.jsonl", "groups.jsonl"):
-            (self.out / name).unlink(missing_ok=True)
+        self.rundir.reset()
         write_text(self.out / "config.yaml", yaml.safe_dump(to_dict(self.cfg), sort_keys=False))
         self.run_info = {
             "run_id": uuid.uuid4().hex,
@@ -254,20 +240,13 @@ class Trainer:
         idx = self.cursor.take(n)
         recs = [self.records[i] for i in idx]
         prompts = [format_prompt(self.tokenizer, r.problem, cfg.thinking) for r in recs]
-        sample_groups = self.engine.generate(prompts, cfg.group_size, cfg.sampling)
+        # the HF engine samples with the trainer's own module, so in its compute dtype
+        with precision(self.model, self.compute_dtype) if cfg.engine == "hf" else contextlib.nullcontext():
+            sample_groups = self.engine.generate(prompts, cfg.group_size, cfg.sampling)
         flat = [s for g in sample_groups for s in g]
         golds = [r.answer for r in recs for _ in range(cfg.group_size)]
         grades = self.grader.grade_batch([s.text for s in flat], golds)
         lengths = [s.length for s in flat]
-        prompt_t = [torch.tensor(s.prompt_ids, dtype=torch.long) for s in flat]
-        resp_t = [torch.tensor(s.token_ids if s.token_ids else [self.pad_id], dtype=torch.long) for s in flat]
-        behaviour, t_behaviour = None, time.perf_counter()  # the behaviour pass, timed alone
-        if not self.on_policy and cfg.behaviour_logprobs == "trainer":
-            batch = collate(prompt_t, resp_t, lengths, self.pad_id, self.device)
-            with torch.no_grad():
-                behaviour = response_logprobs(self.model, batch.input_ids, batch.attention_mask, batch.prompt_len,
-                                              chunk_size=cfg.logprob_chunk_size).float().cpu()
-        behaviour_seconds = time.perf_counter() - t_behaviour
         groups = []
         G = cfg.group_size
         for k, rec_index in enumerate(idx):
@@ -279,24 +258,26 @@ class Trainer:
                 resp[j, : lengths[i]] = torch.tensor(flat[i].token_ids, dtype=torch.long)
                 sampler[j, : lengths[i]] = torch.tensor(flat[i].logprobs)
             mask = torch.arange(Tg).unsqueeze(0) < torch.tensor([lengths[i] for i in rows]).unsqueeze(1)
-            if behaviour is not None:
-                group_behaviour = torch.where(mask, behaviour[k * G : (k + 1) * G, :Tg], 0.0)
-            else:  # on-policy: the training forward gives them; else behaviour_logprobs: sampler
-                group_behaviour = None if self.on_policy else sampler
             groups.append(Group(
                 prompt_index=rec_index,
-                prompt_ids=prompt_t[k * G],
+                prompt_ids=torch.tensor(flat[k * G].prompt_ids, dtype=torch.long),
                 response_ids=resp,
                 response_mask=mask,
                 rewards=torch.tensor([grades[i].reward for i in rows], dtype=torch.float32),
-                behaviour_logp=group_behaviour,
+                # on-policy: the training forward gives them; behaviour_logprobs: sampler: the engine's
+                behaviour_logp=None if self.on_policy else sampler,
                 sampler_logp=sampler,
                 version=version,
             ))
-        mismatch = None
-        if behaviour is not None:
+        t_behaviour, mismatch = time.perf_counter(), None  # the behaviour pass, timed alone
+        if not self.on_policy and cfg.behaviour_logprobs == "trainer":
+            # the same canonical micro-batches, mode and dtype as the training forward (gmc.update)
+            behaviour = self.update.logprobs(self.model, Rows.from_groups(groups)).cpu()
+            for k, g in enumerate(groups):
+                g.behaviour_logp = behaviour[k * G : (k + 1) * G, : g.response_ids.shape[1]].clone()
             mismatch = max(float((torch.tensor(s.logprobs) - behaviour[i, : s.length]).abs().max()) if s.length else 0.0
                            for i, s in enumerate(flat))
+        behaviour_seconds = time.perf_counter() - t_behaviour
         self._gen_log.append({
             "n": len(flat), "tokens": sum(lengths), "seconds": time.perf_counter() - t0,
             "behaviour_seconds": behaviour_seconds,
@@ -335,24 +316,9 @@ class Trainer:
         t0 = time.perf_counter()
         batch = self.source.next_batch(self.step)
         t1 = time.perf_counter()
-        B, G = len(batch), cfg.group_size
-        col = collate_groups(batch, self.pad_id, self.device)
-        T = col.response_mask.shape[1]
-        rewards = torch.stack([g.rewards for g in batch])  # [B, G]
-        mask = col.response_mask.view(B, G, T)
-        self.model.train()
-        logp = response_logprobs(self.model, col.input_ids, col.attention_mask, col.prompt_len,
-                                 chunk_size=cfg.logprob_chunk_size).view(B, G, T)
-        if all(g.behaviour_logp is None for g in batch):
-            behaviour = logp.detach()
-        else:
-            behaviour = torch.zeros(B * G, T)
-            for k, g in enumerate(batch):
-                behaviour[k * G : (k + 1) * G, : g.behaviour_logp.shape[1]] = g.behaviour_logp
-            behaviour = behaviour.view(B, G, T).to(self.device)
-        adv = advantages_for(rewards.to(self.device), mask.sum(-1), self.est_cfg)
-        loss, stats = self.loss_fn(logp, behaviour, mask, adv, self.est_cfg)
-        loss.backward()
+        on_policy = all(g.behaviour_logp is None for g in batch)
+        loss, stats, rewards = self.update.backward(batch, on_policy)
+        lengths = torch.cat([g.lengths for g in batch]).float()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
         finite = bool(torch.isfinite(loss)) and bool(torch.isfinite(grad_norm))
         if finite:
@@ -371,7 +337,7 @@ class Trainer:
             "train/lr": self.scheduler.get_last_lr()[0],
             "train/reward_mean": float(rewards.mean()),
             "train/frac_groups_all_same": float((rewards.std(-1) == 0).float().mean()),
-            "train/response_length_mean": float(mask.sum(-1).float().mean()),
+            "train/response_length_mean": float(lengths.mean()),
             "train/skipped_steps": float(self.skipped),
             **stats,
             **self._rollout_metrics(),
@@ -398,29 +364,24 @@ class Trainer:
         return state
 
     def save_checkpoint(self) -> None:
+        """Write the checkpoint (see :mod:`gmc.rundir`); weights that are not finite are never written."""
+        weights = self.model.state_dict()
+        bad = nonfinite_tensors(weights)
+        if bad:
+            raise NonFiniteError(
+                f"{len(bad)} of {len(weights)} weight tensors are not finite after step {self.step} (first: {bad[0]}); "
+                f"no checkpoint written; the last good checkpoint is "
+                f"{self.ckpt_path if self.ckpt_path.exists() else 'none'}")
         state = {
-            "step": self.step, "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+            "step": self.step, "model": weights, "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(), "rng": self._rng_state(), "cursor": self.cursor.state_dict(),
             "source": self.source.state_dict(), "skipped": self.skipped,
             "consecutive_nonfinite": self.consecutive_nonfinite, "run_info": self.run_info,
         }
-        with atomic_path(self.ckpt_path) as tmp:
-            torch.save(state, tmp)
-
-    def _checkpoint_matches_config(self) -> bool:
-        """A checkpoint made under another config is not resumed: the run starts afresh."""
-        saved = yaml.safe_load((self.out / "config.yaml").read_text()) if (self.out / "config.yaml").exists() else None
-        current = yaml.safe_load(yaml.safe_dump(to_dict(self.cfg)))
-        if saved == current:
-            return True
-        changed = sorted(k for k in set(flatten(saved or {})) | set(flatten(current))
-                         if flatten(saved or {}).get(k) != flatten(current).get(k))
-        log.warning("%s: the checkpoint was made with another config (changed: %s); starting afresh",
-                    self.out, ", ".join(changed) or "unknown")
-        return False
+        self.rundir.write_checkpoint(state)
 
     def _load_checkpoint(self) -> None:
-        state = torch.load(self.ckpt_path, map_location=self.device, weights_only=False)
+        state = self.rundir.load_checkpoint(map_location=self.device)
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
@@ -438,6 +399,8 @@ class Trainer:
         self.skipped = state["skipped"]
         self.consecutive_nonfinite = state["consecutive_nonfinite"]
         self.run_info = state["run_info"]
+        if self.step < self.cfg.steps:
+            self.rundir.unfinish()
         self.engine.sync_weights(self.model)
         for name in ("metrics.jsonl", "groups.jsonl"):
             truncate_jsonl(self.out / name, self.step)
@@ -447,18 +410,16 @@ class Trainer:
 
     def run(self) -> dict:
         cfg = self.cfg
-        tracker = None
-        if cfg.tracking_uri:
-            from gmc.tracking import LiveTracker
+        from gmc.tracking import live_tracker
 
-            tracker = LiveTracker(cfg.tracking_uri, cfg.experiment, self.out, self.run_info["run_id"], to_dict(cfg))
+        tracker = live_tracker(cfg.tracking_uri, cfg.experiment, self.out, self.run_info["run_id"], to_dict(cfg))
         bar = tqdm(total=cfg.steps, initial=self.step, desc=f"train {cfg.algorithm}", disable=not self.progress,
                    unit="step")
         try:
             with (self.out / "metrics.jsonl").open("a") as mfile, (self.out / "groups.jsonl").open("a") as gfile:
                 while self.step < cfg.steps:
                     metrics = self.train_step()
-                    record = {"step": self.step, **metrics}
+                    record = {"step": self.step, "time": time.time(), **metrics}
                     mfile.write(json.dumps(record) + "\n")
                     mfile.flush()
                     for g in self._last_batch:
@@ -476,15 +437,19 @@ class Trainer:
                     self.step += 1
                     if (cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0) or self.step == cfg.steps:
                         self.save_checkpoint()
+            with atomic_dir(self.out / "model") as tmp:
+                # the final model in its compute dtype (the masters stay in the checkpoint)
+                state = {k: v.to(self.compute_dtype) if v.is_floating_point() else v
+                         for k, v in self.model.state_dict().items()}
+                self.model.save_pretrained(tmp, state_dict=state)
+                self.tokenizer.save_pretrained(tmp)
+            summary = summarize_metrics(self.out / "metrics.jsonl")
+            summary["run_id"] = self.run_info["run_id"]
+            self.rundir.finish(summary)
         finally:
             bar.close()
             self.grader.close()
-        with atomic_dir(self.out / "model") as tmp:
-            self.model.save_pretrained(tmp)
-            self.tokenizer.save_pretrained(tmp)
-        summary = summarize_metrics(self.out / "metrics.jsonl")
-        summary["run_id"] = self.run_info["run_id"]
-        write_json(self.out / "summary.json", summary)
+            self.rundir.close()
         if tracker:
             tracker.finish(summary)
         return summary
@@ -492,28 +457,6 @@ class Trainer:
 
 # ---------------------------------------------------------------------------------------------
 # metrics files
-
-
-def read_jsonl(path: str | Path) -> list[dict]:
-    """Lines of a JSONL file; a torn last line (a crash mid-write) is ignored."""
-    rows = []
-    p = Path(path)
-    if not p.exists():
-        return rows
-    with p.open() as fh:
-        for line in fh:
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                break
-    return rows
-
-
-def truncate_jsonl(path: Path, step: int) -> None:
-    """Keep the lines with ``step < step`` (what a checkpoint at ``step`` had seen)."""
-    rows = [r for r in read_jsonl(path) if r["step"] < step]
-    with atomic_path(path) as tmp:
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
 def summarize_metrics(path: str | Path, window: int = 20) -> dict:
@@ -530,8 +473,7 @@ def summarize_metrics(path: str | Path, window: int = 20) -> dict:
     for key in ("rollout/reward_mean", "train/reward_mean"):
         out[f"{key}_first{window}"] = mean(key, head)
         out[f"{key}_last{window}"] = mean(key, tail)
-    for key in ("async/staleness_mean", "ratio/frac_groups_capped", "ratio/frac_traj_capped",
-                "ratio/frac_tokens_clipped", "ratio/ess_frac", "ratio/shortfall", "time/step_seconds"):
+    for key in ("async/staleness_mean", *diagnostic_names(), "time/step_seconds"):
         out[key] = mean(key, rows)
     out["train/skipped_steps"] = rows[-1].get("train/skipped_steps", 0.0)
     return {k: v for k, v in out.items() if v is not None}

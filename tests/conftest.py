@@ -1,9 +1,10 @@
+import json
 import os
 from pathlib import Path
 
 import pytest
 
-from gmc.data import data_root
+from gmc.data import DEFAULT_DATA_ROOT_ENV, data_root
 
 SHARED = data_root()
 
@@ -14,16 +15,20 @@ def pytest_configure(config):
 
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
-    """The repository's local copies of the benchmarks; tests that need them skip without them."""
+    """The offline copy of the benchmarks and the MATH training split (``$GMC_DATA_ROOT``, else
+    ``data/``); tests that need it skip without it, saying where to point the variable."""
     if not (SHARED / "benchmarks").is_dir():
-        pytest.skip(f"no local benchmark data at {SHARED}")
+        where = os.environ.get(DEFAULT_DATA_ROOT_ENV)
+        why = f"{DEFAULT_DATA_ROOT_ENV}={where} has no benchmarks/" if where else f"{DEFAULT_DATA_ROOT_ENV} is unset"
+        pytest.skip(f"no local data at {SHARED} ({why}): set {DEFAULT_DATA_ROOT_ENV} to a folder made by "
+                    "`gmc prepare-data`")
     return SHARED
 
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A briefly warm-started tiny policy, built once per test session."""
-    from gmc.policy import TinyModelConfig, build_tiny_model
+    from gmc.tiny import TinyModelConfig, build_tiny_model
 
     out = tmp_path_factory.mktemp("models") / "tiny"
     build_tiny_model(out, TinyModelConfig(max_steps=60, eval_every=30, eval_problems=16, batch_size=32),
@@ -36,3 +41,27 @@ def tiny_policy(tiny_model_dir):
     from gmc.policy import load_policy
 
     return load_policy(str(tiny_model_dir), device="cpu")
+
+
+@pytest.fixture
+def make_run_dir():
+    """Writes a finished run directory as the trainer leaves it (its files, no model) under
+    ``<results>/train/algo~A/delay~D/group~4/seed~0``; ``start`` is the first line's wall-clock time."""
+
+    def make(results: Path, algo: str = "gmc", delay: int = 0, steps: int = 3, start: float = 1.7e9,
+             finished: bool = True) -> Path:
+        d = results / "train" / f"algo~{algo}" / f"delay~{delay}" / "group~4" / "seed~0"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "run.json").write_text(json.dumps({"run_id": f"{algo}-{delay}-{results.name}", "git_revision": "abc"}))
+        (d / "config.yaml").write_text(f"algorithm: {algo}\nestimator:\n  eps: 0.2\n")
+        rows = [{"step": s, "time": start + s, "rollout/reward_mean": 0.1 * s, "async/staleness_mean": delay}
+                for s in range(steps)]
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        groups = [{"step": s, "version": s, "staleness": delay, "length_max": 10, "length_mean": 8.0,
+                   "reward_mean": 0.5, "submitted_at": 0.0, "completed_at": 1.0} for s in range(steps)]
+        (d / "groups.jsonl").write_text("".join(json.dumps(g) + "\n" for g in groups))
+        if finished:
+            (d / "summary.json").write_text(json.dumps({"steps": steps, "rollout/reward_mean_last20": 0.1}))
+        return d
+
+    return make

@@ -8,6 +8,7 @@ import pytest
 
 from gmc.analysis import collect, parse_point, to_latex, to_markdown, write_tables
 from gmc.evaluate import EvalConfig, evaluate, pass_at_k, summarize
+from gmc.stats import mean_interval
 
 
 def test_pass_at_k_hand_computed():
@@ -49,14 +50,19 @@ def test_evaluate_on_a_real_benchmark(tmp_path, tiny_model_dir, shared_data):
     assert s["problems"] == 3 and "greedy" not in s
 
 
-def fake_run(results, algo, delay, group, seed, reward, score):
+def fake_run(results, algo, delay, group, seed, reward, score, se=None):
     d = results / "train" / f"algo~{algo}" / f"delay~{delay}" / f"group~{group}" / f"seed~{seed}"
     d.mkdir(parents=True)
     (d / "summary.json").write_text(json.dumps({"steps": 10, "rollout/reward_mean_last20": reward,
                                                 "ratio/ess_frac": 0.9}))
+    (d / "metrics.jsonl").write_text("".join(json.dumps({"step": t, "rollout/reward_mean": reward + 0.01 * t}) + "\n"
+                                             for t in range(12)))
     e = results / "eval" / f"algo~{algo}" / f"delay~{delay}" / f"group~{group}" / f"seed~{seed}"
     e.mkdir(parents=True)
-    (e / "synthetic.json").write_text(json.dumps({"benchmark": "synthetic", "greedy": score, "pass_at_1": score / 2}))
+    ev = {"benchmark": "synthetic", "greedy": score, "pass_at_1": score / 2, "problems": 101}
+    if se is not None:
+        ev["pass_at_1_se"] = se
+    (e / "synthetic.json").write_text(json.dumps(ev))
 
 
 def test_tables_aggregate_seeds(tmp_path):
@@ -71,10 +77,19 @@ def test_tables_aggregate_seeds(tmp_path):
     main = tables["main"]
     row = main[(main.algorithm == "gmc")].iloc[0]
     assert row["rollout/reward_mean_last20:mean"] == pytest.approx(0.6)
-    assert row["rollout/reward_mean_last20:std"] == pytest.approx(pd.Series([0.5, 0.7]).std())
+    sd = pd.Series([0.5, 0.7]).std()
+    assert row["rollout/reward_mean_last20:std"] == pytest.approx(sd)
+    assert row["rollout/reward_mean_last20:half"] == pytest.approx(12.7062047 * sd / math.sqrt(2))
     assert row["eval/mean/greedy:mean"] == pytest.approx(0.5) and row["n_seeds"] == 2
+    # greedy: binomial standard error over the 101 problems, folded into the interval
+    se = [math.sqrt(p * (1 - p) / 100) for p in (0.4, 0.6)]
+    half = 12.7062047 * math.sqrt((sd**2 + (se[0] ** 2 + se[1] ** 2) / 2) / 2)
+    assert row["eval/synthetic/greedy:half"] == pytest.approx(half)
+    assert row["eval/mean/greedy:half"] == pytest.approx(half)
     md = to_markdown(main)
-    assert "0.600 ± 0.141" in md and "synthetic Pass@1" in md
+    assert "0.600 ± 1.271" in md and "synthetic Pass@1" in md
+    grpo = main[main.algorithm == "grpo"].iloc[0]  # one seed: a mean, no interval
+    assert grpo["n_seeds"] == 1 and math.isnan(grpo["eval/synthetic/pass_at_1:half"])
     assert r"$\pm$" in to_latex(main)
     assert (r / "tables" / "main.csv").exists() and (r / "tables" / "diagnostics.tex").exists()
 
@@ -85,3 +100,55 @@ def test_parse_point_and_missing_runs(tmp_path):
     assert parse_point("results/train/other") is None
     with pytest.raises(FileNotFoundError, match="no finished runs"):
         collect(tmp_path)
+
+
+def test_paired_differences_at_equal_delay_group_and_seed(tmp_path):
+    r = tmp_path / "results"
+    for seed, (g, t, p) in enumerate([(0.70, 0.50, 0.60), (0.72, 0.56, 0.74), (0.74, 0.52, 0.62)]):
+        fake_run(r, "gmc", 16, 8, seed, 0.5, g, se=0.02)
+        fake_run(r, "tic", 16, 8, seed, 0.5, t, se=0.02)
+        fake_run(r, "grpo", 16, 8, seed, 0.5, p, se=0.02)
+    fake_run(r, "gmc", 0, 8, 0, 0.5, 0.7)  # no partner: skipped
+    fake_run(r, "tic", 16, 4, 0, 0.5, 0.7)
+    paired = write_tables(r)["paired"]
+    assert set(paired["comparison"]) == {"gmc − tic", "gmc − grpo"}
+    assert set(zip(paired["delay"], paired["group"])) == {("16", 8)}
+    row = paired[(paired.comparison == "gmc − tic") & (paired.metric == "eval/synthetic/pass_at_1")].iloc[0]
+    d = [(0.70 - 0.50) / 2, (0.72 - 0.56) / 2, (0.74 - 0.52) / 2]  # pass_at_1 = score / 2
+    half = 4.30265273 * math.sqrt((pd.Series(d).var() + 2 * 0.02**2) / 3)
+    assert row["diff"] == pytest.approx(sum(d) / 3) and row["half"] == pytest.approx(half)
+    assert row["n_seeds"] == 3 and row["n_sign"] == 3 and row["excludes_zero"]
+    row = paired[(paired.comparison == "gmc − grpo") & (paired.metric == "eval/synthetic/pass_at_1")].iloc[0]
+    assert row["n_sign"] == 2 and not row["excludes_zero"]
+    reward = paired[paired.metric == "rollout/reward_mean_last20"]
+    assert (reward["diff"] == 0).all() and not reward["excludes_zero"].any()
+    md = (r / "tables" / "paired.md").read_text()
+    assert "gmc − tic at delay 16, G = 8, synthetic Pass@1: +0.097" in md and "(3/3) *" in md
+    assert "gmc − grpo at delay 16, G = 8, synthetic Pass@1" not in md
+    assert "$-$" in (r / "tables" / "paired.tex").read_text()
+    assert len(pd.read_csv(r / "tables" / "paired.csv")) == len(paired)
+
+
+def test_figures_show_intervals_over_seeds(tmp_path):
+    import matplotlib.pyplot as plt
+
+    from gmc import plots
+
+    r = tmp_path / "results"
+    for seed, (g, t) in enumerate([(0.70, 0.50), (0.72, 0.56), (0.74, 0.52)]):
+        fake_run(r, "gmc", 16, 8, seed, 0.5 + 0.1 * seed, g, se=0.02)
+        fake_run(r, "tic", 16, 8, seed, 0.5, t, se=0.02)
+    fake_run(r, "gmc", 0, 8, 0, 0.5, 0.7, se=0.02)
+    paths = plots.run_figures(r)
+    assert {p.stem for p in paths} >= {"reward_vs_step", "score_vs_delay", "score_vs_group"}
+    frame = collect(r)
+    plots._score_column(frame)
+    fig, ax = plt.subplots()
+    gmc = plots._numeric_delays(frame[frame.algorithm == "gmc"])
+    plots._line_by_algorithm(ax, gmc, "delay", "score", "score_se")
+    bars = ax.containers[0]  # errorbar container: (line, caps, bar collections)
+    segs = bars.lines[2][0].get_segments()
+    half = {int(float(seg[0][0])): (seg[1][1] - seg[0][1]) / 2 for seg in segs}
+    expected = mean_interval([0.35, 0.36, 0.37], [0.02] * 3).half
+    assert half[0] == 0 and half[16] == pytest.approx(expected)  # one seed at delay 0: no bar
+    plt.close(fig)

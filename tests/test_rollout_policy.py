@@ -10,10 +10,20 @@ from gmc.decoding import HFDecoder, Qwen3Decoder, make_decoder
 from gmc.policy import (
     load_policy,
     position_ids_from_mask,
-    response_logprobs,
     token_logprobs_from_hidden,
 )
-from gmc.rollout import HFEngine, SamplingConfig, _sample_next, make_engine
+from gmc.rollout import (
+    HFEngine,
+    SamplingConfig,
+    VLLMConfig,
+    _mix,
+    _sample_next,
+    end_token_ids,
+    make_engine,
+    stream_keys,
+    stream_uniforms,
+)
+from gmc.update import Rows, sequence_logprobs
 
 
 def prompts_for(n, seed=0):
@@ -48,8 +58,8 @@ def test_tiny_model_reloads_with_identical_logits(tiny_model_dir, tiny_policy):
     assert torch.equal(a, b)
 
 
-def recomputed_logprobs(model, tok, flat):
-    """The policy's log-probs of each sample's response, from one full forward of the batch."""
+def packed(tok, flat):
+    """``(ids, attention_mask, prompt_len)`` of samples: left-padded prompts, right-padded responses."""
     P = max(len(s.prompt_ids) for s in flat)
     T = max(s.length for s in flat)
     ids = torch.full((len(flat), P + T), tok.pad_token_id)
@@ -58,8 +68,14 @@ def recomputed_logprobs(model, tok, flat):
         ids[i, P - len(s.prompt_ids) : P] = torch.tensor(s.prompt_ids)
         ids[i, P : P + s.length] = torch.tensor(s.token_ids)
         attn[i, P - len(s.prompt_ids) : P + s.length] = 1
-    with torch.no_grad():
-        return response_logprobs(model, ids, attn, P)
+    return ids, attn, P
+
+
+def recomputed_logprobs(model, tok, flat):
+    """The policy's log-probs of each sample's response, as the trainer computes them."""
+    rows = Rows([torch.tensor(s.prompt_ids + s.token_ids) for s in flat], [len(s.prompt_ids) for s in flat],
+                [s.length for s in flat])
+    return sequence_logprobs(model, rows, 0, tok.pad_token_id)
 
 
 def test_sampler_logprobs_match_recomputed_policy_logprobs(tiny_policy):
@@ -146,39 +162,12 @@ def test_engine_with_another_architecture_samples_the_policy(tiny_policy):
 def test_sampling_follows_the_distribution_and_never_picks_a_zero_probability_token():
     probs = torch.tensor([0.0, 0.5, 0.3, 0.2, 0.0])
     logits = probs.log().repeat(40_000, 1)
-    tok, lp = _sample_next(logits, SamplingConfig(), torch.Generator().manual_seed(0))
+    rows = torch.arange(len(logits))
+    tok, lp = _sample_next(logits, SamplingConfig(), stream_uniforms(stream_keys(0, 0, rows, rows * 0), 0))
     freq = torch.bincount(tok, minlength=5).float() / len(tok)
     assert freq[0] == 0 and freq[4] == 0
     torch.testing.assert_close(freq, probs, rtol=0, atol=0.01)
     torch.testing.assert_close(lp, probs.log()[tok])
-
-
-def test_prompt_sharing_log_probs_equal_row_by_row(tiny_policy):
-    """Rows of a group share one forward of their prompt; values and gradients equal the
-    unshared computation (each row alone), also under gradient checkpointing (no sharing)."""
-    model, tok = tiny_policy
-    prompts = [p for p in prompts_for(3, seed=2) for _ in range(3)]
-    enc = tok([p + " 1+2=3." for p in prompts], return_tensors="pt", padding=True, add_special_tokens=False)
-    P = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)["input_ids"].shape[1]
-    ids, mask = enc["input_ids"], enc["attention_mask"]
-    ids[1::3, -2:], mask[1::3, -2:] = tok.pad_token_id, 0  # some responses end earlier
-    resp = mask[:, P:].bool()
-    params = [p for p in model.parameters()]
-    model.train()
-    try:
-        shared = response_logprobs(model, ids, mask, P)
-        alone = torch.cat([response_logprobs(model, ids[i : i + 1], mask[i : i + 1], P) for i in range(len(ids))])
-        torch.testing.assert_close(shared[resp], alone[resp], rtol=1e-5, atol=1e-5)
-        g_shared = torch.autograd.grad(shared[resp].sum(), params)
-        g_alone = torch.autograd.grad(alone[resp].sum(), params)
-        for a, b in zip(g_shared, g_alone):
-            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
-        model.gradient_checkpointing_enable()
-        checkpointed = response_logprobs(model, ids, mask, P)
-        torch.testing.assert_close(checkpointed[resp], alone[resp], rtol=1e-5, atol=1e-5)
-    finally:
-        model.gradient_checkpointing_disable()
-        model.eval()
 
 
 def test_engine_is_reproducible_for_a_seed(tiny_policy):
@@ -190,6 +179,114 @@ def test_engine_is_reproducible_for_a_seed(tiny_policy):
     key = lambda gs: [s.token_ids for g in gs for s in g]  # noqa: E731
     assert key(a) == key(b)
     assert key(a) != key(c)
+
+
+def splitmix64_reference(x: int) -> int:
+    """splitmix64's output function on Python integers (Steele et al., 2014; Vigna's C code)."""
+    m = (1 << 64) - 1
+    z = (x + 0x9E3779B97F4A7C15) & m
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m
+    return z ^ (z >> 31)
+
+
+def test_stream_hash_is_splitmix64_with_wrapping_int64_arithmetic():
+    xs = [0, 1, 2, 12345, 2**62 + 7, 2**63 - 1, -1, -(2**63), -987654321]
+    got = _mix(torch.tensor(xs, dtype=torch.long)).tolist()
+    assert [g & ((1 << 64) - 1) for g in got] == [splitmix64_reference(x & ((1 << 64) - 1)) for x in xs]
+    # the first outputs of Vigna's splitmix64.c seeded with 0 (state advances by the golden ratio)
+    assert splitmix64_reference(0) == 0xE220A8397B1DCDAF
+    u = stream_uniforms(stream_keys(3, 0, torch.arange(10_000), torch.zeros(10_000, dtype=torch.long)), 0)
+    assert u.dtype == torch.float32 and (u > 0).all() and (u <= 1).all()
+
+
+def test_streams_are_independent_across_prompts_samples_and_calls():
+    """Old vLLM seeding (one seed per call, sample j on seed + j) gave sample j of every prompt
+    one stream, and call c's sample j+1 the stream of call c+1's sample j: here the correlation
+    of any two streams over their positions is sampling noise, and no stream repeats."""
+    calls, prompts, samples, T = 3, 64, 8, 256
+    c, p, j = torch.meshgrid(torch.arange(calls), torch.arange(prompts), torch.arange(samples), indexing="ij")
+    keys = torch.stack([stream_keys(0, int(ci), p[ci].flatten(), j[ci].flatten()) for ci in range(calls)]).flatten()
+    assert keys.unique().numel() == keys.numel()
+    u = torch.stack([stream_uniforms(keys, t) for t in range(T)], dim=1).double()  # [streams, T]
+    assert abs(u.mean() - 0.5) < 0.002 and abs(u.var() - 1 / 12) < 0.001
+    corr = torch.corrcoef(u)
+    off = corr[~torch.eye(len(u), dtype=torch.bool)]
+    # T positions: each correlation ~ N(0, 1/T); the largest of ~2.4e6 pairs stays below 6 sd
+    assert off.abs().max() < 6 / T**0.5
+    assert abs(off.mean()) < 1e-3
+    same_sample = corr.view(calls, prompts, samples, calls, prompts, samples)[0, :, 0, 0, :, 0]
+    assert same_sample[~torch.eye(prompts, dtype=torch.bool)].abs().mean() < 2 / T**0.5
+    # a stream's positions are independent draws too (lag-1 autocorrelation)
+    lag = ((u[:, 1:] - 0.5) * (u[:, :-1] - 0.5)).mean() * 12
+    assert abs(lag) < 0.01
+
+
+def test_samples_do_not_depend_on_batch_size_and_resume_from_the_call_counter(tiny_policy):
+    model, tok = tiny_policy
+    sampling = SamplingConfig(temperature=1.0, max_new_tokens=12)
+    key = lambda gs: [s.token_ids for g in gs for s in g]  # noqa: E731
+    a = HFEngine(model, tok, seed=5)
+    first, second = a.generate(prompts_for(3), 3, sampling), a.generate(prompts_for(3), 3, sampling)
+    assert a.generator_state() == {"seed": 5, "calls": 2}
+    small = HFEngine(model, tok, seed=5, batch_size=2)  # one prompt per batch
+    assert key(small.generate(prompts_for(3), 3, sampling)) == key(first)
+    resumed = HFEngine(model, tok, seed=0)
+    resumed.set_generator_state({"seed": 5, "calls": 1})
+    assert key(resumed.generate(prompts_for(3), 3, sampling)) == key(second)
+    assert key(first) != key(second)
+    with pytest.raises(ValueError, match="'seed' and 'calls'"):
+        resumed.set_generator_state(torch.zeros(8, dtype=torch.uint8))
+
+
+def test_one_prompt_twice_in_a_call_gets_two_independent_groups(tiny_policy):
+    model, tok = tiny_policy
+    prompt = prompts_for(1)[0]
+    groups = HFEngine(model, tok, seed=0).generate([prompt, prompt], 4, SamplingConfig(temperature=2.0, max_new_tokens=12))
+    assert [s.token_ids for s in groups[0]] != [s.token_ids for s in groups[1]]
+    assert len({tuple(s.token_ids) for g in groups for s in g}) == 8
+
+
+def chatml_tokenizer(tok):
+    """The tiny tokenizer with Qwen3's chat markers and a ChatML chat template."""
+    import copy
+
+    chat = copy.deepcopy(tok)
+    chat.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    chat.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    return chat
+
+
+def test_every_end_of_turn_id_stops_an_answer(tiny_policy):
+    """A model whose generation config lists two end ids and whose chat template ends turns
+    with <|im_end|>: all three are end ids, and an answer stops at the generation config's
+    second id (a token the model emits)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    _, tiny_tok = tiny_policy
+    tok = chatml_tokenizer(tiny_tok)
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(Qwen3Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)).eval()
+    greedy = SamplingConfig(temperature=0.0, max_new_tokens=12)
+    prompts = prompts_for(3)
+    free = HFEngine(model, tok).generate(prompts, 1, greedy)
+    assert all(g[0].finish_reason == "length" for g in free), "a random model runs to the token limit"
+    stop = free[0][0].token_ids[3]  # a token the model emits: made an end id below
+    model.generation_config.eos_token_id = [tok.eos_token_id, stop]
+    assert end_token_ids(tok, model) == {tok.eos_token_id, stop, im_end}
+    assert end_token_ids(tiny_tok) == {tiny_tok.eos_token_id}  # no template, no generation config
+    stopped = HFEngine(model, tok).generate(prompts, 1, greedy)
+    for before, after in zip(free, stopped):
+        toks = before[0].token_ids
+        if stop in toks:
+            end = toks.index(stop) + 1
+            assert after[0].token_ids == toks[:end] and after[0].finish_reason == "stop"
+        else:
+            assert after[0].token_ids == toks and after[0].finish_reason == "length"
 
 
 def test_eos_and_length_limits(tiny_policy):
@@ -211,8 +308,8 @@ def test_eos_and_length_limits(tiny_policy):
 
 def test_top_p_restricts_to_the_nucleus():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]])).repeat(2000, 1)
-    gen = torch.Generator().manual_seed(0)
-    tok, lp = _sample_next(logits, SamplingConfig(top_p=0.7), gen)
+    rows = torch.arange(len(logits))
+    tok, lp = _sample_next(logits, SamplingConfig(top_p=0.7), stream_uniforms(stream_keys(0, 0, rows * 0, rows), 3))
     assert set(tok.tolist()) == {0, 1}
     torch.testing.assert_close(lp[tok == 0][0], torch.log(torch.tensor(0.5 / 0.8)))
 
@@ -220,6 +317,10 @@ def test_top_p_restricts_to_the_nucleus():
 def test_sampling_config_and_engine_errors():
     with pytest.raises(ValueError, match="top_p"):
         SamplingConfig(top_p=0)
+    with pytest.raises(ValueError, match="gpu_memory_utilization"):
+        VLLMConfig(gpu_memory_utilization=1.5)
+    with pytest.raises(ValueError, match="vllm.dtype"):
+        VLLMConfig(dtype="int8")
     with pytest.raises(ValueError, match="'hf' or 'vllm'"):
         make_engine("sglang", None, None)
 
@@ -235,16 +336,3 @@ def test_vllm_engine_without_vllm_names_the_extra():
             VLLMEngine("any")
     else:
         pytest.skip("vLLM is installed")
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU and vLLM")
-def test_vllm_engine_generates_and_syncs(tiny_model_dir):
-    from gmc.rollout import VLLMEngine
-
-    model, tok = load_policy(str(tiny_model_dir), device="cuda")
-    engine = VLLMEngine(str(tiny_model_dir), dtype="float32", gpu_memory_utilization=0.2)
-    groups = engine.generate(prompts_for(2), 2, SamplingConfig(max_new_tokens=16))
-    assert len(groups) == 2 and all(len(g) == 2 for g in groups)
-    assert all(len(s.logprobs) == s.length for g in groups for s in g)
-    engine.sync_weights(model)

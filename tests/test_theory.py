@@ -5,7 +5,14 @@ import pandas as pd
 import pytest
 
 from gmc.cli import main
-from gmc.theory import TabularWorld, delayed_run, fixed_policy_experiment
+from gmc.theory import (
+    CLAIM_EXPONENTS,
+    TabularWorld,
+    _bias_norm,
+    claim_fits,
+    delayed_run,
+    fixed_policy_experiment,
+)
 
 
 def test_world_probabilities_and_gradient_are_exact():
@@ -56,9 +63,64 @@ def test_delay_zero_makes_trajectory_methods_identical():
 
 def test_theory_cli_quick_writes_tables_and_figures(tmp_path):
     main(["theory", "--quick", "--out", str(tmp_path)])
-    for name in ("fixed_policy", "bias_slopes", "delayed_runs", "delayed_summary"):
+    for name in ("fixed_policy", "bias_slopes", "claims", "delayed_runs", "delayed_summary"):
         assert len(pd.read_csv(tmp_path / f"{name}.csv")) > 0
-    for stem in ("theory_bias_vs_G_exact_baseline", "theory_shortfall_vs_eps", "theory_reward_vs_delay"):
+    claims = pd.read_csv(tmp_path / "claims.csv")
+    assert set(claims["claim"].astype(str)) == {"1", "2/3"} and {"exponent", "lo", "hi"} <= set(claims.columns)
+    for stem in ("theory_bias_vs_G_exact_baseline", "theory_bias_vs_G_group_norm", "theory_bias_vs_eps",
+                 "theory_shortfall_vs_eps", "theory_reward_vs_delay"):
         assert (tmp_path / f"{stem}.png").stat().st_size > 1000
         assert (tmp_path / f"{stem}.pdf").stat().st_size > 1000
     assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_bias_norm_interval_covers_with_the_targets_own_noise():
+    """||E x - E y|| from two noisy sample sets: the interval covers the truth about 95% of the
+    time when the target's Monte Carlo noise is counted, and 0 is inside when they agree."""
+    rng = np.random.default_rng(0)
+    P, n = 30, 1500
+    offset = np.zeros(P)
+    offset[0] = 0.08
+    covered = zero_inside = 0
+    for _ in range(200):
+        x = rng.standard_normal((n, P)) + offset
+        y = rng.standard_normal((n, P))
+        b, lo, hi, se = _bias_norm(x, y)
+        covered += lo <= 0.08 <= hi
+        zero_inside += _bias_norm(rng.standard_normal((n, P)), y)[1] == 0
+    assert covered / 200 >= 0.9 and zero_inside / 200 >= 0.9
+    b, lo, hi, se = _bias_norm(rng.standard_normal((n, P)) * 0.01 + offset)
+    assert b == pytest.approx(0.08, abs=0.002) and se == pytest.approx((hi - lo) / 2 / 1.96, rel=0.2)
+
+
+def test_group_normalised_table_has_the_is_floor_and_excess_over_it():
+    world = TabularWorld(V=4, T=4)
+    df = fixed_policy_experiment(world, [4, 256], [0.1], [0.5], n_rep=3000, seed=0, progress=False)
+    norm = df[df.variant == "group_norm"].set_index(["G", "method"])
+    assert set(df[df.method == "is"]["variant"]) == {"group_norm"}
+    assert (norm.xs("is", level="method")["excess"] == 0).all()
+    assert norm.loc[(256, "is"), "bias_lo"] > 0  # the floor: even uncapped IS is biased here
+    # gmc's excess over the floor shrinks with G, tic's does not
+    assert norm.loc[(256, "gmc"), "excess"] < 0.5 * norm.loc[(4, "gmc"), "excess"]
+    assert norm.loc[(256, "tic"), "excess_lo"] > 0.5 * norm.loc[(4, "tic"), "excess"]
+    for G in (4, 256):  # triangle inequality: |bias - floor| <= excess, up to Monte Carlo noise
+        for m in ("tic", "gmc"):
+            gap = abs(norm.loc[(G, m), "bias"] - norm.loc[(G, "is"), "bias"])
+            assert gap <= norm.loc[(G, m), "excess_hi"] + norm.loc[(G, m), "bias_hi"] - norm.loc[(G, m), "bias_lo"]
+    exact = df[df.variant == "exact_baseline"]
+    assert (exact["bias"] == exact["excess"]).all()
+
+
+def test_claim_fits_recover_synthetic_power_laws():
+    rows = []
+    for G in (2, 8, 32, 128, 512):
+        for eps in (0.05, 0.1, 0.2, 0.4, 0.8):
+            for method, k_eps, k_G in (("tic", -4.0, 0.0), ("gmc", -2.0, -0.4)):
+                y = 1e-3 * eps**k_eps * G**k_G
+                rows.append(dict(variant="exact_baseline", drift=1.0, rho_max_dev=2.0, G=G, eps=eps, method=method,
+                                 excess=y, excess_lo=0.9 * y, excess_hi=1.1 * y, excess_se=0.05 * y))
+    claims = claim_fits(pd.DataFrame(rows))
+    assert len(claims) == 2 * 5 + 2 * 5
+    for r in claims.itertuples():
+        assert r.exponent == pytest.approx(r.reference, abs=1e-9) and r.covers_reference, r
+        assert r.reference == CLAIM_EXPONENTS[(r.claim, r.method)]

@@ -12,7 +12,8 @@ import torch
 
 from gmc import estimators
 from gmc.config import ConfigError, TrainConfig, load_train_config
-from gmc.trainer import TIME_PREFIX, NonFiniteError, Trainer, read_jsonl
+from gmc.io import read_jsonl
+from gmc.trainer import TIME_PREFIX, NonFiniteError, Trainer
 
 
 def small_config(model_dir, **overrides):
@@ -23,7 +24,7 @@ def small_config(model_dir, **overrides):
 
 
 def without_time(rows):
-    return [{k: v for k, v in r.items() if not k.startswith(TIME_PREFIX)} for r in rows]
+    return [{k: v for k, v in r.items() if k != "time" and not k.startswith(TIME_PREFIX)} for r in rows]
 
 
 def train(tmp_path, name, model_dir, **overrides):
@@ -74,7 +75,7 @@ def test_behaviour_logprobs_from_the_trainer_or_the_sampler(tmp_path, tiny_model
     assert all(g.behaviour_logp is g.sampler_logp for g in sampler._make_groups(2, version=0))
     sampler.grader.close()
     with pytest.raises(ConfigError, match="behaviour_logprobs: 'sampler' needs"):
-        load_train_config(None, ["behaviour_logprobs=sampler", "sampling.top_p=0.9"])
+        load_train_config(None, ["behaviour_logprobs=sampler", "sampling.temperature=0.7"])
 
 
 def test_latency_mode_runs(tmp_path, tiny_model_dir):
@@ -171,9 +172,13 @@ def test_live_tracking_writes_the_same_run(tmp_path, tiny_model_dir):
     out = train(tmp_path, "live", tiny_model_dir, steps=2, tracking_uri=uri)
     client = MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name("gmc")
+    (run,) = client.search_runs([exp.experiment_id])
+    lines = read_jsonl(out / "metrics.jsonl")
+    history = client.get_metric_history(run.info.run_id, "rollout/reward_mean")
+    assert [(m.step, m.timestamp) for m in history] == [(r["step"], int(r["time"] * 1000)) for r in lines]
+    assert sync_run(out, uri) == run.info.run_id
     assert len(client.search_runs([exp.experiment_id])) == 1
-    sync_run(out, uri)
-    assert len(client.search_runs([exp.experiment_id])) == 1
+    assert len(client.get_metric_history(run.info.run_id, "rollout/reward_mean")) == 2
 
 
 def test_config_errors_name_the_key(tmp_path):
@@ -197,11 +202,12 @@ def test_config_errors_name_the_key(tmp_path):
     assert json.dumps(cfg.synthetic.max_operands) == "3"
 
 
-def test_resume_with_a_changed_config_starts_afresh(tmp_path, tiny_model_dir, caplog):
+def test_resume_with_a_changed_config_is_refused(tmp_path, tiny_model_dir):
+    from gmc.rundir import ConfigMismatch
+
     out = train(tmp_path, "changed", tiny_model_dir, steps=2, checkpoint_every=1)
     (out / "summary.json").unlink()
     cfg = load_train_config(None, small_config(tiny_model_dir, steps=2, checkpoint_every=1, lr=1e-5))
-    trainer = Trainer(cfg, out, resume=True, progress=False)
-    assert trainer.step == 0 and "changed: lr" in caplog.text
-    trainer.run()
-    assert [r["train/lr"] for r in read_jsonl(out / "metrics.jsonl")] == [1e-5, 1e-5]
+    with pytest.raises(ConfigMismatch, match="changed: lr"):
+        Trainer(cfg, out, resume=True, progress=False)
+    assert [r["train/lr"] for r in read_jsonl(out / "metrics.jsonl")] == [2e-4, 2e-4]

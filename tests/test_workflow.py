@@ -43,7 +43,9 @@ def test_paper_preset_dry_run_plans_the_full_sweep(tmp_path):
     assert out.returncode == 0, out.stderr
     text = out.stdout + out.stderr
     train_jobs = [line for line in text.splitlines() if line.strip().startswith("train ")]
-    assert train_jobs and train_jobs[0].split()[-1] == str(3 * 5 * 3 + 3)
+    n_train = int(train_jobs[0].split()[-1]) if train_jobs else 0
+    assert n_train == (3 * 5 * 3 + 3) * 3 >= 135  # (algorithms x delays x G + latency) x 3 seeds
+    assert "seed~2/summary.json" in text
     assert "fetch_model" in text and "delay~128/group~32" in text
 
 
@@ -75,11 +77,26 @@ def test_end_to_end_tiny_sweep(tmp_path):
     assert set(main["algorithm"]) == {"base", "grpo", "gmc"} and "eval/synthetic/pass_at_1:mean" in main.columns
     assert (results / "tables" / "main.md").read_text().startswith("| algorithm")
     assert "\\begin{tabular}" in (results / "tables" / "main.tex").read_text()
+    paired = pd.read_csv(results / "tables" / "paired.csv")
+    # latency runs are gmc only here: no partner, no row
+    assert set(paired["comparison"]) == {"gmc − grpo"} and set(paired["delay"].astype(str)) == {"0", "2"}
+    assert "Differences whose interval excludes zero" in (results / "tables" / "paired.md").read_text()
+    assert len(pd.read_csv(results / "theory" / "claims.csv")) > 0
     for name in ("reward_vs_step", "score_vs_delay", "score_vs_group", "ratio_diagnostics", "staleness_vs_length"):
         assert (results / "figures" / f"{name}.png").stat().st_size > 5000
         assert (results / "figures" / f"{name}.pdf").exists()
     synced = json.loads((results / "mlflow" / "synced.json").read_text())
     assert len(synced["runs"]) == 5
+    # logged live (tracking_uri is set), nested under the sweep's run, with the evaluation scores
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{results / 'mlflow.db'}")
+    mlflow_runs = client.search_runs([client.get_experiment_by_name("gmc").experiment_id])
+    parents = [r for r in mlflow_runs if "gmc.sweep" in r.data.tags]
+    children = [r for r in mlflow_runs if "gmc.run_id" in r.data.tags]
+    assert len(parents) == 1 and sorted(r.info.run_id for r in children) == sorted(synced["runs"].values())
+    assert all(r.data.tags["mlflow.parentRunId"] == synced["sweep"] == parents[0].info.run_id for r in children)
+    assert all("eval/synthetic/pass_at_1" in r.data.metrics for r in [*children, *parents])
     base = json.loads((results / "eval" / "base" / "synthetic.json").read_text())
     assert base["problems"] == 8 and base["k"] == 2
 

@@ -3,6 +3,8 @@ import itertools
 import os
 from pathlib import Path
 
+from gmc.asynchrony import named_delays
+
 RESULTS = config["results"]
 # conda environments for --sdm conda: envs/cpu.yaml for every job except those given GPUs, which
 # get envs/gpu.yaml (CUDA torch, vLLM). The env files install the project from GMC_REPO (this
@@ -20,13 +22,16 @@ def conda_env(rule, config_gpus):
 
 
 SWEEP = config["sweep"]
-LATENCY = config["latency"]
+# delay modes swept by name (delay~latency), each with its config section (gmc.asynchrony.DELAY_MODES)
+NAMED_DELAYS = {
+    m: config[m] for m in named_delays() if m in config and config[m]["enabled"]
+}
 BENCHMARKS = config["evaluate"]["benchmarks"]
 
 
 wildcard_constraints:
     algo="[a-z]+",
-    delay=r"\d+|latency",
+    delay="|".join([r"\d+", *named_delays()]),
     group=r"\d+",
     seed=r"\d+",
 
@@ -38,11 +43,11 @@ def _run_dirs():
             SWEEP["algorithms"], SWEEP["delays"], SWEEP["group_sizes"], SWEEP["seeds"]
         )
     ]
-    if LATENCY["enabled"]:
+    for mode, section in NAMED_DELAYS.items():
         dirs += [
-            f"{RESULTS}/train/algo~{a}/delay~latency/group~{g}/seed~{s}"
+            f"{RESULTS}/train/algo~{a}/delay~{mode}/group~{g}/seed~{s}"
             for a, g, s in itertools.product(
-                LATENCY["algorithms"], LATENCY["group_sizes"], SWEEP["seeds"]
+                section["algorithms"], section["group_sizes"], SWEEP["seeds"]
             )
         ]
     return dirs
@@ -64,7 +69,7 @@ EVAL_DIRS = [
 ] + [f"{RESULTS}/eval/base"]
 EVAL_DONE = [f"{d}/{b}.json" for d in EVAL_DIRS for b in BENCHMARKS]
 MLFLOW_DONE = f"{RESULTS}/mlflow/synced.json"
-TABLE_NAMES = ["main", "diagnostics"]
+TABLE_NAMES = ["main", "diagnostics", "paired"]
 TABLES = [
     f"{RESULTS}/tables/{t}.{ext}" for t in TABLE_NAMES for ext in ("csv", "md", "tex")
 ]
@@ -80,12 +85,34 @@ THEORY = [
     f"{RESULTS}/theory/{f}"
     for f in (
         "fixed_policy.csv",
+        "claims.csv",
         "delayed_summary.csv",
         "theory_bias_vs_G_exact_baseline.png",
+        "theory_bias_vs_eps.png",
         "theory_shortfall_vs_eps.png",
         "theory_reward_vs_delay.png",
     )
 ]
+
+
+def train_values():
+    """The TrainConfig keys every run shares: the train section, with the data and mlflow
+    settings (the model and the sweep point are set per job)."""
+    return dict(
+        config["train"],
+        data_source=config["data"]["source"],
+        data_root=config["data"]["root"],
+        experiment=config["mlflow"]["experiment"],
+    )
+
+
+def eval_values():
+    """The EvalConfig of every evaluation job: the evaluate section with the data settings."""
+    return dict(
+        config["evaluate"],
+        data_source=config["data"]["source"],
+        data_root=config["data"]["root"],
+    )
 
 
 def train_overrides(wildcards):
@@ -94,9 +121,11 @@ def train_overrides(wildcards):
         "group_size": wildcards.group,
         "seed": wildcards.seed,
     }
-    if wildcards.delay == "latency":
-        sets["delay.mode"] = "latency"
-        sets.update({f"delay.{k}": v for k, v in LATENCY["delay"].items()})
+    if wildcards.delay in NAMED_DELAYS:
+        sets["delay.mode"] = wildcards.delay
+        sets.update(
+            {f"delay.{k}": v for k, v in NAMED_DELAYS[wildcards.delay]["delay"].items()}
+        )
     else:
         sets["delay.mode"] = "fixed"
         sets["delay.d"] = wildcards.delay

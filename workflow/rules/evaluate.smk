@@ -8,11 +8,7 @@ rule eval_config:
         CONDA_ENV
     params:
         kind="eval",
-        values=dict(
-            config["evaluate"],
-            data_source=config["data"]["source"],
-            data_root=config["data"]["root"],
-        ),
+        values=eval_values(),
     script:
         "../scripts/write_config.py"
 
@@ -61,22 +57,3 @@ rule evaluate_base:
     shell:
         "OMP_NUM_THREADS={threads} python -m gmc evaluate --model {input.model} --out {params.out} "
         "--config {input.cfg} > {log} 2>&1"
-
-
-rule mlflow_sync:
-    """Import every finished run into the sqlite MLflow store (idempotent)."""
-    input:
-        TRAIN_DONE,
-    output:
-        MLFLOW_DONE,
-    log:
-        f"{RESULTS}/logs/mlflow_sync.log",
-    conda:
-        CONDA_ENV
-    params:
-        dirs=lambda wildcards, input: " ".join(str(Path(p).parent) for p in input),
-        uri=config["mlflow"]["tracking_uri"],
-        experiment=config["mlflow"]["experiment"],
-    shell:
-        "python -m gmc mlflow-sync {params.dirs} --tracking-uri {params.uri} "
-        "--experiment {params.experiment} --out {output} > {log} 2>&1"

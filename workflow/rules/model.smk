@@ -16,6 +16,32 @@ if config["model"]["name"] == "tiny":
             "--target-accuracy {params.tiny[target_accuracy]} --max-steps {params.tiny[max_steps]} "
             "--seed {params.tiny[seed]} > {log} 2>&1"
 
+elif config["model"]["name"] == "random-qwen3":
+
+    rule build_random_model:
+        """A random-init Qwen3-architecture model with Qwen3's vocabulary width and chat format, built locally."""
+        output:
+            directory(MODEL_DIR),
+        log:
+            f"{RESULTS}/logs/build_random_model.log",
+        conda:
+            CONDA_ENV
+        threads: 1
+        params:
+            shape=" ".join(
+                f"--{k.replace('_', '-')} {v}"
+                for k, v in config["model"].get("random", {}).items()
+            ),
+            source=config["data"]["source"],
+            root=(
+                f"--data-root {config['data']['root']}"
+                if config["data"]["root"]
+                else ""
+            ),
+        shell:
+            "OMP_NUM_THREADS={threads} python -m gmc build-random-model --out {output} {params.shape} "
+            "--source {params.source} {params.root} > {log} 2>&1"
+
 else:
 
     rule fetch_model:

@@ -1,5 +1,5 @@
 rule tables:
-    """Main table (paper layout) and ratio diagnostics, in CSV, Markdown and LaTeX."""
+    """Main table (paper layout), ratio diagnostics and paired differences, in CSV, Markdown and LaTeX."""
     input:
         TRAIN_DONE,
         EVAL_DONE,

@@ -1,5 +1,5 @@
 rule train_config:
-    """The TrainConfig keys shared by every sweep point (config.yaml's train section)."""
+    """The TrainConfig keys shared by every sweep point (config.yaml's train, data and mlflow sections)."""
     output:
         f"{RESULTS}/configs/train.yaml",
     log:
@@ -8,7 +8,7 @@ rule train_config:
         CONDA_ENV
     params:
         kind="train",
-        values=config["train"],
+        values=train_values(),
     script:
         "../scripts/write_config.py"
 
@@ -19,6 +19,7 @@ rule train:
         model=MODEL_DIR,
         base=f"{RESULTS}/configs/train.yaml",
         data=f"{RESULTS}/data/manifest.json",
+        mlflow=MLFLOW_TRAIN_INPUT,
     output:
         f"{RESULTS}/train/algo~{{algo}}/delay~{{delay}}/group~{{group}}/seed~{{seed}}/summary.json",
     log:
@@ -31,6 +32,7 @@ rule train:
     params:
         dir=lambda wildcards, output: str(Path(output[0]).parent),
         overrides=train_overrides,
+        mlflow=MLFLOW_TRAIN_ARGS,
     shell:
         "OMP_NUM_THREADS={threads} TQDM_MININTERVAL=10 python -m gmc train --config {input.base} "
-        "--set model={input.model} {params.overrides} --out {params.dir} --resume > {log} 2>&1"
+        "--set model={input.model} {params.overrides} {params.mlflow} --out {params.dir} --resume > {log} 2>&1"

@@ -1,0 +1,135 @@
+"""What users of the command line and the repository meet: the version, one-line errors,
+logging, file modes, the Python floor, the licence, the documented commands, progress bars."""
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+import gmc
+from gmc.cli import error_line, main
+from gmc.io import atomic_dir, write_json, write_text
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    assert capsys.readouterr().out.strip() == f"gmc {version}" == f"gmc {gmc.__version__}"
+
+
+def test_errors_are_one_line_naming_the_file_or_key(tmp_path, capsys):
+    missing = tmp_path / "nope.yaml"
+    assert main(["train", "--config", str(missing), "--out", str(tmp_path / "run")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("gmc train: error: ") and str(missing) in err
+    assert "Traceback" not in err and "--debug" in err
+
+    assert main(["train", "--set", "estimator.epz=0.1", "--out", str(tmp_path / "run")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "estimator.epz" in err
+
+    with pytest.raises(Exception, match="estimator.epz"):  # --debug: the exception itself
+        main(["--debug", "train", "--set", "estimator.epz=0.1", "--out", str(tmp_path / "run")])
+    with pytest.raises(Exception, match="estimator.epz"):  # also after the subcommand
+        main(["train", "--set", "estimator.epz=0.1", "--out", str(tmp_path / "run"), "--debug"])
+
+
+def test_error_line():
+    assert error_line(ValueError("bad\n  value")) == "bad value"
+    assert error_line(KeyError("steps")) == "KeyError: 'steps'"
+    assert error_line(RuntimeError()) == "RuntimeError"
+
+
+def test_logging_is_configured(tmp_path, make_run_dir):
+    """The gmc loggers print at INFO on stderr (the resume message, the MLflow import...)."""
+    run_dir = make_run_dir(tmp_path / "results")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    done = subprocess.run([sys.executable, "-m", "gmc", "mlflow-sync", str(run_dir), "--tracking-uri",
+                           f"sqlite:///{tmp_path / 'm.db'}"], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr
+    assert re.search(r"INFO gmc\.tracking: .*seed~0 -> MLflow run \w+ \(3 new steps\)", done.stderr)
+
+
+@pytest.mark.parametrize("umask, file_mode, dir_mode", [(0o022, 0o644, 0o755), (0o077, 0o600, 0o700),
+                                                        (0o002, 0o664, 0o775)])
+def test_outputs_are_readable_as_the_umask_allows(tmp_path, umask, file_mode, dir_mode):
+    old = os.umask(umask)
+    try:
+        write_text(tmp_path / "a.txt", "x")
+        write_json(tmp_path / "sub" / "b.json", {})
+        with atomic_dir(tmp_path / "model") as d:
+            (d / "weights").write_text("w")
+    finally:
+        os.umask(old)
+    for f in (tmp_path / "a.txt", tmp_path / "sub" / "b.json", tmp_path / "model" / "weights"):
+        assert f.stat().st_mode & 0o777 == file_mode, f
+    for d in (tmp_path / "sub", tmp_path / "model"):
+        assert d.stat().st_mode & 0o777 == dir_mode, d
+
+
+def test_python_floor_and_licence():
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert project["project"]["requires-python"] == ">=3.11"
+    assert project["tool"]["ruff"]["target-version"] == "py311"
+    assert project["project"]["license"] == "MIT"
+    licence = (REPO / "LICENSE").read_text()
+    assert licence.startswith("MIT License") and "the gmc authors" in licence
+
+
+def documented_snakemake_commands() -> list[tuple[str, str]]:
+    """Every ``snakemake ... --configfile ...`` command line in the README, the Makefile, the
+    presets and the profiles."""
+    files = [REPO / "README.md", REPO / "Makefile", *REPO.glob("workflow/presets/*.yaml"),
+             *REPO.glob("workflow/profiles/*/config.yaml")]
+    found = []
+    for f in files:
+        for line in f.read_text().splitlines():
+            m = re.search(r"snakemake\b([^`#]*--configfile[^`#]*)", line)
+            if m:
+                found.append((f.name, m.group(1).strip()))
+    return found
+
+
+def test_documented_configfile_usage_keeps_a_following_target():
+    from snakemake.cli import get_argument_parser
+
+    commands = documented_snakemake_commands()
+    assert len(commands) >= 2
+    parser = get_argument_parser()
+    for source, args in commands:
+        parsed = parser.parse_args([*shlex.split(args), "train_all"])
+        assert parsed.targets == ["train_all"], f"{source}: {args}"
+
+
+def test_vllm_hint_names_a_real_key():
+    from gmc.config import TrainConfig
+    from gmc.evaluate import EvalConfig
+
+    text = (REPO / "gmc" / "rollout.py").read_text()
+    hint = re.search(r"\(or set (\w+): hf in the train or evaluate config\)", text)
+    assert hint and "rollout.engine" not in text
+    assert hint.group(1) in TrainConfig.__dataclass_fields__ and hint.group(1) in EvalConfig.__dataclass_fields__
+
+
+def test_evaluation_progress_counts_completions(tmp_path, tiny_model_dir, capsys, monkeypatch):
+    import gmc.evaluate as ev
+
+    monkeypatch.setattr(ev, "SAMPLES_PER_CALL", 4)  # several engine calls per benchmark
+    cfg = ev.EvalConfig(benchmarks=("synthetic",), samples={"synthetic": 2}, limit=5, device="cpu",
+                        max_new_tokens=8)
+    ev.evaluate(str(tiny_model_dir), tmp_path, cfg, progress=True)
+    err = capsys.readouterr().err
+    assert "evaluate synthetic (5 problems)" in err and "15/15" in err and "completion" in err
+    rows = [json.loads(x) for x in (tmp_path / "synthetic.completions.jsonl").read_text().splitlines()]
+    assert sorted((r["mode"], r["sample"]) for r in rows) == sorted([("greedy", 0)] * 5 + [("sample", 0), ("sample", 1)] * 5)
+    assert [r["id"] for r in rows if r["mode"] == "greedy"] == [r["id"] for r in rows if r["sample"] == 1]

@@ -1,0 +1,91 @@
+"""The package's import graph: no cycles, every module importable on its own, and the commands
+that only read files (``gmc figures``, ``gmc mlflow-sync``) never load torch."""
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import gmc
+
+PACKAGE = Path(gmc.__file__).parent
+MODULES = sorted(f"gmc.{p.stem}" for p in PACKAGE.glob("*.py") if p.stem != "__init__")
+
+
+def imported_gmc_modules(path: Path) -> set[str]:
+    """The ``gmc`` modules a file imports anywhere (top level or inside a function)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name.startswith("gmc.")}
+        elif isinstance(node, ast.ImportFrom) and node.module == "gmc":
+            out |= {f"gmc.{a.name}" for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("gmc."):
+            out.add(node.module)
+    return out & set(MODULES)
+
+
+def import_graph() -> dict[str, set[str]]:
+    return {m: imported_gmc_modules(PACKAGE / f"{m.split('.')[1]}.py") for m in MODULES}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """A cycle of the directed graph as a list of nodes (first == last), or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_find_cycle_detects_a_cycle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+    assert imported_gmc_modules(PACKAGE / "trainer.py") >= {"gmc.io", "gmc.policy"}
+
+
+def test_no_import_cycles():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_each_module_imports_in_a_fresh_interpreter(module):
+    subprocess.run([sys.executable, "-c", f"import {module}"], check=True, timeout=300)
+
+
+def _loads_torch(argv: list[str], cwd: Path) -> dict:
+    """Run ``gmc <argv>`` in a fresh interpreter; report its exit code and whether torch loaded."""
+    code = ("import json, sys\nfrom gmc.cli import main\n"
+            f"rc = main({argv!r})\n"
+            "print(json.dumps({'rc': rc, 'torch': 'torch' in sys.modules}))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_reading_commands_do_not_load_torch(tmp_path, make_run_dir):
+    results = tmp_path / "results"
+    run = make_run_dir(results)
+    make_run_dir(results, algo="grpo")
+    assert _loads_torch(["mlflow-sync", str(run), "--tracking-uri", f"sqlite:///{tmp_path / 'm.db'}"],
+                        tmp_path) == {"rc": 0, "torch": False}
+    assert _loads_torch(["figures", "--results", str(results)], tmp_path) == {"rc": 0, "torch": False}
+    assert (results / "figures" / "reward_vs_step.png").exists()

@@ -1,0 +1,156 @@
+"""The paper-smoke preset: it keeps paper.yaml's settings, plans the expected jobs, and (after
+`make test-paper-smoke` ran it) wrote what the paper's sweep writes.
+
+The output checks read ``$GMC_PAPER_SMOKE_RESULTS`` (the results folder of a finished run) and
+skip without it, so `make test` stays fast; `make test-paper-smoke` runs the DAG and sets it.
+"""
+
+import json
+import os
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+import yaml
+from test_workflow import REPO, run, workdir
+
+from gmc.tracking import flatten
+
+PRESETS = REPO / "workflow" / "presets"
+SMOKE = yaml.safe_load((PRESETS / "paper_smoke.yaml").read_text())
+PAPER = yaml.safe_load((PRESETS / "paper.yaml").read_text())
+
+KEPT = [
+    "data.source", "train.train_data", "train.model_dtype", "train.gradient_checkpointing", "train.optimizer",
+    "train.lr", "train.lr_schedule", "train.checkpoint_every", "train.sampling.temperature", "train.sampling.top_p",
+    "train.estimator.eps", "sweep.algorithms", "sweep.seeds", "latency.enabled", "latency.algorithms",
+    "latency.delay.alpha", "latency.delay.step_time", "evaluate.benchmarks", "evaluate.temperature", "evaluate.top_p",
+    "evaluate.model_dtype",
+]
+"""Settings of paper.yaml the smoke run keeps as they are."""
+
+
+def test_smoke_preset_keeps_the_paper_settings():
+    paper, smoke = flatten(PAPER), flatten(SMOKE)
+    missing = sorted(k for k in paper if k not in smoke and not k.startswith("model.tiny."))
+    assert not missing, f"paper.yaml settings absent from paper_smoke.yaml: {missing}"
+    for key in KEPT:
+        assert smoke[key] == paper[key], key
+    assert smoke["model.name"] == "random-qwen3" and smoke["train.engine"] == "hf"
+    assert len(SMOKE["sweep"]["delays"]) > 1 and len(SMOKE["sweep"]["group_sizes"]) > 1
+    assert set(SMOKE["evaluate"]["samples"]) == set(PAPER["evaluate"]["samples"]) and SMOKE["evaluate"]["limit"] >= 2
+
+
+def test_smoke_preset_dry_run_plans_the_expected_jobs(tmp_path):
+    out = run(["-n", "--cores", "2"], cwd=workdir(tmp_path, PRESETS / "paper_smoke.yaml"))
+    assert out.returncode == 0, out.stderr
+    counts = {}
+    for line in (out.stdout + out.stderr).splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].isdigit():
+            counts[parts[0]] = int(parts[1])
+    runs = (len(SMOKE["sweep"]["algorithms"]) * len(SMOKE["sweep"]["delays"]) * len(SMOKE["sweep"]["group_sizes"])
+            + len(SMOKE["latency"]["algorithms"]) * len(SMOKE["latency"]["group_sizes"]))
+    assert counts["train"] == counts["evaluate"] == runs == 15
+    for rule in ("build_random_model", "evaluate_base", "prepare_data", "mlflow_sync", "tables",
+                 "figures_from_results", "theory_lab"):
+        assert counts[rule] == 1, rule
+    assert "fetch_model" not in counts and "build_tiny_model" not in counts
+
+
+# ---------------------------------------------------------------------------------------------
+# outputs of a finished run (make test-paper-smoke)
+
+RESULTS = os.environ.get("GMC_PAPER_SMOKE_RESULTS")
+needs_run = pytest.mark.skipif(not RESULTS, reason="set GMC_PAPER_SMOKE_RESULTS (make test-paper-smoke)")
+
+
+def run_dirs() -> list[Path]:
+    return sorted(Path(RESULTS, "train").glob("algo~*/delay~*/group~*/seed~*"))
+
+
+@needs_run
+def test_every_run_trained_the_paper_code_path():
+    dirs = run_dirs()
+    assert len(dirs) == 15
+    # the budget splits every step: even the smallest step (fewest rows, the shortest MATH prompt
+    # and one response token each) holds more padded tokens than one forward may take
+    from transformers import AutoTokenizer
+
+    from gmc.data import format_prompt, load_dataset
+    from gmc.update import micro_batches
+
+    budget = SMOKE["train"]["micro_batch_tokens"]
+    tokenizer = AutoTokenizer.from_pretrained(Path(RESULTS, "models", "random-qwen3"))
+    prompts = [format_prompt(tokenizer, r.problem, False) for r in load_dataset("math")]
+    shortest = min(len(ids) for ids in tokenizer(prompts, add_special_tokens=False)["input_ids"]) + 1
+    rows = SMOKE["train"]["prompts_per_step"] * min(SMOKE["sweep"]["group_sizes"])
+    assert len(micro_batches([shortest] * rows, budget)) > 1
+    for d in dirs:
+        cfg = yaml.safe_load((d / "config.yaml").read_text())  # the resolved TrainConfig
+        assert cfg["model_dtype"] == "bfloat16" and cfg["master_weights"] is True, d
+        assert cfg["gradient_checkpointing"] is True and cfg["micro_batch_tokens"] == budget, d
+        assert cfg["optimizer"] == "adamw8bit" and cfg["train_data"] == "math" and cfg["thinking"] is False, d
+        info = json.loads((d / "run.json").read_text())
+        assert "bitsandbytes" in info["packages"], d
+        metrics = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
+        assert [m["step"] for m in metrics] == list(range(SMOKE["train"]["steps"])), d
+        for m in metrics:
+            assert all(m[k] == m[k] for k in ("train/loss", "train/grad_norm")), (d, m["step"])  # not NaN
+            assert m["rollout/response_length_max"] <= SMOKE["train"]["sampling"]["max_new_tokens"]
+        staleness = [m["async/staleness_mean"] for m in metrics]
+        delay = d.parent.parent.name.split("~")[1]
+        if delay == "latency":
+            assert max(staleness) > 0, d
+        else:
+            assert staleness == [float(delay)] * len(metrics), d
+        assert json.loads((d / "summary.json").read_text())["steps"] == len(metrics)
+    # float32 masters and the optimizer's moments in 8 bits in the checkpoint; the final model in
+    # its compute dtype, bfloat16
+    from safetensors.torch import load_file
+
+    for d in dirs:
+        state = torch.load(d / "checkpoint.pt", map_location="cpu", weights_only=False)
+        assert {v.dtype for v in state["model"].values()} == {torch.float32}, d
+        moments = [s for s in state["optimizer"]["state"].values() if "state1" in s]
+        assert moments and {s["state1"].dtype for s in moments} == {torch.uint8}, d
+        assert {v.dtype for v in load_file(d / "model" / "model.safetensors").values()} == {torch.bfloat16}, d
+
+
+@needs_run
+def test_every_checkpoint_was_evaluated_on_every_benchmark():
+    evals = [Path(RESULTS, "eval", d.relative_to(Path(RESULTS, "train"))) for d in run_dirs()]
+    evals.append(Path(RESULTS, "eval", "base"))
+    ev = SMOKE["evaluate"]
+    for folder in evals:
+        for name in ev["benchmarks"]:
+            summary = json.loads((folder / f"{name}.json").read_text())
+            assert summary["problems"] == ev["limit"] and summary["k"] == ev["samples"][name], (folder, name)
+            assert 0 <= summary["pass_at_1"] <= 1 and 0 <= summary["greedy"] <= 1
+            completions = (folder / f"{name}.completions.jsonl").read_text().splitlines()
+            assert len(completions) == ev["limit"] * (1 + ev["samples"][name])
+        cfg = json.loads((folder / "eval_config.json").read_text())
+        assert cfg["model_dtype"] == "bfloat16" and cfg["thinking"] is False
+
+
+@needs_run
+def test_tables_figures_and_mlflow():
+    main = pd.read_csv(Path(RESULTS, "tables", "main.csv"))
+    assert set(main["algorithm"]) == {"base", *SMOKE["sweep"]["algorithms"]}
+    for name in SMOKE["evaluate"]["benchmarks"]:
+        assert any(c.startswith(f"eval/{name}/pass_at_1") for c in main.columns), name
+    for t in ("main", "diagnostics"):
+        assert Path(RESULTS, "tables", f"{t}.md").read_text().startswith("| algorithm")
+        assert "\\begin{tabular}" in Path(RESULTS, "tables", f"{t}.tex").read_text()
+    for name in ("reward_vs_step", "score_vs_delay", "score_vs_group", "ratio_diagnostics", "staleness_vs_length"):
+        assert Path(RESULTS, "figures", f"{name}.png").stat().st_size > 5000, name
+        assert Path(RESULTS, "figures", f"{name}.pdf").exists(), name
+    synced = json.loads(Path(RESULTS, "mlflow", "synced.json").read_text())
+    assert len(synced["runs"]) == 15 and len(set(synced["runs"].values())) == 15
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{Path(RESULTS, 'mlflow.db').resolve()}")
+    stored = mlflow.search_runs(experiment_names=[SMOKE["mlflow"]["experiment"]])
+    assert set(stored["run_id"]) == set(synced["runs"].values())
+    assert set(stored["params.model_dtype"]) == {"bfloat16"}

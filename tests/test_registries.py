@@ -1,0 +1,117 @@
+"""Registries of estimators, delay modes and benchmarks: each entry is complete and true, and
+tables and figures take names, order and labels from them (a new entry needs nothing else)."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from gmc import analysis, asynchrony, estimators, plots
+from gmc.asynchrony import (
+    DELAY_MODES,
+    DelayConfig,
+    DelayMode,
+    LatencySource,
+    make_source,
+    named_delays,
+)
+from gmc.data import BENCHMARKS, REFERENCE_SOLUTION_FIELDS, benchmark_specs
+from gmc.estimators import REGISTRY, EstimatorConfig, diagnostic_names
+from gmc.evaluate import DEFAULT_SAMPLES, EvalConfig
+
+
+def _stale_batch(seed=0, B=4, G=4, T=6):
+    gen = torch.Generator().manual_seed(seed)
+    logp = -torch.rand(B, G, T, generator=gen) * 2
+    logp_b = logp - 0.8 * torch.randn(B, G, T, generator=gen)  # far from on-policy: caps and clips fire
+    mask = torch.ones(B, G, T, dtype=torch.bool)
+    mask[:, :, -2:] = torch.rand(B, G, 2, generator=gen) > 0.5
+    adv = torch.randn(B, G, generator=gen)
+    return logp.requires_grad_(), logp_b, mask, adv
+
+
+@pytest.mark.parametrize("name", list(REGISTRY))
+def test_every_estimator_reports_the_diagnostics_its_entry_names(name):
+    entry = REGISTRY[name]
+    assert entry.label and entry.color and estimators.ESTIMATORS[name] is entry.loss
+    _, stats = entry.loss(*_stale_batch(), EstimatorConfig())
+    for key in entry.diagnostics:
+        assert key in stats and 0 < stats[key] <= 1, (name, key, stats.get(key))
+
+
+def test_diagnostic_names_cover_every_estimator_once():
+    names = diagnostic_names()
+    assert len(names) == len(set(names))
+    assert {"ratio/frac_groups_capped", "ratio/frac_traj_capped", "ratio/frac_tokens_clipped",
+            "ratio/frac_seq_clipped", "ratio/ess_frac", "ratio/shortfall"} == set(names)
+
+
+def test_delay_modes_build_their_sources_and_bad_modes_list_the_registry():
+    for mode, entry in DELAY_MODES.items():
+        assert entry.label
+        source = make_source(DelayConfig(mode=mode, d=2), lambda n, v: [], 2)
+        assert isinstance(source, asynchrony.SyncSource)
+    assert isinstance(make_source(DelayConfig(mode="latency"), lambda n, v: [], 2), LatencySource)
+    assert named_delays() == ["latency"]
+    with pytest.raises(ValueError, match=r"delay.mode must be one of \['sync', 'fixed', 'latency'\]"):
+        DelayConfig(mode="bursty")
+
+
+def test_benchmarks_carry_label_k_and_reference_solutions():
+    assert list(benchmark_specs()) == ["synthetic", *BENCHMARKS]
+    assert all(spec.label for spec in benchmark_specs().values())
+    assert DEFAULT_SAMPLES == {"synthetic": 4, "math500": 4, "aime24": 16, "aime25": 16, "amc23": 16,
+                               "minerva_math": 4, "olympiadbench": 4}
+    assert EvalConfig().k_for("aime25") == 16 and EvalConfig(samples={"aime25": 2}).k_for("aime25") == 2
+    assert set(REFERENCE_SOLUTION_FIELDS) == {"math500", "aime24", "minerva_math", "olympiadbench"}
+
+
+# ---------------------------------------------------------------------------------------------
+# a new delay mode and a new estimator reach tables and figures through their registry entries
+
+
+def _fake_results(root: Path, points):
+    """Finished run directories with the files tables and figures read (no training)."""
+    for algo, delay, group in points:
+        run = root / "train" / f"algo~{algo}" / f"delay~{delay}" / f"group~{group}" / "seed~0"
+        run.mkdir(parents=True)
+        own = {"gmc": "ratio/frac_groups_capped", "newest": "ratio/frac_new_capped"}.get(algo)
+        summary = {"steps": 4, "rollout/reward_mean_last20": 0.5, "async/staleness_mean": 1.0,
+                   "ratio/ess_frac": 0.9, "ratio/shortfall": 0.01, "time/step_seconds": 0.1, **({own: 0.2} if own else {})}
+        (run / "summary.json").write_text(json.dumps(summary))
+        (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "rollout/reward_mean": 0.1 * s}) + "\n"
+                                                   for s in range(4)))
+        (run / "groups.jsonl").write_text("".join(json.dumps({"staleness": s % 3, "length_max": 5 + s}) + "\n"
+                                                  for s in range(12)))
+        ev = root / "eval" / run.relative_to(root / "train")
+        ev.mkdir(parents=True)
+        (ev / "synthetic.json").write_text(json.dumps({"benchmark": "synthetic", "greedy": 0.4, "pass_at_1": 0.3}))
+
+
+def test_a_new_delay_mode_and_estimator_need_only_their_registry_entries(tmp_path, monkeypatch):
+    monkeypatch.setitem(DELAY_MODES, "bursty", DelayMode(DELAY_MODES["latency"].make, "bursty arrivals", True))
+    monkeypatch.setitem(REGISTRY, "newest", estimators.Estimator(REGISTRY["gmc"].loss, "Newest-GRPO",
+                                                                 ("ratio/frac_new_capped",), "tab:pink"))
+    monkeypatch.setitem(plots.METHOD_COLORS, "newest", "tab:pink")
+    points = [(a, d, 4) for a in ("gmc", "newest") for d in ("0", "8", "latency", "bursty")]
+    _fake_results(tmp_path, points)
+    frame = analysis.collect(tmp_path)
+    assert list(dict.fromkeys(frame["delay"])) == ["0", "8", "latency", "bursty"]
+    assert analysis.delay_title("bursty") == "bursty arrivals" and analysis.delay_title("8") == "delay d = 8"
+    tables = analysis.write_tables(tmp_path)
+    assert "ratio/frac_new_capped:mean" in tables["diagnostics"].columns
+    assert plots.method_label("newest") == "Newest-GRPO"
+    paths = plots.run_figures(tmp_path)
+    assert len(paths) == 10 and all(p.stat().st_size > 0 for p in paths)
+    with pytest.raises(ValueError, match="neither a number nor a named delay mode"):
+        analysis.delay_order("sometimes")
+
+
+def test_staleness_stats_without_torch_are_exact():
+    groups = [asynchrony.Group(0, torch.zeros(1), torch.zeros(1, 1), torch.ones(1, 1, dtype=torch.bool),
+                               torch.zeros(1), None, torch.zeros(1, 1), version=v, consumed_version=5)
+              for v in (5, 3, 2)]
+    stats = asynchrony.staleness_stats(groups)
+    assert stats == {"async/staleness_mean": pytest.approx(5 / 3), "async/staleness_max": 3.0,
+                     "async/staleness_min": 0.0}

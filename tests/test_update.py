@@ -1,0 +1,220 @@
+"""The update (gmc.update): canonical micro-batches, batch-independent log-probs, and a
+micro-batched step that equals the whole-batch step for every estimator, with and without KL."""
+
+import copy
+
+import pytest
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from gmc.asynchrony import Group
+from gmc.estimators import ESTIMATORS, EstimatorConfig, group_advantages
+from gmc.update import (
+    Rows,
+    Update,
+    canonical_length,
+    micro_batches,
+    padded_tokens,
+    sequence_logprobs,
+)
+
+VOCAB = 96
+
+
+def random_model(seed=0, dtype=torch.float32, checkpointing=False):
+    torch.manual_seed(seed)
+    cfg = Qwen3Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=256,
+                      tie_word_embeddings=True)
+    model = Qwen3ForCausalLM(cfg).to(dtype)
+    if checkpointing:
+        model.gradient_checkpointing_enable()
+        model.config.use_cache = False
+    return model
+
+
+def random_groups(B=3, G=4, seed=0, stale=True):
+    """Groups with prompts of different lengths and responses of 0..20 tokens."""
+    g = torch.Generator().manual_seed(seed)
+    groups = []
+    for b in range(B):
+        P = int(torch.randint(3, 12, (1,), generator=g))
+        lengths = torch.randint(0, 21, (G,), generator=g)
+        lengths[0] = 20
+        T = int(lengths.max())
+        resp = torch.randint(1, VOCAB, (G, T), generator=g)
+        mask = torch.arange(T).unsqueeze(0) < lengths.unsqueeze(1)
+        behaviour = torch.where(mask, -torch.rand(G, T, generator=g) * 3 - 2, 0.0) if stale else None
+        groups.append(Group(prompt_index=b, prompt_ids=torch.randint(1, VOCAB, (P,), generator=g),
+                            response_ids=resp, response_mask=mask,
+                            rewards=torch.randint(0, 2, (G,), generator=g).float(),
+                            behaviour_logp=behaviour, sampler_logp=torch.zeros(G, T), version=0))
+    return groups
+
+
+def naive_logprobs(model, rows: Rows, temperature=1.0) -> list[torch.Tensor]:
+    """Each row alone through the model's own forward and a full log-softmax."""
+    out = []
+    for seq, P, n in zip(rows.sequences, rows.prompt_lengths, rows.lengths):
+        logits = model(input_ids=seq.unsqueeze(0)).logits[0].float() / temperature
+        lp = torch.log_softmax(logits, -1)[P - 1 : P - 1 + n].gather(-1, seq[P : P + n].unsqueeze(-1)).squeeze(-1)
+        out.append(lp)
+    return out
+
+
+def grads(model):
+    return [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
+
+
+def test_canonical_length_depends_on_the_row_alone_and_wastes_little():
+    for n in range(1, 5000):
+        c = canonical_length(n)
+        assert n <= c and c % 16 == 0
+        assert c - n < max(16, n / 8 + 1)
+    assert canonical_length(16) == 16 and canonical_length(17) == 32 and canonical_length(4100) == 4608
+
+
+def test_micro_batches_cover_every_row_once_within_the_budget():
+    lengths = [5, 70, 17, 33, 1, 64, 200, 15, 16, 90]
+    for budget in (0, 1, 64, 100, 500, 10_000):
+        plan = micro_batches(lengths, budget)
+        assert sorted(i for mb in plan for i in mb) == list(range(len(lengths)))
+        for mb in plan:
+            widths = {canonical_length(lengths[i]) for i in mb}
+            assert len(widths) == 1
+            assert budget == 0 or len(mb) == 1 or len(mb) * widths.pop() <= budget
+    assert len(micro_batches(lengths, 0)) == len({canonical_length(n) for n in lengths})
+    with pytest.raises(ValueError):
+        micro_batches(lengths, -1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_logprobs_do_not_depend_on_the_batch(dtype):
+    """A row's log-probs are bit-identical alone, in a whole batch, or under any budget — also in
+    bfloat16, where different padding alone moves a trajectory by ~1e-3 nats."""
+    model = random_model(dtype=dtype)
+    rows = Rows.from_groups(random_groups(B=4, G=4))
+    whole = sequence_logprobs(model, rows, 0, pad_id=0)
+    for budget in (1, 64, 200):
+        assert torch.equal(sequence_logprobs(model, rows, budget, pad_id=0), whole)
+    for i in (0, 5, 13):
+        alone = Rows([rows.sequences[i]], [rows.prompt_lengths[i]], [rows.lengths[i]])
+        lp = sequence_logprobs(model, alone, 0, pad_id=0)[0]
+        assert torch.equal(lp[: rows.lengths[i]], whole[i, : rows.lengths[i]])
+    assert model.training is True  # the mode of the training forward, restored afterwards
+    model.eval()
+    sequence_logprobs(model, rows, 64, pad_id=0)
+    assert model.training is False
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_logprobs_equal_a_naive_full_forward(temperature):
+    model = random_model()
+    rows = Rows.from_groups(random_groups())
+    fast = sequence_logprobs(model, rows, 64, pad_id=0, temperature=temperature, chunk_size=7)
+    with torch.no_grad():
+        for i, ref in enumerate(naive_logprobs(model, rows, temperature)):
+            torch.testing.assert_close(fast[i, : len(ref)], ref, rtol=0, atol=2e-5)
+            assert torch.all(fast[i, len(ref) :] == 0)
+
+
+def step(model, groups, name, budget, kl_coef=0.0, on_policy=False, reference=None):
+    model.zero_grad(set_to_none=True)
+    cfg = EstimatorConfig(kl_coef=kl_coef, max_new_tokens=20)
+    update = Update(model, ESTIMATORS[name], cfg, budget, pad_id=0, reference=reference, chunk_size=16)
+    loss, stats, _ = update.backward(groups, on_policy)
+    return loss, stats, grads(model)
+
+
+@pytest.mark.parametrize("name", sorted(ESTIMATORS))
+@pytest.mark.parametrize("kl_coef", [0.0, 0.3])
+def test_micro_batched_step_equals_the_whole_batch_step(name, kl_coef):
+    model = random_model(seed=1)
+    reference = random_model(seed=2) if kl_coef else None
+    for on_policy in (False, True):
+        groups = random_groups(seed=3, stale=not on_policy)
+        base_loss, base_stats, base_grads = step(model, groups, name, 0, kl_coef, on_policy, reference)
+        assert sum(float(g.abs().sum()) for g in base_grads) > 0
+        for budget in (32, 64, 1000):
+            loss, stats, g = step(model, groups, name, budget, kl_coef, on_policy, reference)
+            assert float(loss) == pytest.approx(float(base_loss), rel=1e-5, abs=1e-7)
+            assert stats.keys() == base_stats.keys()
+            for key in stats:
+                assert stats[key] == pytest.approx(base_stats[key], rel=1e-5, abs=1e-6), key
+            for a, b in zip(g, base_grads):
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("name", ["grpo", "gmc"])
+def test_whole_batch_step_equals_the_estimator_on_naive_log_probs(name):
+    """The update's gradient is the estimator's loss differentiated through log-probs computed
+    row by row with the model's own forward (and the k3 KL term to a reference)."""
+    model, reference = random_model(seed=4), random_model(seed=5)
+    groups = random_groups(seed=6)
+    loss, stats, g = step(model, groups, name, 0, kl_coef=0.2, reference=reference)
+    rows = Rows.from_groups(groups)
+    B, G, T = len(groups), 4, max(rows.lengths)
+
+    def stack(per_row):
+        out = torch.zeros(B * G, T)
+        for i, lp in enumerate(per_row):
+            out[i, : len(lp)] = lp
+        return out.view(B, G, T)
+
+    model.zero_grad(set_to_none=True)
+    logp = stack(naive_logprobs(model, rows))
+    with torch.no_grad():
+        ref = stack(naive_logprobs(reference, rows))
+    behaviour = torch.zeros(B, G, T)
+    for k, grp in enumerate(groups):
+        behaviour[k, :, : grp.behaviour_logp.shape[1]] = grp.behaviour_logp
+    mask = torch.arange(T).view(1, 1, T) < torch.tensor(rows.lengths).view(B, G, 1)
+    adv = group_advantages(torch.stack([grp.rewards for grp in groups]))
+    naive_loss, _ = ESTIMATORS[name](logp, behaviour, mask, adv, EstimatorConfig(kl_coef=0.2, max_new_tokens=20),
+                                     ref_logp=ref)
+    naive_loss.backward()
+    assert float(loss) == pytest.approx(float(naive_loss), rel=1e-4)
+    assert stats["loss/kl"] > 0
+    for a, b in zip(g, grads(model)):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-6)
+
+
+def test_k3_kl_gradient_matches_a_naive_per_token_loop():
+    """d/d logp of kl_coef * mean_seq(sum_t k3_t) / T_max with k3 = exp(ref - logp) - (ref - logp) - 1
+    is kl_coef * (1 - exp(ref - logp)) / T_max per token: the gradient TRL's beta and verl's
+    low_var_kl give."""
+    torch.manual_seed(0)
+    B, G, T = 2, 3, 5
+    logp = (-torch.rand(B, G, T) * 2).requires_grad_(True)
+    ref = -torch.rand(B, G, T) * 2
+    mask = torch.arange(T).view(1, 1, T) < torch.randint(1, T + 1, (B, G, 1))
+    zero_adv = torch.zeros(B, G)
+    loss, _ = ESTIMATORS["none"](logp, logp.detach(), mask, zero_adv, EstimatorConfig(kl_coef=0.5, max_new_tokens=T),
+                                 ref_logp=ref)
+    loss.backward()
+    for b in range(B):
+        for g in range(G):
+            for t in range(T):
+                want = 0.5 * (1 - float(torch.exp(ref[b, g, t] - logp[b, g, t]))) / T / (B * G) if mask[b, g, t] else 0.0
+                assert float(logp.grad[b, g, t]) == pytest.approx(want, rel=1e-5, abs=1e-9)
+
+
+def test_padded_tokens_respect_the_budget():
+    rows = Rows.from_groups(random_groups(B=5, G=4))
+    width_max = max(canonical_length(len(s)) for s in rows.sequences)
+    for budget in (64, 128):
+        assert max(padded_tokens(rows, budget)) <= max(budget, width_max)
+    assert sum(padded_tokens(rows, 0)) == sum(canonical_length(len(s)) for s in rows.sequences)
+
+
+def test_estimators_create_tensors_on_their_inputs_device():
+    """Run every estimator with CPU inputs while factory functions default to the meta device:
+    a tensor built without its inputs' device (the old ``torch.quantile`` line) lands on meta
+    and the call fails."""
+    groups = random_groups(seed=8)
+    model = random_model(seed=9)
+    reference = copy.deepcopy(model)
+    for name in sorted(ESTIMATORS):
+        with torch.device("meta"):
+            step(model, groups, name, 0, kl_coef=0.1, reference=reference)
+            step(model, groups, name, 64, kl_coef=0.0, on_policy=False)

@@ -1,0 +1,59 @@
+# MLflow: where the runs go (config, else MLFLOW_TRACKING_URI / MLFLOW_EXPERIMENT_NAME, else a
+# sqlite store in the results folder), a parent run for the sweep before training (live logging
+# only), and the import of every run with its evaluation scores at the end.
+import os
+import shlex
+
+MLFLOW_LIVE_URI = config["mlflow"]["tracking_uri"] or os.environ.get(
+    "MLFLOW_TRACKING_URI"
+)
+MLFLOW_URI = MLFLOW_LIVE_URI or f"sqlite:///{RESULTS}/mlflow.db"
+MLFLOW_EXPERIMENT = (
+    config["mlflow"]["experiment"] or os.environ.get("MLFLOW_EXPERIMENT_NAME") or "gmc"
+)
+MLFLOW_SWEEP = f"{RESULTS}/mlflow/sweep.json"
+# what a training job needs for live logging: the sweep's parent run, and where to log
+MLFLOW_TRAIN_INPUT = [MLFLOW_SWEEP] if MLFLOW_LIVE_URI else []
+MLFLOW_TRAIN_ARGS = (
+    f"--set tracking_uri={shlex.quote(MLFLOW_URI)} --set experiment={shlex.quote(MLFLOW_EXPERIMENT)}"
+    if MLFLOW_LIVE_URI
+    else ""
+)
+
+
+rule mlflow_sweep:
+    """The sweep's parent run, made before training so that live runs nest under it."""
+    output:
+        MLFLOW_SWEEP,
+    log:
+        f"{RESULTS}/logs/mlflow_sweep.log",
+    conda:
+        CONDA_ENV
+    params:
+        results=lambda wildcards, output: str(Path(output[0]).parents[1]),
+        uri=shlex.quote(MLFLOW_URI),
+        experiment=shlex.quote(MLFLOW_EXPERIMENT),
+    shell:
+        "python -m gmc mlflow-sync --sweep {params.results} --tracking-uri {params.uri} "
+        "--experiment {params.experiment} --out {output} > {log} 2>&1"
+
+
+rule mlflow_sync:
+    """Import every run, its evaluation scores and the base model's into MLflow (idempotent)."""
+    input:
+        train=TRAIN_DONE,
+        evaluations=EVAL_DONE,
+    output:
+        MLFLOW_DONE,
+    log:
+        f"{RESULTS}/logs/mlflow_sync.log",
+    conda:
+        CONDA_ENV
+    params:
+        dirs=lambda wildcards, input: " ".join(str(Path(p).parent) for p in input.train),
+        results=lambda wildcards, output: str(Path(output[0]).parents[1]),
+        uri=shlex.quote(MLFLOW_URI),
+        experiment=shlex.quote(MLFLOW_EXPERIMENT),
+    shell:
+        "python -m gmc mlflow-sync {params.dirs} --sweep {params.results} --tracking-uri {params.uri} "
+        "--experiment {params.experiment} --out {output} > {log} 2>&1"
