@@ -9,7 +9,7 @@ CORES ?= all
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run figures report test test-vllm test-paper-smoke lint clean
+.PHONY: install run figures report test test-slurm test-vllm test-paper-smoke lint clean
 
 install: $(STAMP)
 
@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml
 # the default sweep (config.yaml): tiny CPU model, grpo/tic/gmc x delays x group sizes, evaluation,
 # MLflow, tables, figures and the theory lab
 run: $(STAMP)
-	PATH="$(abspath $(BIN)):$$PATH" snakemake --cores $(CORES) --profile workflow/profiles/default
+	PATH="$(abspath $(BIN)):$$PATH" snakemake --cores $(CORES)
 
 # every table and figure again from the run directories in results/ (no training)
 figures: $(STAMP)
@@ -67,8 +67,18 @@ test-paper-smoke: $(STAMP)
 	GMC_PAPER_SMOKE_RESULTS=$$dir/results/paper_smoke $(BIN)/python -m pytest -q tests/test_paper_smoke.py && \
 	rm -rf $$dir
 
+# the sweep through workflow/profiles/slurm on a one-node SLURM started on this machine (needs
+# root; installs Debian's SLURM, munge and MariaDB first; every daemon is stopped at the end)
+SLURM_PACKAGES := slurm-wlm munge slurmdbd mariadb-server
+test-slurm: $(STAMP)
+	which slurmctld slurmd slurmdbd sbatch munged mariadbd >/dev/null || \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SLURM_PACKAGES) >/dev/null; }
+	$(BIN)/python -c "import snakemake_executor_plugin_slurm" 2>/dev/null || \
+		$(BIN)/python -m pip install -q -e ".[$(EXTRAS),slurm]"
+	PYTHON=$(BIN)/python ci/slurm/run.sh
+
 lint: $(STAMP)
-	$(BIN)/ruff check gmc tests workflow/scripts
+	$(BIN)/ruff check gmc tests workflow/scripts ci
 	$(BIN)/snakefmt --check Snakefile workflow/rules
 	PATH="$(abspath $(BIN)):$$PATH" snakemake --lint
 

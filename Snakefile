@@ -25,7 +25,7 @@ report: "workflow/report/workflow.rst"
 
 
 # on the submitting machine, not as cluster jobs: downloads (it has the network), config
-# writers, the data check, the MLflow import, tables and figures (seconds each);
+# writers, the data check, the MLflow parent run and import, tables and figures (seconds each);
 # fetch_model (model.smk) is marked there
 localrules:
     all,
@@ -36,6 +36,7 @@ localrules:
     prepare_data,
     train_config,
     eval_config,
+    mlflow_sweep,
     mlflow_sync,
     mlflow_sweep,
     tables,

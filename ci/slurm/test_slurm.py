@@ -1,0 +1,159 @@
+"""The sweep through workflow/profiles/slurm on a real one-node SLURM (run by `make test-slurm`).
+
+Needs the cluster of ci/slurm/cluster.sh (GMC_SLURM_PARTITION and GMC_SLURM_ACCOUNT set
+as in its env file). A reduced sweep (one algorithm, two seeds, a few steps, the tiny model)
+goes through `sbatch` with the project's own profile (the tiny model is built once, for both
+runs); at the same time the same config runs locally. One training job is cancelled with `scancel` after its first checkpoint: Snakemake's
+retry resubmits it and the trainer resumes. Checked: every SLURM job COMPLETED (the cancelled
+one CANCELLED), the resumed run kept the rows written before its checkpoint, and every metric
+and evaluation equals the local run's, wall-clock times aside.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+PROFILE = REPO / "workflow" / "profiles" / "slurm"
+SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile")]
+TARGETS = ["train_all", "eval_all", "tables"]
+# one thread per job in both runs, so that the two compute the same numbers
+THREADS = ["--set-threads", "build_tiny_model=1", "train=1", "evaluate=1", "evaluate_base=1"]
+STEPS, CHECKPOINT_EVERY = 12, 3
+CANCELLED_RUN = "train/algo~gmc/delay~0/group~4/seed~1"
+CANCELLED_JOB = "rule_train_wildcards_gmc_0_4_1"  # the comment the executor gives its SLURM job
+TIMEOUT = 900  # the executor plugin can hang (workflow/profiles/slurm): never wait forever
+
+
+def config() -> dict:
+    cfg = yaml.safe_load((REPO / "tests" / "data" / "workflow_config.yaml").read_text())
+    cfg["model"]["tiny"]["max_steps"] = 30  # enough to earn some reward, so that training moves
+    cfg["train"].update(steps=STEPS, checkpoint_every=CHECKPOINT_EVERY)
+    cfg["sweep"].update(algorithms=["gmc"], delays=[0], group_sizes=[4], seeds=[0, 1])
+    cfg["latency"]["enabled"] = False
+    return cfg
+
+
+def env() -> dict:
+    return {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+            "OMP_NUM_THREADS": "1"}
+
+
+def rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def timeless(obj):
+    """Drop wall-clock values (time/* metrics, timestamps, evaluation seconds) and per-run ids."""
+    if isinstance(obj, dict):
+        return {k: timeless(v) for k, v in obj.items()
+                if not k.startswith("time/") and k not in ("time", "seconds", "run_id")}
+    if isinstance(obj, list):
+        return [timeless(v) for v in obj]
+    return obj
+
+
+def sacct() -> list[dict]:
+    out = subprocess.run(["sacct", "-X", "-n", "-P", "-a", "-S", "now-1hour",
+                          "-o", "JobID,JobName,State,Comment,AllocTRES,Partition,Account"],
+                         check=True, capture_output=True, text=True).stdout
+    keys = ["id", "name", "state", "comment", "tres", "partition", "account"]
+    return [dict(zip(keys, line.split("|"))) for line in out.splitlines() if line]
+
+
+def cancel_mid_run(run_dir: Path, found: dict, stop: threading.Event) -> None:
+    """After the run's first checkpoint, remember its metrics so far and scancel its job."""
+    metrics = run_dir / "metrics.jsonl"
+    while not stop.is_set():
+        if metrics.exists() and len(rows(metrics)) >= CHECKPOINT_EVERY + 2:
+            found["before"] = rows(metrics)
+            queue = subprocess.run(["squeue", "-h", "-o", "%i|%k"], capture_output=True, text=True).stdout
+            for line in queue.splitlines():
+                job, comment = line.split("|", 1)
+                if comment == CANCELLED_JOB:
+                    subprocess.run(["scancel", job], check=True)
+                    found["job"] = job
+                    return
+        time.sleep(0.2)
+
+
+def test_sweep_through_slurm_equals_local_and_survives_a_cancelled_job(tmp_path):
+    assert os.environ.get("GMC_SLURM_ACCOUNT"), "start the cluster first: ci/slurm/run.sh"
+    for name in ("local", "slurm"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.yaml").write_text(yaml.safe_dump(config()))
+    # the base model once, for both runs (its build is not what is compared)
+    build = subprocess.run([*SNAKEMAKE, "results/models/tiny", "--cores", "2", *THREADS], cwd=tmp_path / "local",
+                           env=env(), capture_output=True, text=True, timeout=TIMEOUT)
+    assert build.returncode == 0, build.stderr[-3000:]
+    shutil.copytree(tmp_path / "local" / "results", tmp_path / "slurm" / "results")
+    local = subprocess.Popen([*SNAKEMAKE, *TARGETS, "--cores", "8", *THREADS], cwd=tmp_path / "local",
+                             env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    found, stop = {}, threading.Event()
+    watcher = threading.Thread(target=cancel_mid_run, args=(tmp_path / "slurm" / "results" / CANCELLED_RUN,
+                                                            found, stop), daemon=True)
+    watcher.start()
+    start = time.time()
+    try:
+        slurm = subprocess.run(
+            ["timeout", str(TIMEOUT), *SNAKEMAKE, *TARGETS, "--workflow-profile", str(PROFILE), *THREADS,
+             "--slurm-init-seconds-before-status-checks", "2", "--seconds-between-status-checks", "3"],
+            cwd=tmp_path / "slurm", env=env(), capture_output=True, text=True)
+        stop.set()
+        seconds = time.time() - start
+        local_out = local.communicate(timeout=TIMEOUT)[0]
+    finally:
+        stop.set()
+        local.kill()
+    log = slurm.stdout + slurm.stderr
+    print(f"SLURM run: {seconds:.0f} s")
+    assert slurm.returncode == 0, log[-6000:]
+    assert local.returncode == 0, local_out[-4000:]
+    assert "workflow specific profile" in log and str(PROFILE) in log
+
+    # every job went through sbatch with the profile's resources and ended COMPLETED, except
+    # the one cancelled, whose resubmission completed
+    jobs = sacct()
+    assert "job" in found, "the training job was not cancelled mid-run"
+    states = {j["id"]: j["state"] for j in jobs}
+    assert states[found["job"]].startswith("CANCELLED"), jobs
+    assert all(s == "COMPLETED" for i, s in states.items() if i != found["job"]), jobs
+    by_rule = {}
+    for j in jobs:
+        by_rule.setdefault(j["comment"].split("_wildcards")[0].removeprefix("rule_"), []).append(j)
+    assert {r: len(v) for r, v in by_rule.items()} == {"train": 3, "evaluate": 2, "evaluate_base": 1}, jobs
+    assert all(j["account"] == os.environ["GMC_SLURM_ACCOUNT"] for j in jobs)
+    assert all(j["partition"] == os.environ["GMC_SLURM_PARTITION"] for j in jobs)
+    for j in by_rule["train"]:  # the profile's train request: 16 CPUs, 125 GB, one GPU
+        assert "cpu=16" in j["tres"] and "mem=125G" in j["tres"] and "gres/gpu=1" in j["tres"], j
+    # small jobs ran on the submitting machine (localrules), not through sbatch
+    assert "tables" not in by_rule and (tmp_path / "slurm" / "results" / "tables" / "main.csv").exists()
+
+    # the resubmitted job resumed: the rows written before its checkpoint are kept as they
+    # were, wall-clock times included (a fresh start would rewrite them)
+    resumed = rows(tmp_path / "slurm" / "results" / CANCELLED_RUN / "metrics.jsonl")
+    kept = [r for r in found["before"] if r["step"] < CHECKPOINT_EVERY]
+    assert len(kept) == CHECKPOINT_EVERY and resumed[:CHECKPOINT_EVERY] == kept
+    assert len(resumed) == STEPS
+
+    # results equal the local run's, wall-clock times aside
+    results = {name: tmp_path / name / "results" for name in ("local", "slurm")}
+    files = sorted(p.relative_to(results["local"]) for pattern in
+                   ("train/**/metrics.jsonl", "train/**/summary.json", "eval/**/*.json")
+                   for p in results["local"].glob(pattern))
+    assert sorted(f.name for f in files) == sorted(["metrics.jsonl", "summary.json"] * 2
+                                                   + ["eval_config.json", "synthetic.json"] * 3), files
+    trained = [rows(p) for p in (tmp_path / "slurm" / "results").glob("train/**/metrics.jsonl")]
+    assert any(r["train/grad_norm"] > 0 for run in trained for r in run), "no update: the comparison is vacuous"
+    for rel in files:
+        a, b = (results[n] / rel for n in ("local", "slurm"))
+        read = rows if rel.suffix == ".jsonl" else (lambda p: json.loads(p.read_text()))
+        assert timeless(read(a)) == timeless(read(b)), rel
