@@ -38,7 +38,6 @@ localrules:
     eval_config,
     mlflow_sweep,
     mlflow_sync,
-    mlflow_sweep,
     tables,
     figures_from_results,
 
