@@ -194,7 +194,7 @@ def test_slurm_profile_dry_run(tmp_path):
 
 def test_small_jobs_run_on_the_submitting_machine(tmp_path):
     rules = load_rules(tmp_path)
-    local = {name for name, rule in rules.items() if rule.is_local}
+    local = {name for name, rule in rules.items() if name in rule.workflow._localrules}
     assert {"prepare_data", "train_config", "eval_config", "mlflow_sweep", "mlflow_sync", "tables",
             "figures_from_results"} <= local
     assert not {"build_tiny_model", "train", "evaluate", "evaluate_base"} & local
