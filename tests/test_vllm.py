@@ -183,7 +183,8 @@ def test_train_and_evaluate_through_vllm(tmp_path, tiny_model_dir):
         assert 0 < m["rollout/response_length_mean"] <= 32
     mismatch = [m["rollout/logp_mismatch_max"] for m in metrics if "rollout/logp_mismatch_max" in m]
     assert mismatch and max(mismatch) < TOL
-    assert metrics[-1]["ratio/log_ratio_max"] < 1.0
+    # four stale steps at lr 2e-4 move a 32-token trajectory by a nat or two, not more
+    assert all(abs(m["ratio/log_ratio_max"]) < 5 and abs(m["ratio/log_ratio_min"]) < 5 for m in metrics)
 
     def evaluate(name, *sets):
         out = tmp_path / name
