@@ -16,7 +16,6 @@ and checkpoint files are :mod:`gmc.rundir`'s.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import logging
 import math
@@ -180,9 +179,8 @@ class Trainer:
         self.cursor = PromptCursor(self.records, cfg.seed)
         self.grader = Grader()
         self.loss_fn = get_estimator(cfg.algorithm)
-        # seq_sum_const divides by the generation token limit of this run
-        self.est_cfg = dataclasses.replace(cfg.estimator, max_new_tokens=cfg.sampling.max_new_tokens)
-        self.update = Update(self.model, self.loss_fn, self.est_cfg, cfg.micro_batch_tokens, self.pad_id,
+        # cfg.estimator.max_new_tokens is sampling.max_new_tokens already (TrainConfig sets it)
+        self.update = Update(self.model, self.loss_fn, cfg.estimator, cfg.micro_batch_tokens, self.pad_id,
                              temperature=cfg.sampling.temperature, chunk_size=cfg.logprob_chunk_size,
                              reference=reference, compute_dtype=self.compute_dtype)
         self.source = make_source(cfg.delay, self._make_groups, cfg.prompts_per_step, seed=cfg.seed)
