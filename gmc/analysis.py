@@ -6,7 +6,9 @@ path), the training summary and, per benchmark, greedy accuracy and Pass@1 with 
 evaluation standard errors. Tables, in the paper's layout (algorithm x delay x group size;
 per benchmark greedy and Pass@1; mean over benchmarks), give every cell as mean ± 95%
 interval over seeds with the evaluation noise folded in (:func:`gmc.stats.mean_interval`),
-and the ``paired`` table gives gmc − tic and gmc − grpo at equal (delay, G, seed)
+and the ``paired`` table gives estimator differences (gmc − tic, gmc − grpo, tic − grpo, and gmc
+against the references is and none) at equal (delay, G, seed) and each estimator's cost of
+staleness (itself at a delay − itself at delay 0, equal G and seed)
 (:func:`gmc.stats.paired_difference`); each as CSV, Markdown and LaTeX.
 """
 
@@ -29,8 +31,9 @@ FINAL_REWARD = "rollout/reward_mean_last20"
 DIAGNOSTICS = ["async/staleness_mean", "ratio/ess_frac", "ratio/shortfall", "time/step_seconds"]
 """Diagnostics table columns; each estimator's own clip statistics (``ratio/frac_*``, named in its
 registry entry and kept in ``summary.json``) go after the staleness."""
-PAIRS = (("gmc", "tic"), ("gmc", "grpo"))
-"""Paired comparisons ``a − b`` of the ``paired`` table."""
+PAIRS = (("gmc", "tic"), ("gmc", "grpo"), ("tic", "grpo"), ("gmc", "is"), ("gmc", "none"))
+"""Paired comparisons ``a − b`` of the ``paired`` table: the paper's ordering GMC >= TIC >= GRPO,
+and GMC against the uncapped and uncorrected references."""
 SE = "_se"
 """Suffix of a score's evaluation standard error column (``eval/<benchmark>/pass_at_1_se``)."""
 
@@ -151,33 +154,47 @@ def diagnostics_table(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def paired_table(frame: pd.DataFrame, pairs=PAIRS) -> pd.DataFrame:
-    """``a − b`` for each pair at equal (delay, group, seed), one row per (pair, delay, group,
-    metric): mean difference, 95% interval, seeds paired, seeds with the mean's sign, and
-    whether the interval excludes zero. Sweep points where either estimator is missing are skipped."""
+    """Paired differences, one row per (comparison, delay, group, metric): mean difference, 95%
+    interval, seeds paired, seeds with the mean's sign, and whether the interval excludes zero.
+    Two kinds: ``a − b`` for each estimator pair at equal (delay, group, seed), and the cost of
+    staleness, ``A: stale − on-policy``, each estimator at every other delay against itself at
+    delay 0 at equal (group, seed). Points where either side is missing are skipped."""
     frame = with_benchmark_means(frame)
     metrics = score_columns(frame)
     rows = []
     for a, b in pairs:
         fa, fb = frame[frame["algorithm"] == a], frame[frame["algorithm"] == b]
         both = fa.merge(fb, on=["delay", "group", "seed"], suffixes=(":a", ":b"))
-        for (delay, group), grp in both.groupby(["delay", "group"], sort=False):
-            for m in metrics:
-                se_a = grp[f"{m}{SE}:a"] if f"{m}{SE}:a" in grp.columns else None
-                se_b = grp[f"{m}{SE}:b"] if f"{m}{SE}:b" in grp.columns else None
-                p = paired_difference(grp[f"{m}:a"], grp[f"{m}:b"], se_a, se_b)
-                iv = p.interval
-                rows.append(dict(comparison=f"{a} − {b}", delay=delay, group=group, metric=m, diff=iv.mean,
-                                 lo=iv.lo, hi=iv.hi, half=iv.half, n_seeds=iv.n, n_sign=p.n_sign,
-                                 excludes_zero=p.excludes_zero))
+        rows += _difference_rows(f"{a} − {b}", both, metrics)
+    for algorithm, runs in frame.groupby("algorithm", sort=False):
+        on_policy = runs[runs["delay"] == "0"].drop(columns="delay")
+        stale = runs[runs["delay"] != "0"]
+        both = stale.merge(on_policy, on=["group", "seed"], suffixes=(":a", ":b"))
+        rows += _difference_rows(f"{algorithm}: stale − on-policy", both, metrics)
     columns = ["comparison", "delay", "group", "metric", "diff", "lo", "hi", "half", "n_seeds", "n_sign",
                "excludes_zero"]
     out = pd.DataFrame(rows, columns=columns)
     if out.empty:
         return out
-    order = {f"{a} − {b}": i for i, (a, b) in enumerate(pairs)}
+    order = {c: i for i, c in enumerate(dict.fromkeys(out["comparison"]))}
     out["_c"] = out["comparison"].map(order)
     out = out.sort_values(["_c", "delay", "group"], key=_delay_key, kind="stable").drop(columns="_c")
     return out.reset_index(drop=True)
+
+
+def _difference_rows(comparison: str, both: pd.DataFrame, metrics: list[str]) -> list[dict]:
+    """Rows of :func:`paired_table` for one comparison; ``both`` holds the paired runs side by
+    side (columns ``<metric>:a`` and ``<metric>:b``)."""
+    rows = []
+    for (delay, group), grp in both.groupby(["delay", "group"], sort=False):
+        for m in metrics:
+            se_a = grp[f"{m}{SE}:a"] if f"{m}{SE}:a" in grp.columns else None
+            se_b = grp[f"{m}{SE}:b"] if f"{m}{SE}:b" in grp.columns else None
+            p = paired_difference(grp[f"{m}:a"], grp[f"{m}:b"], se_a, se_b)
+            iv = p.interval
+            rows.append(dict(comparison=comparison, delay=delay, group=group, metric=m, diff=iv.mean, lo=iv.lo,
+                             hi=iv.hi, half=iv.half, n_seeds=iv.n, n_sign=p.n_sign, excludes_zero=p.excludes_zero))
+    return rows
 
 
 def resolved_differences(paired: pd.DataFrame) -> list[str]:
@@ -254,9 +271,10 @@ def to_latex(table: pd.DataFrame) -> str:
     return _latex(_display(table))
 
 
-PAIRED_NOTE = (f"Paired differences at equal (delay, G, seed): mean ± half-width of the {LEVEL:.0%} "
-               "t-interval over seeds (evaluation noise folded in), (seeds with the mean's sign / seeds "
-               "paired); * the interval excludes zero.")
+PAIRED_NOTE = (f"Paired differences at equal (delay, G, seed), and each estimator's cost of staleness "
+               "(A: stale − on-policy, the estimator at the row's delay minus itself at delay 0, equal G "
+               f"and seed): mean ± half-width of the {LEVEL:.0%} t-interval over seeds (evaluation noise "
+               "folded in), (seeds with the mean's sign / seeds paired); * the interval excludes zero.")
 
 
 def paired_markdown(paired: pd.DataFrame) -> str:

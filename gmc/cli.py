@@ -16,15 +16,15 @@ from gmc import __version__
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from gmc import theory
-
     parser = argparse.ArgumentParser(prog="gmc", description="Asynchronous RL post-training with group-mass capping")
     parser.add_argument("--version", action="version", version=f"gmc {__version__}")
     parser.add_argument("--debug", action="store_true", help="debug logging; show the traceback of an error")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("theory", help="exactly solvable checks of the paper's claims (CSV + figures)")
-    theory.add_arguments(p)
-    p.set_defaults(func=theory.run_from_args)
+    p.add_argument("--out", required=True, help="output folder for CSVs and figures")
+    p.add_argument("--quick", action="store_true", help="small sizes (seconds)")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_theory)
 
     p = sub.add_parser("build-tiny-model", help="build and warm-start the tiny CPU policy")
     p.add_argument("--out", required=True, help="folder for the saved model and tokenizer")
@@ -159,6 +159,12 @@ def _export(args: argparse.Namespace) -> None:
     from gmc.analysis import export_bundle
 
     print(f"{export_bundle(args.results, args.out)} files -> {args.out}")
+
+
+def _theory(args: argparse.Namespace) -> None:
+    from gmc.theory import run_from_args  # scipy and pandas: only this command needs them
+
+    run_from_args(args)
 
 
 def _import(args: argparse.Namespace) -> None:

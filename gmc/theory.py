@@ -457,12 +457,6 @@ def run_theory(out: str | Path, cfg: TheoryConfig, progress: bool = True) -> dic
     return tables
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", required=True, help="output folder for CSVs and figures")
-    parser.add_argument("--quick", action="store_true", help="small sizes (seconds)")
-    parser.add_argument("--seed", type=int, default=0)
-
-
 def run_from_args(args: argparse.Namespace) -> None:
     cfg = TheoryConfig.quick() if args.quick else TheoryConfig()
     cfg = TheoryConfig(**{**asdict(cfg), "seed": args.seed})

@@ -108,11 +108,17 @@ def test_paired_differences_at_equal_delay_group_and_seed(tmp_path):
         fake_run(r, "gmc", 16, 8, seed, 0.5, g, se=0.02)
         fake_run(r, "tic", 16, 8, seed, 0.5, t, se=0.02)
         fake_run(r, "grpo", 16, 8, seed, 0.5, p, se=0.02)
-    fake_run(r, "gmc", 0, 8, 0, 0.5, 0.7)  # no partner: skipped
-    fake_run(r, "tic", 16, 4, 0, 0.5, 0.7)
+    fake_run(r, "gmc", 0, 8, 1, 0.5, 0.9)  # on-policy partner of gmc's seed 1 only
+    fake_run(r, "tic", 16, 4, 0, 0.5, 0.7)  # no partner: skipped
     paired = write_tables(r)["paired"]
-    assert set(paired["comparison"]) == {"gmc − tic", "gmc − grpo"}
+    assert list(dict.fromkeys(paired["comparison"])) == ["gmc − tic", "gmc − grpo", "tic − grpo",
+                                                         "gmc: stale − on-policy"]
     assert set(zip(paired["delay"], paired["group"])) == {("16", 8)}
+    stale = paired[(paired.comparison == "gmc: stale − on-policy") & (paired.metric == "eval/synthetic/pass_at_1")]
+    assert len(stale) == 1 and stale.iloc[0]["n_seeds"] == 1  # seed 1 alone is paired
+    assert stale.iloc[0]["diff"] == pytest.approx((0.72 - 0.9) / 2)
+    row = paired[(paired.comparison == "tic − grpo") & (paired.metric == "eval/synthetic/pass_at_1")].iloc[0]
+    assert row["diff"] == pytest.approx(((0.50 - 0.60) + (0.56 - 0.74) + (0.52 - 0.62)) / 6)
     row = paired[(paired.comparison == "gmc − tic") & (paired.metric == "eval/synthetic/pass_at_1")].iloc[0]
     d = [(0.70 - 0.50) / 2, (0.72 - 0.56) / 2, (0.74 - 0.52) / 2]  # pass_at_1 = score / 2
     half = 4.30265273 * math.sqrt((pd.Series(d).var() + 2 * 0.02**2) / 3)

@@ -72,21 +72,23 @@ def test_end_to_end_tiny_sweep(tmp_path):
     assert out.returncode == 0, out.stderr[-5000:]
     results = wd / "results"
     runs = sorted((results / "train").glob("algo~*/delay~*/group~*/seed~*/summary.json"))
-    assert len(runs) == 2 * 2 + 1
+    assert len(runs) == 2 * 2 + 1 + 1  # grid, the reference none at delay 2, latency
     main = pd.read_csv(results / "tables" / "main.csv")
-    assert set(main["algorithm"]) == {"base", "grpo", "gmc"} and "eval/synthetic/pass_at_1:mean" in main.columns
+    assert set(main["algorithm"]) == {"base", "grpo", "gmc", "none"} and "eval/synthetic/pass_at_1:mean" in main.columns
     assert (results / "tables" / "main.md").read_text().startswith("| algorithm")
     assert "\\begin{tabular}" in (results / "tables" / "main.tex").read_text()
     paired = pd.read_csv(results / "tables" / "paired.csv")
-    # latency runs are gmc only here: no partner, no row
-    assert set(paired["comparison"]) == {"gmc − grpo"} and set(paired["delay"].astype(str)) == {"0", "2"}
+    # latency runs are gmc only here: no partner among the estimators, a row for gmc's cost of staleness
+    comparisons = {c: set(g["delay"].astype(str)) for c, g in paired.groupby("comparison")}
+    assert comparisons == {"gmc − grpo": {"0", "2"}, "gmc − none": {"2"}, "grpo: stale − on-policy": {"2"},
+                           "gmc: stale − on-policy": {"2", "latency"}}
     assert "Differences whose interval excludes zero" in (results / "tables" / "paired.md").read_text()
     assert len(pd.read_csv(results / "theory" / "claims.csv")) > 0
     for name in ("reward_vs_step", "score_vs_delay", "score_vs_group", "ratio_diagnostics", "staleness_vs_length"):
         assert (results / "figures" / f"{name}.png").stat().st_size > 5000
         assert (results / "figures" / f"{name}.pdf").exists()
     synced = json.loads((results / "mlflow" / "synced.json").read_text())
-    assert len(synced["runs"]) == 5
+    assert len(synced["runs"]) == 6
     # logged live (tracking_uri is set), nested under the sweep's run, with the evaluation scores
     from mlflow.tracking import MlflowClient
 

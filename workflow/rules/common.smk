@@ -37,12 +37,21 @@ wildcard_constraints:
 
 
 def _run_dirs():
-    dirs = [
-        f"{RESULTS}/train/algo~{a}/delay~{d}/group~{g}/seed~{s}"
-        for a, d, g, s in itertools.product(
+    points = list(
+        itertools.product(
             SWEEP["algorithms"], SWEEP["delays"], SWEEP["group_sizes"], SWEEP["seeds"]
         )
-    ]
+    )
+    refs = SWEEP.get("references") or {"algorithms": [], "delays": []}
+    points += itertools.product(
+        refs["algorithms"], refs["delays"], SWEEP["group_sizes"], SWEEP["seeds"]
+    )
+    dirs = list(
+        dict.fromkeys(
+            f"{RESULTS}/train/algo~{a}/delay~{d}/group~{g}/seed~{s}"
+            for a, d, g, s in points
+        )
+    )
     for mode, section in NAMED_DELAYS.items():
         dirs += [
             f"{RESULTS}/train/algo~{a}/delay~{mode}/group~{g}/seed~{s}"
