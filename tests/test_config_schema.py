@@ -114,6 +114,7 @@ def test_allowed_values_are_the_python_ones():
                 assert _enum(schema[key]) == [*allowed, *([None] if None in _enum(schema[key]) else [])], key
     assert _enum(props["sweep"]["properties"]["algorithms"]) == list(ESTIMATORS)
     assert _enum(props["latency"]["properties"]["algorithms"]) == list(ESTIMATORS)
+    assert _enum(props["sweep"]["properties"]["references"]["properties"]["algorithms"]) == list(ESTIMATORS)
     assert _enum(props["evaluate"]["properties"]["benchmarks"]) == list(benchmark_specs())
     assert props["evaluate"]["properties"]["samples"]["propertyNames"]["enum"] == list(benchmark_specs())
     # every named delay mode has its section, whose delay keys are DelayConfig fields
