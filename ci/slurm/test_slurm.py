@@ -37,6 +37,7 @@ def config() -> dict:
     cfg["model"]["tiny"]["max_steps"] = 30  # enough to earn some reward, so that training moves
     cfg["train"].update(steps=STEPS, checkpoint_every=CHECKPOINT_EVERY)
     cfg["sweep"].update(algorithms=["gmc"], delays=[0], group_sizes=[4], seeds=[0, 1])
+    cfg["sweep"].pop("references")  # the reduced sweep is the grid only
     cfg["latency"]["enabled"] = False
     return cfg
 
