@@ -246,20 +246,23 @@ def _ratio_stats(log_ratio: Tensor, token_l: Tensor, mask: Tensor) -> dict[str, 
     }
 
 
-def _weight_stats(w: Tensor, log_ratio: Tensor) -> dict[str, float]:
-    """ESS per group and shortfall ``sum(rho - w) / sum(rho)`` (log space)."""
+def _weight_stats(w: Tensor, log_ratio: Tensor, shortfall: bool = True) -> dict[str, float]:
+    """ESS per group and, for weights that cap the ratios (``w <= rho``), the shortfall
+    ``sum(rho - w) / sum(rho)`` (log space)."""
     w = w.float()
     ess = w.sum(-1) ** 2 / (w.pow(2).sum(-1)).clamp(min=torch.finfo(torch.float32).tiny)
     G = w.shape[-1]
-    log_sum_w = torch.log(w.sum().clamp(min=torch.finfo(torch.float32).tiny))
-    log_sum_rho = torch.logsumexp(log_ratio.detach().float().flatten(), dim=0)
-    return {
+    stats = {
         "ratio/ess": float(ess.mean()),
         "ratio/ess_frac": float(ess.mean() / G),
-        "ratio/shortfall": float(-torch.expm1(log_sum_w - log_sum_rho)),
         "ratio/weight_mean": float(w.mean()),
         "ratio/weight_max": float(w.max()),
     }
+    if shortfall:
+        log_sum_w = torch.log(w.sum().clamp(min=torch.finfo(torch.float32).tiny))
+        log_sum_rho = torch.logsumexp(log_ratio.detach().float().flatten(), dim=0)
+        stats["ratio/shortfall"] = float(-torch.expm1(log_sum_w - log_sum_rho))
+    return stats
 
 
 def _check_shapes(logp: Tensor, logp_behavior: Tensor, mask: Tensor, advantages: Tensor) -> None:
@@ -314,7 +317,8 @@ def _trajectory_loss(method: str):
             stats["ratio/frac_groups_capped"] = float(capped.float().mean())
         loss, pg_stats = _pg_loss(coef.unsqueeze(-1), logp, mask, cfg, "seq_sum_const", ref_logp)
         stats.update(pg_stats)
-        stats.update(_weight_stats(w, L))
+        # unit weights (none) are no cap of rho: they have no shortfall
+        stats.update(_weight_stats(w, L, shortfall=method != "none"))
         stats.update(_ratio_stats(L, l_tok, mask))
         return loss, stats
 

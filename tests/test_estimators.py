@@ -371,3 +371,8 @@ def test_stats_diagnostics_hand_computed():
     _, s = ESTIMATORS["tic"](logp, logp_b, mask, adv, EstimatorConfig(eps=0.2))
     assert s["ratio/frac_traj_capped"] == 0.5
     assert s["ratio/shortfall"] == pytest.approx(0.8 / 2.5, rel=1e-5)
+    # uncapped IS removes nothing; unit weights (none) are no cap of rho and report no shortfall
+    _, s = ESTIMATORS["is"](logp, logp_b, mask, adv, EstimatorConfig(eps=0.2))
+    assert s["ratio/shortfall"] == pytest.approx(0.0, abs=1e-6)
+    _, s = ESTIMATORS["none"](logp, logp_b, mask, adv, EstimatorConfig(eps=0.2))
+    assert "ratio/shortfall" not in s and s["ratio/ess_frac"] == 1.0

@@ -35,7 +35,7 @@ def test_default_config_dry_run_plans_the_sweep(tmp_path):
     assert out.returncode == 0, out.stderr
     text = out.stdout + out.stderr
     assert "build_tiny_model" in text and "theory_lab" in text
-    for run_dir in ("algo~gmc/delay~64/group~8/seed~2", "algo~none/delay~64/group~8/seed~2"):  # grid, reference
+    for run_dir in ("algo~gmc/delay~128/group~8/seed~2", "algo~none/delay~128/group~8/seed~2"):  # grid, reference
         assert f"results/train/{run_dir}/summary.json" in text
     train_jobs = [line for line in text.splitlines() if line.strip().startswith("train ")]
     assert int(train_jobs[0].split()[-1]) == (3 * 2 + 2 + 1) * 3  # (grid + is, none + latency gmc) x 3 seeds
