@@ -1,14 +1,25 @@
 # gmc: asynchronous RL post-training with group-mass capping.
 # data -> base model -> one training run per sweep point -> evaluation -> MLflow -> tables -> figures -> report
-from snakemake.utils import min_version, validate
+from pathlib import Path
+
+import yaml
+from snakemake.utils import min_version
+
+import gmc.workflow
 
 min_version("9.0")
 
 
-configfile: "config.yaml"
+# a preset given with --configfile is the whole science: config.yaml is read only without one
+if not workflow.overwrite_configfiles:
+
+    configfile: "config.yaml"
 
 
-validate(config, "workflow/schemas/config.schema.yaml")
+# defaults filled, then validated against the schema (hand-written parts + those generated from
+# the settings classes and registries); a bad key stops here, naming it and what it allows
+with open(Path(workflow.basedir, "workflow", "schemas", "config.schema.yaml")) as fh:
+    gmc.workflow.validate(config, yaml.safe_load(fh))
 
 
 include: "workflow/rules/common.smk"
@@ -45,8 +56,8 @@ localrules:
 rule all:
     default_target: True
     input:
-        TABLES,
-        FIGURES,
+        TABLE_FILES,
+        FIGURE_FILES,
         MLFLOW_DONE,
         THEORY,
 
@@ -63,8 +74,8 @@ rule eval_all:
 
 rule figures:
     input:
-        TABLES,
-        FIGURES,
+        TABLE_FILES,
+        FIGURE_FILES,
 
 
 rule theory:

@@ -82,10 +82,12 @@ def estimators() -> dict:
 def hf_engine(model, tok) -> dict:
     """Decoder agreement with the model's forward, and HFEngine tokens/s with either decoder."""
     import gmc.rollout
-    from gmc.data import PLAIN_TEMPLATE, SyntheticTask
+    from gmc.data import PLAIN_TEMPLATE
     from gmc.decoding import HFDecoder, Qwen3Decoder
+    from gmc.engines import SamplingConfig
     from gmc.policy import position_ids_from_mask
-    from gmc.rollout import HFEngine, SamplingConfig
+    from gmc.rollout import HFEngine
+    from gmc.synthetic import SyntheticTask
 
     model = model.to(DEVICE).eval()
     prompts = [PLAIN_TEMPLATE.format(problem=r.problem) for r in SyntheticTask().generate("test", 32)]
@@ -176,8 +178,10 @@ def train_8bit(model_dir: str) -> dict:
 
 
 def vllm_engine(model_dir: str, model) -> dict:
-    from gmc.data import PLAIN_TEMPLATE, SyntheticTask
-    from gmc.rollout import SamplingConfig, VLLMConfig, VLLMEngine
+    from gmc.data import PLAIN_TEMPLATE
+    from gmc.engines import SamplingConfig, VLLMConfig
+    from gmc.rollout import VLLMEngine
+    from gmc.synthetic import SyntheticTask
 
     engine = VLLMEngine(model_dir, cfg=VLLMConfig(gpu_memory_utilization=0.3, dtype="bfloat16"))
     prompts = [PLAIN_TEMPLATE.format(problem=r.problem) for r in SyntheticTask().generate("test", 64)]

@@ -16,10 +16,12 @@ import torch  # noqa: E402
 from common import interleaved, write_result  # noqa: E402
 
 import gmc.rollout  # noqa: E402
-from gmc.data import PLAIN_TEMPLATE, SyntheticTask  # noqa: E402
+from gmc.data import PLAIN_TEMPLATE  # noqa: E402
 from gmc.decoding import HFDecoder  # noqa: E402
+from gmc.engines import SamplingConfig  # noqa: E402
 from gmc.policy import load_policy  # noqa: E402
-from gmc.rollout import HFEngine, SamplingConfig  # noqa: E402
+from gmc.rollout import HFEngine  # noqa: E402
+from gmc.synthetic import SyntheticTask  # noqa: E402
 
 PROMPTS, N, MAX_NEW = 8, 8, 48
 

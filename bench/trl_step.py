@@ -4,13 +4,16 @@ optimizer (AdamW), on CPU without vLLM, one optimizer step per generation batch,
 
 Ours: ``gmc`` trainer in synchronous mode (generate, grade, behaviour log-probs, loss, step).
 Theirs: ``trl.GRPOTrainer``. Reports the median seconds per step after warm-up, completion
-tokens per second, and the ratio. The two run in alternation (``REPEATS`` runs each, the order
-flipping every time) and their steps are pooled, so both see the same machine. Needs the
-bench extra (``pip install -e '.[bench]'``).
-Run: python bench/trl_step.py [MODEL_DIR] [STEPS] [REPEATS]
+tokens per second, and the ratio. The variants run in alternation (``REPEATS`` runs each, the
+order rotating every time) and their steps are pooled, so all see the same machine. With
+``--baseline CHECKOUT`` the trainer of another checkout of gmc (an earlier commit, say) runs as a
+third variant, in a subprocess importing that checkout, on the same settings. Needs the bench
+extra (``pip install -e '.[bench]'``).
+Run: python bench/trl_step.py [MODEL_DIR] [STEPS] [REPEATS] [--baseline CHECKOUT]
 """
 
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -21,9 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import write_result  # noqa: E402
 
 from gmc.config import load_train_config  # noqa: E402
-from gmc.data import PLAIN_TEMPLATE, SyntheticTask  # noqa: E402
+from gmc.data import PLAIN_TEMPLATE  # noqa: E402
 from gmc.io import read_jsonl  # noqa: E402
 from gmc.rewards import Grader  # noqa: E402
+from gmc.synthetic import SyntheticTask  # noqa: E402
 from gmc.trainer import Trainer  # noqa: E402
 
 PROMPTS, G, MAX_NEW, LR = 8, 8, 48, 2e-4
@@ -37,12 +41,29 @@ def our_config(model_dir: str, steps: int, *overrides: str):
                                     *overrides])
 
 
-def run_ours(model_dir: str, steps: int, out: Path) -> dict:
-    Trainer(our_config(model_dir, steps), out, progress=False).run()
-    rows = read_jsonl(out / "metrics.jsonl")[2:]
+def step_stats(metrics: Path) -> dict:
+    """Step times, tokens and final reward of a run's metrics after two warm-up steps."""
+    rows = read_jsonl(metrics)[2:]
     return {"step_seconds": [r["time/step_seconds"] for r in rows],
             "tokens": [r["rollout/response_length_mean"] * r["rollout/samples"] for r in rows],
             "reward_last": statistics.mean(r["rollout/reward_mean"] for r in rows[-5:])}
+
+
+def run_ours(model_dir: str, steps: int, out: Path) -> dict:
+    Trainer(our_config(model_dir, steps), out, progress=False).run()
+    return step_stats(out / "metrics.jsonl")
+
+
+def run_checkout(checkout: str, model_dir: str, steps: int, out: Path) -> dict:
+    """:func:`run_ours` with the gmc of another checkout (and its own ``bench/trl_step.py`` settings),
+    in a subprocess that imports that checkout first."""
+    code = (f"import sys; sys.path.insert(0, {checkout!r}); sys.path.insert(1, {checkout + '/bench'!r})\n"
+            "import trl_step\nfrom gmc.trainer import Trainer\n"
+            f"Trainer(trl_step.our_config({model_dir!r}, {steps}), {str(out)!r}, progress=False).run()\n"
+            "import gmc; print(gmc.__file__)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip().splitlines()[-1].startswith(checkout), done.stdout
+    return step_stats(out / "metrics.jsonl")
 
 
 def run_trl(model_dir: str, steps: int, out: Path) -> dict:
@@ -91,22 +112,36 @@ def pooled(runs: list[dict]) -> dict:
 
 
 def main() -> None:
-    model_dir = sys.argv[1] if len(sys.argv) > 1 else "results/models/tiny"
-    steps = int(sys.argv[2]) if len(sys.argv) > 2 else 20
-    repeats = int(sys.argv[3]) if len(sys.argv) > 3 else 2
-    runs: dict[str, list[dict]] = {"gmc": [], "trl": []}
+    args = sys.argv[1:]
+    baseline = None
+    if "--baseline" in args:
+        i = args.index("--baseline")
+        baseline = str(Path(args[i + 1]).resolve())
+        del args[i : i + 2]
+    model_dir = args[0] if len(args) > 0 else "results/models/tiny"
+    steps = int(args[1]) if len(args) > 1 else 20
+    repeats = int(args[2]) if len(args) > 2 else 2
+    variants = {"gmc": run_ours, "trl": run_trl}
+    if baseline:
+        variants["baseline"] = lambda m, s, out: run_checkout(baseline, m, s, out)
+    runs: dict[str, list[dict]] = {name: [] for name in variants}
+    names = list(variants)
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(repeats):
-            order = [("gmc", run_ours), ("trl", run_trl)]
-            for name, fn in order if r % 2 == 0 else order[::-1]:
-                runs[name].append(fn(model_dir, steps, Path(tmp) / f"{name}{r}"))
+            for name in names[r % len(names):] + names[: r % len(names)]:
+                runs[name].append(variants[name](model_dir, steps, Path(tmp) / f"{name}{r}"))
     ours, trl = pooled(runs["gmc"]), pooled(runs["trl"])
-    write_result("trl_step", {
+    result = {
         "prompts_per_step": PROMPTS, "group_size": G, "max_new_tokens": MAX_NEW, "steps": steps,
         "gmc": ours, "trl": trl,
         "throughput_ratio_gmc_over_trl": ours["tokens_per_s"] / trl["tokens_per_s"],
         "step_time_ratio_trl_over_gmc": trl["step_seconds_median"] / ours["step_seconds_median"],
-    })
+    }
+    if baseline:
+        base = pooled(runs["baseline"])
+        result.update(baseline={"checkout": baseline, **base},
+                      step_time_ratio_baseline_over_gmc=base["step_seconds_median"] / ours["step_seconds_median"])
+    write_result("trl_step", result)
 
 
 if __name__ == "__main__":

@@ -1,32 +1,30 @@
-"""Tables from run directories: files are the source of truth, nothing is retrained.
+"""Tables from run directories (method.md section 7): files are the source of truth, nothing is
+retrained.
 
-``collect(results)`` walks ``results/train/algo~A/delay~D/group~G/seed~S/`` and the matching
-``results/eval/...`` folders and returns one row per run: the sweep point (parsed from the
-path), the training summary and, per benchmark, greedy accuracy and Pass@1 with their
-evaluation standard errors. Tables, in the paper's layout (algorithm x delay x group size;
-per benchmark greedy and Pass@1; mean over benchmarks), give every cell as mean ± 95%
-interval over seeds with the evaluation noise folded in (:func:`gmc.stats.mean_interval`),
-and the ``paired`` table gives estimator differences (gmc − tic, gmc − grpo, tic − grpo, and gmc
-against the references is and none) at equal (delay, G, seed) and each estimator's cost of
-staleness (itself at a delay − itself at delay 0, equal G and seed)
-(:func:`gmc.stats.paired_difference`); each as CSV, Markdown and LaTeX.
+:func:`collect` reads one row per finished run (its sweep point, training summary and
+evaluation scores with their standard errors); the tables of :data:`gmc.outputs.TABLES` give
+every cell as mean ± 95% interval over seeds (:func:`gmc.stats.mean_interval`), and the paired
+differences of estimators at equal (delay, G, seed) and each one's cost of staleness
+(:func:`gmc.stats.paired_difference`). Results bundles (:func:`export_bundle`) carry what the
+tables need, without checkpoints.
 """
 
 from __future__ import annotations
 
 import json
-import math
-import re
 import tarfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
 from gmc.asynchrony import DELAY_MODES, named_delays
+from gmc.evaluate import SE, eval_scores
 from gmc.io import atomic_path, write_csv, write_text
+from gmc.outputs import TABLES
 from gmc.stats import LEVEL, mean_interval, paired_difference
+from gmc.sweep import parse_point
 
-POINT_RE = re.compile(r"algo~(?P<algorithm>[^/]+)/delay~(?P<delay>[^/]+)/group~(?P<group>\d+)/seed~(?P<seed>\d+)")
 FINAL_REWARD = "rollout/reward_mean_last20"
 DIAGNOSTICS = ["async/staleness_mean", "ratio/ess_frac", "ratio/shortfall", "time/step_seconds"]
 """Diagnostics table columns; each estimator's own clip statistics (``ratio/frac_*``, named in its
@@ -34,16 +32,6 @@ registry entry and kept in ``summary.json``) go after the staleness."""
 PAIRS = (("gmc", "tic"), ("gmc", "grpo"), ("tic", "grpo"), ("gmc", "is"), ("gmc", "none"))
 """Paired comparisons ``a − b`` of the ``paired`` table: the paper's ordering GMC >= TIC >= GRPO,
 and GMC against the uncapped and uncorrected references."""
-SE = "_se"
-"""Suffix of a score's evaluation standard error column (``eval/<benchmark>/pass_at_1_se``)."""
-
-
-def parse_point(path: str | Path) -> dict | None:
-    m = POINT_RE.search(Path(path).as_posix())
-    if not m:
-        return None
-    d = m.groupdict()
-    return {"algorithm": d["algorithm"], "delay": d["delay"], "group": int(d["group"]), "seed": int(d["seed"])}
 
 
 def collect(results: str | Path) -> pd.DataFrame:
@@ -61,25 +49,6 @@ def collect(results: str | Path) -> pd.DataFrame:
         raise FileNotFoundError(f"{results}/train: no finished runs (summary.json) found")
     frame = pd.DataFrame(rows)
     return frame.sort_values(["algorithm", "delay", "group", "seed"], key=_delay_key).reset_index(drop=True)
-
-
-def eval_scores(eval_dir: Path) -> dict[str, float]:
-    """``eval/<benchmark>/greedy`` and ``eval/<benchmark>/pass_at_1`` from an evaluation folder,
-    each with its standard error across problems (``..._se``; binomial for greedy)."""
-    out = {}
-    for f in sorted(Path(eval_dir).glob("*.json")):
-        if f.name == "eval_config.json":
-            continue
-        ev = json.loads(f.read_text())
-        name = f"eval/{ev['benchmark']}"
-        if "greedy" in ev:
-            out[f"{name}/greedy"] = ev["greedy"]
-            n = ev.get("problems", 0)
-            out[f"{name}/greedy{SE}"] = math.sqrt(ev["greedy"] * (1 - ev["greedy"]) / (n - 1)) if n > 1 else math.nan
-        if "pass_at_1" in ev:
-            out[f"{name}/pass_at_1"] = ev["pass_at_1"]
-            out[f"{name}/pass_at_1{SE}"] = ev.get("pass_at_1_se", math.nan)
-    return out
 
 
 def delay_order(delay: str) -> tuple[int, int]:
@@ -143,17 +112,44 @@ def aggregate(frame: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
     return out[keys + [c for c in out.columns if c not in keys and c != "n_seeds"] + ["n_seeds"]]
 
 
-def main_table(frame: pd.DataFrame) -> pd.DataFrame:
-    frame = with_benchmark_means(frame)
-    return aggregate(frame, score_columns(frame))
+@dataclass(frozen=True)
+class Rendered:
+    """A table as the files show it: the tidy frame (CSV), Markdown and LaTeX."""
+
+    frame: pd.DataFrame
+    markdown: str
+    latex: str
 
 
-def diagnostics_table(frame: pd.DataFrame) -> pd.DataFrame:
-    own = [c for c in frame.columns if c.startswith("ratio/frac_")]
-    return aggregate(frame, [DIAGNOSTICS[0], *own, *DIAGNOSTICS[1:]])
+def with_base(runs: pd.DataFrame, base: dict[str, float]) -> pd.DataFrame:
+    """The runs with the base model's scores as a first row (algorithm ``base``), when there are any."""
+    if not base:
+        return runs
+    return pd.concat([pd.DataFrame([{"algorithm": "base", "delay": "-", "group": 0, "seed": 0, **base}]), runs],
+                     ignore_index=True)
 
 
-def paired_table(frame: pd.DataFrame, pairs=PAIRS) -> pd.DataFrame:
+def main_table(runs: pd.DataFrame, base: dict[str, float]) -> Rendered:
+    """Scores per (algorithm, delay, group): mean ± 95% interval over seeds, the base model first."""
+    frame = with_benchmark_means(with_base(runs, base))
+    table = aggregate(frame, score_columns(frame))
+    return Rendered(table, to_markdown(table), to_latex(table))
+
+
+def diagnostics_table(runs: pd.DataFrame, base: dict[str, float]) -> Rendered:
+    """Staleness, each estimator's own clip statistics, ESS, shortfall and step time."""
+    own = [c for c in runs.columns if c.startswith("ratio/frac_")]
+    table = aggregate(runs, [DIAGNOSTICS[0], *own, *DIAGNOSTICS[1:]])
+    return Rendered(table, to_markdown(table), to_latex(table))
+
+
+def paired_table(runs: pd.DataFrame, base: dict[str, float]) -> Rendered:
+    """Paired differences (:func:`paired_differences`), with the list of those that are resolved."""
+    table = paired_differences(runs)
+    return Rendered(table, paired_markdown(table), _latex(_paired_display(table)) if len(table) else "")
+
+
+def paired_differences(frame: pd.DataFrame, pairs=PAIRS) -> pd.DataFrame:
     """Paired differences, one row per (comparison, delay, group, metric): mean difference, 95%
     interval, seeds paired, seeds with the mean's sign, and whether the interval excludes zero.
     Two kinds: ``a − b`` for each estimator pair at equal (delay, group, seed), and the cost of
@@ -285,23 +281,18 @@ def paired_markdown(paired: pd.DataFrame) -> str:
 
 
 def write_tables(results: str | Path, out: str | Path | None = None) -> dict[str, pd.DataFrame]:
-    """``main``, ``diagnostics`` and ``paired`` tables as CSV, Markdown and LaTeX under ``out``."""
+    """Every table of :data:`gmc.outputs.TABLES` as CSV, Markdown and LaTeX under ``out``
+    (default ``<results>/tables``); returns the tidy frames by name."""
     out = Path(out or Path(results) / "tables")
-    frame = collect(results)
-    runs = frame
+    runs = collect(results)
     base = eval_scores(Path(results) / "eval" / "base")
-    if base:  # the starting point, before RL, as the first row
-        frame = pd.concat([pd.DataFrame([{"algorithm": "base", "delay": "-", "group": 0, "seed": 0, **base}]), frame],
-                          ignore_index=True)
-    tables = {"main": main_table(frame), "diagnostics": diagnostics_table(runs), "paired": paired_table(runs)}
-    for name, table in tables.items():
-        write_csv(table, out / f"{name}.csv")
-        if name == "paired":
-            write_text(out / f"{name}.md", paired_markdown(table))
-            write_text(out / f"{name}.tex", _latex(_paired_display(table)) if len(table) else "")
-        else:
-            write_text(out / f"{name}.md", to_markdown(table))
-            write_text(out / f"{name}.tex", to_latex(table))
+    tables = {}
+    for name, entry in TABLES.items():
+        table = entry.resolve()(runs, base)
+        write_csv(table.frame, out / f"{name}.csv")
+        write_text(out / f"{name}.md", table.markdown)
+        write_text(out / f"{name}.tex", table.latex)
+        tables[name] = table.frame
     return tables
 
 

@@ -1,43 +1,24 @@
-"""Simulated asynchrony: a fixed-delay FIFO and a length-dependent latency model on a virtual
-clock (method.md section 4).
+"""Simulated asynchrony: the rollout sources of a training run (method.md section 4).
 
-Both sources hand the trainer, at every optimizer step, a list of :class:`Group` rollouts.
-A group stores token ids, masks, rewards, the behaviour log-probs (computed by the trainer
-model when the group was generated), the sampler's log-probs, the policy version that
-generated it and the version that consumed it. Old weights are never kept: memory is
-O(delay x batch x tokens), never O(delay x parameters).
-
-* :class:`FixedDelaySource`: at step ``t`` a batch is generated with the current weights and
-  pushed; the batch generated at ``t - d`` is popped. Warm-up ``prefill`` [choice]: the queue
-  starts with ``d`` batches from ``theta_0`` labelled with versions ``-d .. -1``, so the
-  staleness is exactly ``d`` from the first step (their behaviour policy is ``theta_0``, i.e.
-  ``theta_{t-d}`` with ``theta_k = theta_0`` for ``k < 0``). Warm-up ``ramp``: the queue starts
-  empty and the generator produces two batches per step until it is ``d`` batches ahead, so
-  staleness grows from 0 to ``d``. ``d = 0`` is synchronous on-policy training.
-* :class:`LatencySource`: ``K`` generation slots on a virtual clock. A group submitted at time
-  ``s`` completes at ``s + alpha + beta * L_max`` (plus ``noise_scale * LogNormal(0, noise_sigma)``),
-  ``L_max`` its longest response in tokens. A freed slot is refilled at once with the weights in
-  force at that moment. (What a refill generates depends on those weights, not on the moment,
-  so the refills between two optimizer steps are generated together, in one batched call, as
-  soon as the clock could need one of their completion times.) The trainer takes finished
-  groups in completion order until its batch is full (waiting, idle, if too few are done); one
-  optimizer step advances the clock by ``step_time``, and groups finishing during that step are
-  refilled with the pre-update weights.
-  Long answers therefore arrive staler, which breaks the paper's Assumption 3 on purpose.
+At every optimizer step the trainer asks its source (:data:`DELAY_MODES`: ``sync``, ``fixed``,
+``latency``) for a :class:`Batch` of :class:`Group` rollouts. A source gets groups from a
+:class:`Rollouts` (the run's prompt order and the collector, :mod:`gmc.collect`) and labels
+each with the policy version that generated it and the version that consumes it; old weights
+are never kept, so memory is O(delay x batch x tokens). No torch is imported.
 """
 
 from __future__ import annotations
 
 import heapq
-import math
-import typing
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from functools import cached_property
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
+
+from gmc.settings import NonNegative, NonNegativeInt, PositiveInt, registered, settings
 
 if TYPE_CHECKING:  # the module itself needs no torch, so the workflow can read the registry cheaply
     from torch import Tensor
@@ -52,7 +33,7 @@ class Group:
     response_ids: Tensor  # [G, T] int64, right-padded
     response_mask: Tensor  # [G, T] bool
     rewards: Tensor  # [G] float32
-    behaviour_logp: Tensor | None  # [G, T] float32, trainer model at generation time (or the
+    behaviour_logp: Tensor | None  # [G, T] float32, the trainer model's at generation time (or the
     # sampler's own, behaviour_logprobs: sampler); None when the group is consumed in the step
     # that made it (the training forward gives them exactly)
     sampler_logp: Tensor  # [G, T] float32, as reported by the rollout engine
@@ -90,63 +71,85 @@ class Group:
         return cls(**state)
 
 
-MakeGroups = Callable[[int, int], list[Group]]
-"""``make_groups(n_prompts, version)``: generate, grade and score ``n_prompts`` groups with the
-current weights, labelled ``version``."""
+@dataclass
+class Collected:
+    """What one call of the collector returns: its groups and what it measured making them
+    (:class:`gmc.collect.RolloutStats`; a source passes it through untouched)."""
+
+    groups: list[Group]
+    stats: Any = None
 
 
-Warmup = Literal["prefill", "ramp"]
+class Rollouts(Protocol):
+    """Where a source gets its groups: the run's prompt order and the collector."""
+
+    def take(self, n: int) -> list[int]:
+        """The indices of the run's next ``n`` prompts."""
+
+    def collect(self, prompts: list[int], version: int) -> Collected:
+        """One group per prompt index, generated with the current weights, labelled ``version``."""
 
 
-@dataclass(frozen=True)
+@dataclass
+class Batch:
+    """What a source hands the trainer for one step: the groups to train on, and the
+    measurements of every collector call made while producing them."""
+
+    groups: list[Group]
+    collected: list[Any] = field(default_factory=list)
+
+
+@settings(prefix="delay.")
 class DelayConfig:
     """How stale the rollouts are (method.md section 4)."""
 
-    mode: str = "fixed"
-    """A name of :data:`DELAY_MODES`. ``sync``: generate then train, no queue; ``fixed``: FIFO
-    of delay ``d``; ``latency``: the length-dependent latency model."""
-    d: int = 0
+    mode: registered(lambda: DELAY_MODES, "delay mode") = "fixed"
+    """A name of :data:`DELAY_MODES`: ``sync`` (generate then train, no queue), ``fixed`` (FIFO
+    of delay ``d``) or ``latency`` (the length-dependent latency model)."""
+    d: NonNegativeInt = 0
     """Fixed delay in optimizer steps."""
-    warmup: Warmup = "prefill"
-    """Fixed delay warm-up [choice]; see the module docstring."""
-    slots: int = 16
+    warmup: Literal["prefill", "ramp"] = "prefill"
+    """Fixed delay warm-up [choice]: ``prefill`` (staleness ``d`` from the first step) or
+    ``ramp`` (staleness grows from 0 to ``d``)."""
+    slots: PositiveInt = 16
     """Latency model: generation slots K (groups in flight)."""
-    alpha: float = 1.0
+    alpha: NonNegative = 1.0
     """Latency model: fixed cost of a group, in virtual seconds."""
-    beta: float = 0.05
+    beta: NonNegative = 0.05
     """Latency model: cost per token of the group's longest response, virtual seconds."""
-    noise_scale: float = 0.0
+    noise_scale: NonNegative = 0.0
     """Latency model: scale of the additive log-normal noise (0: none)."""
-    noise_sigma: float = 0.5
-    step_time: float = 1.0
+    noise_sigma: NonNegative = 0.5
+    """Latency model: sigma of that log-normal noise."""
+    step_time: NonNegative = 1.0
     """Latency model: virtual seconds per optimizer step."""
-
-    def __post_init__(self) -> None:
-        if self.mode not in DELAY_MODES:
-            raise ValueError(f"delay.mode must be one of {list(DELAY_MODES)}, got {self.mode!r}")
-        if self.warmup not in typing.get_args(Warmup):
-            raise ValueError(f"delay.warmup must be one of {typing.get_args(Warmup)}, got {self.warmup!r}")
-        if self.d < 0:
-            raise ValueError(f"delay.d must be >= 0, got {self.d}")
-        if self.slots < 1:
-            raise ValueError(f"delay.slots must be >= 1, got {self.slots}")
-        for name in ("alpha", "beta", "noise_scale", "noise_sigma", "step_time"):
-            if not (math.isfinite(getattr(self, name)) and getattr(self, name) >= 0):
-                raise ValueError(f"delay.{name} must be a finite number >= 0, got {getattr(self, name)}")
 
 
 class SyncSource:
     """No queue: every step trains on a batch generated with the current weights."""
 
-    def __init__(self, make_groups: MakeGroups, batch_prompts: int):
-        self.make_groups = make_groups
+    def __init__(self, rollouts: Rollouts, batch_prompts: int):
+        self.rollouts = rollouts
         self.batch_prompts = batch_prompts
+        self._collected: list[Any] = []
 
-    def next_batch(self, version: int) -> list[Group]:
-        batch = self.make_groups(self.batch_prompts, version)
-        for g in batch:
+    def _generate(self, n: int, version: int) -> list[Group]:
+        """``n`` groups of the run's next prompts with the weights of ``version``; the call's
+        measurements go with this step's batch."""
+        out = self.rollouts.collect(self.rollouts.take(n), version)
+        self._collected.append(out.stats)
+        return out.groups
+
+    def next_batch(self, version: int) -> Batch:
+        """The groups the update of ``version`` trains on (their ``consumed_version``)."""
+        self._collected = []
+        groups = self._next(version)
+        for g in groups:
             g.consumed_version = version
-        return batch
+        return Batch(groups, self._collected)
+
+    def _next(self, version: int) -> list[Group]:
+        return self._generate(self.batch_prompts, version)
 
     def queued_groups(self) -> list[Group]:
         return []
@@ -163,28 +166,30 @@ class SyncSource:
 
 
 class FixedDelaySource(SyncSource):
-    """FIFO of step batches with delay ``d`` (see the module docstring for the warm-ups)."""
+    """A FIFO of step batches with delay ``d``: at step ``t`` a batch is generated with the current
+    weights and pushed, and the batch generated at ``t - d`` is popped. Warm-up ``prefill``
+    [choice] starts the queue with ``d`` batches from ``theta_0`` labelled ``-d .. -1``, so the
+    staleness is ``d`` from the first step (their behaviour policy is ``theta_0``, i.e.
+    ``theta_{t-d}`` with ``theta_k = theta_0`` for ``k < 0``); ``ramp`` starts empty and generates
+    two batches per step until it is ``d`` ahead. ``d = 0`` is on-policy training."""
 
-    def __init__(self, make_groups: MakeGroups, batch_prompts: int, d: int, warmup: str = "prefill"):
-        super().__init__(make_groups, batch_prompts)
+    def __init__(self, rollouts: Rollouts, batch_prompts: int, d: int, warmup: str = "prefill"):
+        super().__init__(rollouts, batch_prompts)
         self.d = d
         self.warmup = warmup
         self.queue: deque[list[Group]] = deque()
         self.started = False
 
-    def next_batch(self, version: int) -> list[Group]:
+    def _next(self, version: int) -> list[Group]:
         if not self.started:
             self.started = True
             if self.warmup == "prefill":
                 for k in range(self.d):
-                    self.queue.append(self.make_groups(self.batch_prompts, version - self.d + k))
-        self.queue.append(self.make_groups(self.batch_prompts, version))
+                    self.queue.append(self._generate(self.batch_prompts, version - self.d + k))
+        self.queue.append(self._generate(self.batch_prompts, version))
         if self.warmup == "ramp" and len(self.queue) <= self.d:
-            self.queue.append(self.make_groups(self.batch_prompts, version))
-        batch = self.queue.popleft()
-        for g in batch:
-            g.consumed_version = version
-        return batch
+            self.queue.append(self._generate(self.batch_prompts, version))
+        return self.queue.popleft()
 
     def queued_groups(self) -> list[Group]:
         return [g for b in self.queue for g in b]
@@ -197,7 +202,6 @@ class FixedDelaySource(SyncSource):
         self.queue = deque([Group.from_state(s) for s in b] for b in state["queue"])
 
 
-
 @dataclass(order=True)
 class _InFlight:
     completes_at: float
@@ -206,10 +210,18 @@ class _InFlight:
 
 
 class LatencySource(SyncSource):
-    """``K`` generation slots and a virtual clock (see the module docstring)."""
+    """``K`` generation slots on a virtual clock. A group submitted at ``s`` completes at
+    ``s + alpha + beta * L_max`` (plus ``noise_scale * LogNormal(0, noise_sigma)``), ``L_max`` its
+    longest response in tokens; a freed slot is refilled at once with the weights in force. The
+    trainer takes finished groups in completion order until its batch is full (idling when too
+    few are done); one optimizer step advances the clock by ``step_time``, and groups finishing
+    during it are refilled with the pre-update weights. Long answers therefore arrive staler,
+    which breaks the paper's Assumption 3 on purpose. (What a refill generates depends on the
+    weights, not the moment, so the refills between two optimizer steps are generated together,
+    in one call, as soon as the clock could need one of their completion times.)"""
 
-    def __init__(self, make_groups: MakeGroups, batch_prompts: int, cfg: DelayConfig, seed: int = 0):
-        super().__init__(make_groups, batch_prompts)
+    def __init__(self, rollouts: Rollouts, batch_prompts: int, cfg: DelayConfig, seed: int = 0):
+        super().__init__(rollouts, batch_prompts)
         self.cfg = cfg
         self.clock = 0.0
         self.in_flight: list[_InFlight] = []
@@ -232,7 +244,7 @@ class LatencySource(SyncSource):
         times, self.pending = self.pending, []
         if not times:
             return
-        for at, g in zip(times, self.make_groups(len(times), version)):
+        for at, g in zip(times, self._generate(len(times), version)):
             g.submitted_at = at
             g.completed_at = at + self._latency(g)
             heapq.heappush(self.in_flight, _InFlight(g.completed_at, self.seq, g))
@@ -256,7 +268,7 @@ class LatencySource(SyncSource):
                 self.ready.append(item.group)
                 self.pending.append(item.completes_at)
 
-    def next_batch(self, version: int) -> list[Group]:
+    def _next(self, version: int) -> list[Group]:
         if not self.started:
             self.started = True
             self.pending = [self.clock] * self.cfg.slots
@@ -276,8 +288,6 @@ class LatencySource(SyncSource):
             self._complete_until(self.clock, version)
         self.ready.sort(key=lambda g: g.completed_at)
         batch, self.ready = self.ready[: self.batch_prompts], self.ready[self.batch_prompts :]
-        for g in batch:
-            g.consumed_version = version
         # groups finishing while this step computes are refilled with the pre-update weights
         self.clock += self.cfg.step_time
         self._complete_until(self.clock, version)
@@ -309,20 +319,24 @@ class LatencySource(SyncSource):
 class DelayMode:
     """A registered delay mode: how to build its rollout source and how results show it."""
 
-    make: Callable[[DelayConfig, MakeGroups, int, int], SyncSource]
-    """``make(cfg, make_groups, batch_prompts, seed)``: the rollout source."""
+    make: Callable[[DelayConfig, Rollouts, int, int], SyncSource]
+    """``make(cfg, rollouts, batch_prompts, seed)``: the rollout source."""
     label: str
     """Name in figure titles and reports."""
     named_point: bool
     """The workflow sweeps it as ``delay~<name>`` (settings in config.yaml's section of that
     name); otherwise it is not a sweep point of its own (``fixed`` runs are ``delay~<d>``)."""
+    on_policy: Callable[[DelayConfig], bool] = lambda cfg: False
+    """Whether every batch is trained by the weights that generated it (then the training
+    forward gives the behaviour log-probs exactly, and no behaviour pass is run)."""
 
 
 DELAY_MODES: dict[str, DelayMode] = {
-    "sync": DelayMode(lambda cfg, mg, n, seed: SyncSource(mg, n), "synchronous", named_point=False),
-    "fixed": DelayMode(lambda cfg, mg, n, seed: FixedDelaySource(mg, n, cfg.d, cfg.warmup), "fixed delay",
-                       named_point=False),
-    "latency": DelayMode(lambda cfg, mg, n, seed: LatencySource(mg, n, cfg, seed), "latency model",
+    "sync": DelayMode(lambda cfg, r, n, seed: SyncSource(r, n), "synchronous", named_point=False,
+                      on_policy=lambda cfg: True),
+    "fixed": DelayMode(lambda cfg, r, n, seed: FixedDelaySource(r, n, cfg.d, cfg.warmup), "fixed delay",
+                       named_point=False, on_policy=lambda cfg: cfg.d == 0),
+    "latency": DelayMode(lambda cfg, r, n, seed: LatencySource(r, n, cfg, seed), "latency model",
                          named_point=True),
 }
 """Every delay mode by config name (``delay.mode``); the one place to add one."""
@@ -333,8 +347,13 @@ def named_delays() -> list[str]:
     return [name for name, mode in DELAY_MODES.items() if mode.named_point]
 
 
-def make_source(cfg: DelayConfig, make_groups: MakeGroups, batch_prompts: int, seed: int = 0) -> SyncSource:
-    return DELAY_MODES[cfg.mode].make(cfg, make_groups, batch_prompts, seed)
+def make_source(cfg: DelayConfig, rollouts: Rollouts, batch_prompts: int, seed: int = 0) -> SyncSource:
+    return DELAY_MODES[cfg.mode].make(cfg, rollouts, batch_prompts, seed)
+
+
+def on_policy(cfg: DelayConfig) -> bool:
+    """Whether a run with these delay settings trains every batch with the weights that made it."""
+    return DELAY_MODES[cfg.mode].on_policy(cfg)
 
 
 def staleness_stats(batch: list[Group]) -> dict[str, float]:

@@ -28,18 +28,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("build-tiny-model", help="build and warm-start the tiny CPU policy")
     p.add_argument("--out", required=True, help="folder for the saved model and tokenizer")
-    p.add_argument("--target-accuracy", type=float, default=0.4)
-    p.add_argument("--max-steps", type=int, default=1500)
-    p.add_argument("--seed", type=int, default=0)
+    _settings_arguments(p, "TinyModelConfig (gmc/tiny.py): shape and warm start")
     p.set_defaults(func=_build_tiny_model)
 
     p = sub.add_parser("build-random-model",
                        help="build a random-init Qwen3-architecture model with Qwen3's vocabulary (no download)")
     p.add_argument("--out", required=True, help="folder for the saved model and tokenizer")
-    p.add_argument("--hidden-size", type=int, default=64)
-    p.add_argument("--intermediate-size", type=int, default=192)
-    p.add_argument("--num-layers", type=int, default=2)
-    p.add_argument("--seed", type=int, default=0)
+    _settings_arguments(p, "RandomModelConfig (gmc/random_model.py): shape and tokenizer")
     p.add_argument("--source", default="local", choices=["local", "hub"], help="where the MATH problems come from")
     p.add_argument("--data-root", default=None)
     p.set_defaults(func=_build_random_model)
@@ -52,9 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_grade_oracle)
 
     p = sub.add_parser("train", help="train one run (asynchronous RL with the chosen estimator)")
-    p.add_argument("--config", default=None, help="YAML file of TrainConfig keys (default: built-in defaults)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config key, dotted for nested keys (estimator.eps=0.1); repeatable")
+    _settings_arguments(p, "TrainConfig (gmc/config.py)")
     p.add_argument("--out", required=True, help="run directory")
     p.add_argument("--resume", action="store_true", help="continue from the run directory's checkpoint")
     p.set_defaults(func=_train)
@@ -62,8 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("evaluate", help="greedy accuracy and Pass@1 of one checkpoint on benchmarks")
     p.add_argument("--model", required=True, help="checkpoint folder (a run's model/) or hub name")
     p.add_argument("--out", required=True, help="folder for <benchmark>.json and completions")
-    p.add_argument("--config", default=None, help="YAML file of EvalConfig keys")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    _settings_arguments(p, "EvalConfig (gmc/evaluate.py)")
     p.add_argument("--benchmarks", nargs="+", default=None, help="shorthand for --set benchmarks=[...]")
     p.set_defaults(func=_evaluate)
 
@@ -115,6 +107,13 @@ def build_parser() -> argparse.ArgumentParser:
     for p in sub.choices.values():  # --debug also after the subcommand
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return parser
+
+
+def _settings_arguments(p: argparse.ArgumentParser, what: str) -> None:
+    """``--config FILE`` and repeatable ``--set KEY=VALUE`` for the settings class ``what``."""
+    p.add_argument("--config", default=None, help=f"YAML file of {what} keys (default: built-in defaults)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key, dotted for nested keys (estimator.eps=0.1); repeatable")
 
 
 def _prepare_data(args: argparse.Namespace) -> None:
@@ -181,8 +180,8 @@ def _train(args: argparse.Namespace) -> None:
 
 
 def _evaluate(args: argparse.Namespace) -> None:
-    from gmc.config import load_config
     from gmc.evaluate import EvalConfig, evaluate
+    from gmc.settings import load_config
 
     overrides = list(args.overrides)
     if args.benchmarks:
@@ -212,20 +211,19 @@ def _mlflow_sync(args: argparse.Namespace) -> None:
 
 
 def _build_tiny_model(args: argparse.Namespace) -> None:
+    from gmc.settings import load_config
     from gmc.tiny import TinyModelConfig, build_tiny_model
 
-    cfg = TinyModelConfig(target_accuracy=args.target_accuracy, max_steps=args.max_steps,
-                          seed=args.seed)
-    summary = build_tiny_model(args.out, cfg)
+    summary = build_tiny_model(args.out, load_config(TinyModelConfig, args.config, args.overrides))
     print(f"tiny model: {summary['parameters']:,} parameters, greedy accuracy {summary['greedy_accuracy']:.3f} "
           f"after {summary['steps']} steps in {summary['seconds']:.0f} s -> {args.out}")
 
 
 def _build_random_model(args: argparse.Namespace) -> None:
     from gmc.random_model import RandomModelConfig, build_random_qwen3
+    from gmc.settings import load_config
 
-    cfg = RandomModelConfig(hidden_size=args.hidden_size, intermediate_size=args.intermediate_size,
-                            num_layers=args.num_layers, seed=args.seed)
+    cfg = load_config(RandomModelConfig, args.config, args.overrides)
     summary = build_random_qwen3(args.out, cfg, data_root=args.data_root, data_source=args.source)
     print(f"random Qwen3-architecture model: {summary['parameters']:,} parameters, {summary['vocab_rows']:,} "
           f"vocabulary rows, {summary['tokenizer_entries']:,} tokenizer entries -> {args.out}")

@@ -1,28 +1,23 @@
-"""Data: the six evaluation benchmarks, training sets and a synthetic arithmetic task
-(method.md section 5).
+"""Data: the six evaluation benchmarks and the training sets as lists of :class:`Record`, and
+the prompt around a problem (method.md section 5).
 
-Every source becomes a list of :class:`Record` (``id``, ``problem``, ``answer`` as a
-normalised string, ``source``, and the original fields in ``meta``). A registered set loads
-either from a local file under a data root (JSONL, JSON or Parquet; ``$GMC_DATA_ROOT``, else
-``data/`` in the repository, filled by ``gmc prepare-data``, see :mod:`gmc.prepare`) or from
-the Hugging Face hub on a connected machine. The synthetic task is generated from a seed and
-is the default training and evaluation data of the CPU run.
-
-Bad input raises :class:`DataError` naming the file and line, or the setting to change.
+A registered set (:data:`BENCHMARKS`, :data:`TRAIN_SETS`) loads from a local JSONL, JSON or
+Parquet file under a data root (``$GMC_DATA_ROOT``, else ``data/``, filled by ``gmc
+prepare-data``) or from the Hugging Face hub; bad input raises :class:`DataError` naming the
+file and line. The generated task is :mod:`gmc.synthetic`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
 import os
-import random
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from gmc.answers import last_boxed, normalize_gold
 
 log = logging.getLogger(__name__)
 
@@ -106,62 +101,6 @@ REFERENCE_SOLUTION_FIELDS = {name: spec.solution_field for name, spec in BENCHMA
 def benchmark_specs() -> dict[str, DatasetSpec]:
     """Every benchmark name ``evaluate.benchmarks`` accepts: ``synthetic``, then the registered six."""
     return {"synthetic": SYNTHETIC, **BENCHMARKS}
-
-
-# ---------------------------------------------------------------------------------------------
-# normalisation
-
-_INT_RE = re.compile(r"^[+-]?\d+$")
-_FLOAT_INT_RE = re.compile(r"^([+-]?\d+)\.0*$")
-_DOLLAR_RE = re.compile(r"(?<!\\)\$")  # an unescaped $
-
-
-def canonical_int(digits: str) -> str:
-    """``"+007"`` -> ``"7"``, ``"-0"`` -> ``"0"``: as ``str(int(x))``, without Python's limit on
-    the number of digits an ``int`` may be parsed from."""
-    sign = "-" if digits.startswith("-") else ""
-    body = digits.lstrip("+-").lstrip("0") or "0"
-    return ("" if body == "0" else sign) + body
-
-
-def normalize_gold(value: Any) -> str:
-    """Gold answers as strings: ``"025"`` -> ``"25"``, ``27.0`` -> ``"27"``, surrounding ``$``
-    and whitespace removed; a list (OlympiadBench's ``final_answer``, e.g. ``["$69$,$84$"]``)
-    -> its items without ``$`` delimiters, joined by commas (``"69,84"``, as in the local copy);
-    everything else kept as written. Integers of any length are handled as text."""
-    if isinstance(value, bool):
-        raise TypeError("a boolean is not a gold answer")
-    if isinstance(value, (list, tuple)):
-        return ",".join(normalize_gold(_DOLLAR_RE.sub("", str(v))) for v in value)
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    text = str(value).strip().strip("$").strip()
-    if _INT_RE.match(text):
-        return canonical_int(text)
-    m = _FLOAT_INT_RE.match(text)
-    if m:
-        return canonical_int(m.group(1))
-    return text
-
-
-_BOXED_OPEN = re.compile(r"\\(?:boxed|fbox)\s*\{")
-
-
-def last_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}`` or ``\\fbox{...}`` whose braces balance (nested
-    braces matched), else None. Linear time: one pass pairs every brace."""
-    closing: dict[int, int] = {}
-    stack: list[int] = []
-    for m in re.finditer(r"[{}]", text):
-        if m.group() == "{":
-            stack.append(m.start())
-        elif stack:
-            closing[stack.pop()] = m.start()
-    for m in reversed(list(_BOXED_OPEN.finditer(text))):
-        start = m.end() - 1
-        if start in closing:
-            return text[start + 1 : closing[start]]
-    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -345,114 +284,6 @@ def load_file(path: str | os.PathLike, name: str | None = None, problem_field: s
     path = Path(path)
     spec = DatasetSpec(local=str(path), hub_id="", id_field=id_field)
     return records_from_rows(read_rows(path), name or path.stem, spec, str(path), problem_field, answer_field)
-
-
-# ---------------------------------------------------------------------------------------------
-# the synthetic arithmetic task
-
-
-@dataclass(frozen=True)
-class SyntheticTask:
-    """Seeded arithmetic problems such as ``Compute 7*3+12.``; the gold answer is the integer
-    value (usual precedence). Difficulty knobs: operand count, digits per operand, operators.
-
-    Train and test are disjoint by construction: a problem belongs to the test split when the
-    SHA-1 of its text falls in the first ``test_fraction`` of the hash range.
-    """
-
-    min_operands: int = 2
-    max_operands: int = 3
-    min_digits: int = 1
-    max_digits: int = 1
-    operators: str = "+-*"
-    test_fraction: float = 0.2
-
-    def __post_init__(self) -> None:
-        if not (2 <= self.min_operands <= self.max_operands):
-            raise DataError("synthetic: need 2 <= min_operands <= max_operands")
-        if not (1 <= self.min_digits <= self.max_digits):
-            raise DataError("synthetic: need 1 <= min_digits <= max_digits")
-        if not self.operators or set(self.operators) - set("+-*"):
-            raise DataError(f"synthetic: operators must be a non-empty subset of '+-*', got {self.operators!r}")
-        if not (0 < self.test_fraction < 1):
-            raise DataError("synthetic: test_fraction must be in (0, 1)")
-
-    def _expression(self, rng: random.Random) -> str:
-        n = rng.randint(self.min_operands, self.max_operands)
-        terms = [str(rng.randint(10 ** (d - 1) if d > 1 else 0, 10**d - 1))
-                 for d in (rng.randint(self.min_digits, self.max_digits) for _ in range(n))]
-        out = terms[0]
-        for t in terms[1:]:
-            out += rng.choice(self.operators) + t
-        return out
-
-    def split_of(self, problem: str) -> str:
-        h = int.from_bytes(hashlib.sha1(problem.encode()).digest()[:8], "big") / 2**64
-        return "test" if h < self.test_fraction else "train"
-
-    def generate(self, split: str, n: int, seed: int = 0) -> list[Record]:
-        """``n`` distinct problems of ``split`` (``train`` or ``test``)."""
-        if split not in ("train", "test"):
-            raise DataError(f"synthetic split must be 'train' or 'test', got {split!r}")
-        rng = random.Random(f"{seed}-{split}")
-        out: list[Record] = []
-        seen: set[str] = set()
-        attempts = 0
-        while len(out) < n:
-            attempts += 1
-            if attempts > 200 * n + 10_000:
-                raise DataError(f"synthetic: cannot find {n} distinct {split} problems; widen the difficulty knobs")
-            expr = self._expression(rng)
-            problem = f"Compute {expr}."
-            if problem in seen or self.split_of(problem) != split:
-                continue
-            seen.add(problem)
-            out.append(Record(f"synthetic-{split}-{len(out)}", problem, str(eval_expression(expr)), "synthetic",
-                              {"expression": expr}))
-        return out
-
-
-_TOKEN_RE = re.compile(r"\d+|[+\-*]")
-_EXPR_RE = re.compile(r"\d+(?:[+\-*]\d+)*")
-
-
-def eval_expression(expr: str) -> int:
-    """Evaluate ``+ - *`` over non-negative integers with the usual precedence (no ``eval``)."""
-    if not _EXPR_RE.fullmatch(expr):
-        raise DataError(f"not an arithmetic expression: {expr!r}")
-    tokens = _TOKEN_RE.findall(expr)
-    # fold products first, then sums
-    terms, signs = [int(tokens[0])], [1]
-    for op, num in zip(tokens[1::2], tokens[2::2]):
-        if op == "*":
-            terms[-1] *= int(num)
-        else:
-            terms.append(int(num))
-            signs.append(1 if op == "+" else -1)
-    return sum(s * t for s, t in zip(signs, terms))
-
-
-def solution_steps(expr: str, answer_offset: int = 0) -> str:
-    """A worked solution for the tiny model's warm start: products first, then left to right,
-    ending with the boxed answer. Example: ``7*3+12`` -> ``7*3=21. 21+12=33. \\boxed{33}``.
-    ``answer_offset`` shifts the boxed number (a wrong final answer after right steps)."""
-    tokens = _TOKEN_RE.findall(expr)
-    steps = []
-    # products
-    items: list[str] = [tokens[0]]
-    for op, num in zip(tokens[1::2], tokens[2::2]):
-        if op == "*":
-            value = int(items[-1]) * int(num)
-            steps.append(f"{items[-1]}*{num}={value}.")
-            items[-1] = str(value)
-        else:
-            items += [op, num]
-    acc = int(items[0])
-    for op, num in zip(items[1::2], items[2::2]):
-        new = acc + int(num) if op == "+" else acc - int(num)
-        steps.append(f"{acc}{op}{num}={new}.")
-        acc = new
-    return " ".join(steps + [f"\\boxed{{{acc + answer_offset}}}"])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -33,87 +33,15 @@ added when ``kl_coef > 0`` and ``ref_logp`` is given.
 from __future__ import annotations
 
 import math
-import typing
 from collections.abc import Callable
-from dataclasses import dataclass, fields
-from typing import Literal
 
 import torch
 from torch import Tensor
 
-Aggregation = Literal["token_mean", "seq_mean", "seq_sum_const"]
-AGGREGATIONS: tuple[str, ...] = typing.get_args(Aggregation)
-TicMode = Literal["truncate", "ppo_min"]
+from gmc.estimator_info import AGGREGATIONS, EstimatorConfig
+
 TRAJECTORY_METHODS: tuple[str, ...] = ("tic", "gmc", "is", "none")
 ADV_EPS = 1e-6
-
-
-@dataclass(frozen=True)
-class EstimatorConfig:
-    """Hyper-parameters shared by all estimators (method.md section 3).
-
-    Every field is part of a run's parameters, so a result names the variant that made it.
-    """
-
-    eps: float = 0.2
-    """Trajectory cap: ``tic`` and ``gmc`` cap ratios at ``1+eps``; ``tis`` caps token ratios
-    there too. The paper's threshold; default 0.2 (method.md section 6)."""
-    eps_low: float = 0.2
-    """``grpo`` token clip, lower side: ratios below ``1-eps_low`` stop pulling. Default 0.2."""
-    eps_high: float = 0.2
-    """``grpo`` token clip, upper side: ratios above ``1+eps_high`` stop pushing. Default 0.2."""
-    gspo_eps_low: float = 3e-4
-    """``gspo`` sequence-ratio clip, lower side (GSPO paper's value)."""
-    gspo_eps_high: float = 4e-4
-    """``gspo`` sequence-ratio clip, upper side (GSPO paper's value)."""
-    tic_mode: TicMode = "truncate"
-    """TIC-GRPO semantics [choice]: ``truncate`` (detached ``min(rho, 1+eps)``) or ``ppo_min``
-    (``min(rho A, min(rho, 1+eps) A)`` with the gradient through ``rho``)."""
-    length_corrected: bool = False
-    """Divide each reward by its response length before group normalisation (TIC option);
-    applied by :func:`advantages_for`."""
-    scale_advantages: bool = True
-    """Divide group-centred rewards by the group's std (+1e-6); False: centring only."""
-    aggregation: Aggregation | None = None
-    """``token_mean`` (all tokens of the batch), ``seq_mean`` (mean per sequence, then over
-    sequences) or ``seq_sum_const`` (sum per sequence / ``max_new_tokens``, then mean over
-    sequences). None: the estimator's default (``seq_mean`` for grpo, gspo, tis;
-    ``seq_sum_const`` for tic, gmc, is, none)."""
-    max_new_tokens: int = 512
-    """The constant divisor of ``seq_sum_const``: the generation token limit (a training run
-    sets it to its ``sampling.max_new_tokens``)."""
-    is_log_ratio_clamp: float = 20.0
-    """Upper bound on ``L`` for ``is`` and for ``tic``'s ``ppo_min`` negative-advantage branch
-    (``exp(20)`` ~ 4.9e8), so uncapped weights stay finite."""
-    kl_coef: float = 0.0
-    """Weight of the k3 KL penalty to the reference policy; 0 (off) by default."""
-
-    def __post_init__(self) -> None:
-        for name in ("eps", "eps_low", "eps_high", "gspo_eps_low", "gspo_eps_high", "kl_coef"):
-            value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-                raise ValueError(f"EstimatorConfig.{name} must be a finite number >= 0, got {value!r}")
-        if not (isinstance(self.is_log_ratio_clamp, (int, float)) and math.isfinite(self.is_log_ratio_clamp)
-                and self.is_log_ratio_clamp > 0):
-            raise ValueError(f"EstimatorConfig.is_log_ratio_clamp must be a finite number > 0, "
-                             f"got {self.is_log_ratio_clamp!r}")
-        if self.eps_low >= 1:
-            raise ValueError(f"EstimatorConfig.eps_low must be < 1, got {self.eps_low!r}")
-        if self.tic_mode not in typing.get_args(TicMode):
-            raise ValueError(f"EstimatorConfig.tic_mode must be one of {typing.get_args(TicMode)}, got {self.tic_mode!r}")
-        if self.aggregation is not None and self.aggregation not in AGGREGATIONS:
-            raise ValueError(
-                f"EstimatorConfig.aggregation must be one of {AGGREGATIONS} or None, "
-                f"got {self.aggregation!r}"
-            )
-        if not (isinstance(self.max_new_tokens, int) and self.max_new_tokens > 0):
-            raise ValueError(
-                f"EstimatorConfig.max_new_tokens must be a positive integer, got {self.max_new_tokens!r}"
-            )
-
-    @classmethod
-    def field_names(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in fields(cls))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -16,17 +16,19 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import field
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
+from pydantic import Field
 from tqdm import tqdm
 
-from gmc.config import ConfigError, check_number
-from gmc.data import BENCHMARKS, SyntheticTask, benchmark_specs, format_prompt, load_dataset
+from gmc.data import BENCHMARKS, benchmark_specs, format_prompt, load_dataset
+from gmc.engines import ENGINES, SamplingConfig, VLLMConfig, make_engine
 from gmc.io import atomic_path, write_json
 from gmc.rewards import Grader
-from gmc.rollout import SamplingConfig, VLLMConfig, make_engine
+from gmc.settings import Fraction, NonNegativeInt, PositiveInt, registered, settings, to_dict
+from gmc.synthetic import SyntheticTask
 
 DEFAULT_SAMPLES = {name: spec.k for name, spec in benchmark_specs().items()}
 """Samples per problem for Pass@1 (method.md section 5), from the benchmark registry."""
@@ -34,25 +36,28 @@ SAMPLES_PER_CALL = 512
 """Completions per engine call (a chunk of problems with all their samples)."""
 
 
-@dataclass(frozen=True)
+BenchmarkName = registered(lambda: benchmark_specs(), "benchmark")
+
+
+@settings
 class EvalConfig:
     """What ``gmc evaluate`` measures."""
 
-    benchmarks: tuple[str, ...] = ("synthetic",)
+    benchmarks: Annotated[tuple[BenchmarkName, ...], Field(min_length=1)] = ("synthetic",)
     """Benchmark names: the six of method.md and/or ``synthetic`` (the synthetic test split)."""
-    samples: dict[str, int] = field(default_factory=dict)
-    """Samples per problem for Pass@1, per benchmark (default :data:`DEFAULT_SAMPLES`)."""
-    temperature: float = 0.6
-    """Sampling temperature of the Pass@1 samples."""
-    top_p: float = 0.95
-    """Nucleus sampling of the Pass@1 samples."""
-    max_new_tokens: int = 48
+    samples: dict[BenchmarkName, NonNegativeInt] = field(default_factory=dict)
+    """Samples per problem for Pass@1, per benchmark (default: the benchmark's ``k``, :data:`DEFAULT_SAMPLES`)."""
+    temperature: Annotated[float, Field(ge=0, le=10, allow_inf_nan=False)] = 0.6
+    """Sampling temperature of the Pass@1 samples (0: greedy samples)."""
+    top_p: Fraction = 0.95
+    """Nucleus sampling threshold of the Pass@1 samples."""
+    max_new_tokens: PositiveInt = 48
     """Token limit of every answer, greedy and sampled."""
     greedy: bool = True
     """Also decode greedily (temperature 0) for the greedy accuracy."""
-    limit: int | None = None
-    """Evaluate only the first ``limit`` problems of each benchmark (quick runs)."""
-    synthetic_problems: int = 200
+    limit: PositiveInt | None = None
+    """Evaluate only the first ``limit`` problems of each benchmark (quick runs); None: all."""
+    synthetic_problems: PositiveInt = 200
     """Problems of the ``synthetic`` benchmark (the synthetic task's test split)."""
     synthetic: SyntheticTask = field(default_factory=SyntheticTask)
     """Difficulty knobs of the synthetic task (as in training)."""
@@ -60,8 +65,8 @@ class EvalConfig:
     """Local data root (default ``$GMC_DATA_ROOT``, else ``data/`` in the repository)."""
     data_source: Literal["local", "hub"] = "local"
     """Registered benchmarks: read the local copy or the Hugging Face hub."""
-    engine: Literal["hf", "vllm"] = "hf"
-    """Decoding engine: ``hf`` (any machine) or ``vllm`` (GPU)."""
+    engine: registered(lambda: ENGINES, "rollout engine") = "hf"
+    """Decoding engine, a key of :data:`gmc.engines.ENGINES`: ``hf`` (any machine) or ``vllm`` (GPU)."""
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
     """Settings of the vLLM engine (``engine: vllm``), as in training."""
     device: str = "auto"
@@ -70,28 +75,8 @@ class EvalConfig:
     """Parameter dtype of the evaluated model."""
     thinking: bool = False
     """Qwen3 thinking mode in the chat template."""
-    seed: int = 1234
+    seed: NonNegativeInt = 1234
     """Seed of the sampled answers."""
-
-    def __post_init__(self) -> None:
-        known = sorted(BENCHMARKS) + ["synthetic"]
-        unknown = [name for name in self.benchmarks if name not in known]
-        if not self.benchmarks or unknown:
-            raise ConfigError(f"benchmarks: unknown {unknown or 'none given'}; known: {known}", key="benchmarks")
-        bad = {k: v for k, v in self.samples.items() if isinstance(v, bool) or not isinstance(v, int) or v < 0}
-        if bad:
-            raise ConfigError(f"samples: must be integers >= 0, got {bad}", key="samples")
-        if self.limit is not None and self.limit < 1:
-            raise ConfigError(f"limit: must be >= 1 (or null for every problem), got {self.limit}", key="limit")
-        check_number(self, "temperature", 0, 10)  # 0: the samples are greedy
-        check_number(self, "top_p", 0, 1, low_open=True)
-        for name, low in (("max_new_tokens", 1), ("synthetic_problems", 1), ("seed", 0)):
-            if getattr(self, name) < low:
-                raise ConfigError(f"{name}: must be >= {low}, got {getattr(self, name)}", key=name)
-        for name, allowed in (("engine", ("hf", "vllm")), ("data_source", ("local", "hub")),
-                              ("model_dtype", ("float32", "bfloat16", "float16"))):
-            if getattr(self, name) not in allowed:
-                raise ConfigError(f"{name}: must be one of {allowed}, got {getattr(self, name)!r}", key=name)
 
     def k_for(self, name: str) -> int:
         return int(self.samples.get(name, DEFAULT_SAMPLES.get(name, 4)))
@@ -154,7 +139,8 @@ def evaluate(model_path: str, out: str | Path, cfg: EvalConfig = EvalConfig(), p
     tasks = {name: benchmark_records(name, cfg) for name in cfg.benchmarks}  # bad data fails before the model loads
     model, tokenizer = load_policy(model_path, cfg.model_dtype, cfg.device)
     model.eval()
-    engine = make_engine(cfg.engine, model, tokenizer, model_path=model_path, seed=cfg.seed, vllm=cfg.vllm)
+    engine = make_engine(cfg.engine, model, tokenizer, model_path=model_path, seed=cfg.seed,
+                         settings=getattr(cfg, cfg.engine, None))
     summaries = {}
     with Grader() as grader:
         for name in cfg.benchmarks:
@@ -193,5 +179,33 @@ def evaluate(model_path: str, out: str | Path, cfg: EvalConfig = EvalConfig(), p
                 tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
             write_json(out / f"{name}.json", summary)
             summaries[name] = summary
-    write_json(out / "eval_config.json", asdict(cfg))
+    write_json(out / "eval_config.json", to_dict(cfg))
     return summaries
+
+
+# ---------------------------------------------------------------------------------------------
+# reading evaluations back
+
+SE = "_se"
+"""Suffix of a score's evaluation standard error (``eval/<benchmark>/pass_at_1_se``)."""
+SCORES = ("greedy", "pass_at_1")
+"""The scores of an evaluation, as ``eval/<benchmark>/<score>``."""
+
+
+def eval_scores(eval_dir: str | Path) -> dict[str, float]:
+    """``eval/<benchmark>/greedy`` and ``eval/<benchmark>/pass_at_1`` from an evaluation folder,
+    each with its standard error across problems (``..._se``; binomial for greedy)."""
+    out = {}
+    for f in sorted(Path(eval_dir).glob("*.json")):
+        if f.name == "eval_config.json":
+            continue
+        ev = json.loads(f.read_text())
+        name = f"eval/{ev['benchmark']}"
+        if "greedy" in ev:
+            out[f"{name}/greedy"] = ev["greedy"]
+            n = ev.get("problems", 0)
+            out[f"{name}/greedy{SE}"] = math.sqrt(ev["greedy"] * (1 - ev["greedy"]) / (n - 1)) if n > 1 else math.nan
+        if "pass_at_1" in ev:
+            out[f"{name}/pass_at_1"] = ev["pass_at_1"]
+            out[f"{name}/pass_at_1{SE}"] = ev.get("pass_at_1_se", math.nan)
+    return out

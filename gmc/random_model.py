@@ -15,10 +15,10 @@ trained: it proves that shapes, dtypes and memory paths work, not that anything 
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import torch
+from gmc.models import Qwen3Shape, count_parameters, qwen3_model, save_model, train_tokenizer
+from gmc.settings import ConfigError, PositiveInt, settings, to_dict
 
 QWEN3_VOCAB_ROWS = 151_936
 """Embedding rows of every Qwen3 model (the tokenizer has 151,669 entries)."""
@@ -45,36 +45,34 @@ generation prompt opens an assistant turn and, with ``enable_thinking=False``, c
 ``<think>`` block so the model answers directly (Qwen3's switch; thinking is on by default)."""
 
 
-@dataclass(frozen=True)
-class RandomModelConfig:
+@settings
+class RandomModelConfig(Qwen3Shape):
     """Shape of the random Qwen3-architecture model and of its tokenizer."""
 
-    hidden_size: int = 64
-    intermediate_size: int = 192
-    num_layers: int = 2
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    vocab_rows: int = QWEN3_VOCAB_ROWS
+    hidden_size: PositiveInt = 64
+    """Width of the residual stream (a multiple of ``num_heads``)."""
+    intermediate_size: PositiveInt = 192
+    """Width of the MLP."""
+    num_layers: PositiveInt = 2
+    """Transformer layers."""
+    vocab_rows: PositiveInt = QWEN3_VOCAB_ROWS
     """Rows of the (tied) embedding and LM head."""
-    tokenizer_vocab: int = 4096
+    tokenizer_vocab: PositiveInt = 4096
     """BPE entries learned from the MATH prompts (plus the special tokens)."""
-    tokenizer_problems: int = 2000
+    tokenizer_problems: PositiveInt = 2000
     """MATH training problems the tokenizer is trained on."""
-    seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
-            raise ValueError("random model: hidden_size must divide by num_heads and num_heads by num_kv_heads")
+        super().__post_init__()
         if self.tokenizer_vocab + 8 > self.vocab_rows:
-            raise ValueError("random model: vocab_rows must exceed the tokenizer's entries")
+            raise ConfigError(f"must exceed the tokenizer's entries ({self.tokenizer_vocab} + 8), got {self.vocab_rows}",
+                              "vocab_rows")
 
 
 def qwen3_style_tokenizer(texts: list[str], vocab_size: int):
     """A byte-level BPE tokenizer trained on ``texts`` with Qwen3's special tokens, end and pad
     tokens and chat template."""
-    from gmc.tiny import _train_tokenizer
-
-    tokenizer = _train_tokenizer(texts, vocab_size)
+    tokenizer = train_tokenizer(texts, vocab_size)
     tokenizer.add_special_tokens({"additional_special_tokens": list(QWEN3_SPECIAL_TOKENS)})
     tokenizer.add_tokens(list(QWEN3_THINK_TOKENS))
     tokenizer.eos_token = "<|im_end|>"
@@ -87,11 +85,10 @@ def build_random_qwen3(out: str | Path, cfg: RandomModelConfig = RandomModelConf
                        data_root: str | None = None, data_source: str = "local") -> dict:
     """Build the tokenizer and the random model and save both (bfloat16) under ``out``;
     returns a summary dict (also written to ``build_summary.json``)."""
-    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+    import torch
+    from transformers import GenerationConfig
 
     from gmc.data import INSTRUCTION, load_dataset
-    from gmc.io import atomic_dir, write_json
-    from gmc.tiny import count_parameters
 
     start = time.time()
     records = load_dataset("math", source=data_source, root=data_root, limit=cfg.tokenizer_problems)
@@ -100,24 +97,15 @@ def build_random_qwen3(out: str | Path, cfg: RandomModelConfig = RandomModelConf
     tokenizer = qwen3_style_tokenizer(texts, cfg.tokenizer_vocab)
     end_of_text = tokenizer.convert_tokens_to_ids("<|endoftext|>")
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    mcfg = Qwen3Config(
-        vocab_size=cfg.vocab_rows, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
-        num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
-        head_dim=cfg.hidden_size // cfg.num_heads, max_position_embeddings=40960, rope_theta=1_000_000.0,
-        rms_norm_eps=1e-6, tie_word_embeddings=True, bos_token_id=end_of_text, eos_token_id=im_end,
-        pad_token_id=end_of_text,
-    )
-    torch.manual_seed(cfg.seed)
-    model = Qwen3ForCausalLM(mcfg).to(torch.bfloat16).eval()
+    model = qwen3_model(cfg, cfg.vocab_rows, max_position_embeddings=40960, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
+                        bos_token_id=end_of_text, eos_token_id=im_end, pad_token_id=end_of_text)
+    model = model.to(torch.bfloat16).eval()
     model.generation_config = GenerationConfig(
         bos_token_id=end_of_text, eos_token_id=[im_end, end_of_text], pad_token_id=end_of_text,
         do_sample=True, temperature=0.6, top_p=0.95, top_k=20,
     )
     summary = {"parameters": count_parameters(model), "vocab_rows": cfg.vocab_rows, "tokenizer_entries": len(tokenizer),
-               "eos_token_ids": [im_end, end_of_text], "config": asdict(cfg),
+               "eos_token_ids": [im_end, end_of_text], "config": to_dict(cfg),
                "seconds": round(time.time() - start, 1)}
-    with atomic_dir(out) as tmp:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        write_json(tmp / "build_summary.json", summary)
+    save_model(out, model, tokenizer, summary)
     return summary

@@ -21,12 +21,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from gmc.data import canonical_int, last_boxed, normalize_gold
+from gmc.answers import canonical_int, extract_answer, normalize_gold
 
 Reason = Literal["ok", "no_answer", "parse_error", "timeout", "too_long", "wrong"]
 
-MAX_COMPLETION_CHARS = 1_000_000
-"""Extraction reads at most the last this-many characters of a completion."""
 MAX_ANSWER_CHARS = 1_000
 """Longer answers (the longest gold answer of the benchmarks has about 200 characters) are
 decided by the fast path only: identical or numerically equal, else ``too_long``."""
@@ -44,88 +42,6 @@ class Grade:
     """``ok`` (correct), ``wrong``, ``no_answer`` (nothing to extract), ``parse_error``
     (an answer or the gold could not be parsed), ``timeout``, or ``too_long`` (an answer
     longer than :data:`MAX_ANSWER_CHARS` that the fast path could not decide)."""
-
-
-# ---------------------------------------------------------------------------------------------
-# extraction: every pattern runs in linear time (no pattern can fail after a quantifier whose
-# characters overlap the next one's), so hostile completions cost milliseconds, not minutes
-
-# "The final answer is $X$" / "the answer is X": X runs to a sentence's period (not a decimal
-# point), a "$" or the line's end
-_PHRASE = re.compile(r"(?:final answer|the answer) is[:\s]*\$?(?P<a>\.?(?:[^\n$.]|(?<=\d)\.(?=\d))*)", re.IGNORECASE)
-_DOLLAR_END = re.compile(r"\$\s*(?:\.|$)", re.MULTILINE)
-# "Answer: X" at a line start; X runs to a "$" or the line's end
-_ANSWER_LINE = re.compile(r"^[^\S\n]*\**answer\**\s*[:：]\s*\**\s*\$?(?P<a>[^\n$]*)", re.IGNORECASE | re.MULTILINE)
-_LINE_END_AFTER_DOLLAR = re.compile(r"\$[^\S\n]*\.?[^\S\n]*(?:\n|\Z)")
-_BRACELESS_BOXED = re.compile(r"\\boxed\s+([^\s$]+)")
-
-
-def _phrase_answer(text: str) -> str | None:
-    found = None
-    for m in _PHRASE.finditer(text):
-        a, end = m.group("a").strip(), m.end()
-        term = text[end] if end < len(text) else ""
-        if a and (term != "$" or _DOLLAR_END.match(text, end)):
-            found = a
-    return found
-
-
-def _line_answer(text: str) -> str | None:
-    found = None
-    for m in _ANSWER_LINE.finditer(text):
-        a, end = m.group("a").rstrip(), m.end()
-        if a.endswith("."):
-            a = a[:-1].rstrip()
-        if a and (end == len(text) or text[end] == "\n" or _LINE_END_AFTER_DOLLAR.match(text, end)):
-            found = a
-    return found
-
-
-def extract_answer(text: str) -> str | None:
-    """The final answer in a completion's last :data:`MAX_COMPLETION_CHARS` characters, or
-    None. In order of preference:
-
-    1. the content of the last ``\\boxed{...}`` or ``\\fbox{...}`` (nested braces matched);
-    2. a brace-less ``\\boxed 5`` (the token after it);
-    3. the last "final answer is X" / "the answer is X" phrase;
-    4. the last line of the form "Answer: X".
-
-    The result is cleaned by :func:`clean_answer`.
-    """
-    if not text:
-        return None
-    text = text[-MAX_COMPLETION_CHARS:]
-    boxed = last_boxed(text)
-    if boxed is not None:
-        return clean_answer(boxed)
-    braceless = _BRACELESS_BOXED.findall(text)
-    if braceless:
-        return clean_answer(braceless[-1])
-    found = _phrase_answer(text)
-    if found is None:
-        found = _line_answer(text)
-    return None if found is None else clean_answer(found)
-
-
-_BOLD = re.compile(r"\\(?:mathbf|textbf|boldsymbol|bm)\{([^{}]*)\}")
-_DIGIT_GAP = re.compile(r"(?<=\d)\s+(?=\d)")
-_PAREN_INT = re.compile(r"^\(\s*([+-]?\d+)\s*\)$")
-
-
-def clean_answer(answer: str) -> str:
-    """Typography that does not change an answer's value: surrounding ``$``, a trailing period,
-    bold wrappers (``\\mathbf{17}`` -> ``17``), spaces between digits (``1 4 4`` is 144 in LaTeX
-    math mode) and parentheses around a lone integer (``(073)`` -> ``073``)."""
-    a = answer.strip().strip("$").strip()
-    if a.endswith("."):
-        a = a[:-1].strip().strip("$").strip()
-    for _ in range(8):  # nested wrappers, innermost first; deeper nesting is not typography
-        a, n = _BOLD.subn(r"\1", a)
-        if not n:
-            break
-    a = _DIGIT_GAP.sub("", a)
-    m = _PAREN_INT.match(a)
-    return m.group(1) if m else a
 
 
 # ---------------------------------------------------------------------------------------------

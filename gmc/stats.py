@@ -1,32 +1,7 @@
-"""Statistics of a sweep: mean ± 95% interval over seeds, paired differences, power-law fits.
-
-**Intervals over seeds** (method.md section 7). A sweep point's score is measured once per
-training seed ``s`` as ``x_s`` with an evaluation standard error ``se_s`` (Pass@1: across
-problems, as ``gmc.evaluate`` reports it). The interval is a Student-t interval over the
-``n`` seeds with the evaluation noise added in quadrature as a variance of the mean::
-
-    x̄ ± t_{0.975, n-1} · sqrt(s² / n + mean(se_s²) / n)
-
-Why t and not a bootstrap: with three seeds a bootstrap has only ten distinct resamples and
-its percentile interval is far too narrow; the t-interval is exact for normal seed effects
-and its ``n - 1`` degrees of freedom carry the uncertainty of ``s`` itself. Why add the
-evaluation term although ``s²`` already contains the evaluation noise of independent
-evaluations: three seeds can agree by chance (``s²`` below a third of its expectation with
-probability 0.28 at ``n = 3``), and the interval should never be narrower than what the
-evaluation alone can resolve. The term counts the evaluation noise twice at most, so the
-interval is conservative: by a factor up to sqrt(2) in width when evaluation noise dominates,
-and not at all when seed-to-seed variation does. With one seed there is no interval (NaN).
-
-**Paired differences**: estimators run at the same (delay, G, seed) share the seed's data
-order and starting point, so ``d_s = x_s(a) - x_s(b)`` is taken per seed and gets the
-interval above with ``se_s(a)² + se_s(b)²`` as its evaluation variance; the report states
-in how many seeds ``d_s`` has the sign of the mean and whether the interval excludes zero.
-
-**Power laws** (the theory lab's exponents): weighted least squares of ``log y`` on
-``log x`` with weights ``1 / se(log y)²`` (delta method: ``se(log y) = se(y) / y``); the
-slope's standard error is scaled by ``sqrt(chi² / (n - 2))`` when that exceeds 1, so that a
-curve which is not a power law over the grid gets a wide interval rather than a false
-precision; t-interval with ``n - 2`` degrees of freedom.
+"""Statistics of a sweep (method.md section 7): mean ± 95% interval over seeds with the
+evaluation noise folded in (:func:`mean_interval`), paired differences at equal seed
+(:func:`paired_difference`) and power-law exponents with intervals (:func:`fit_power_law`,
+the theory lab's).
 """
 
 from __future__ import annotations
@@ -68,7 +43,22 @@ class Interval:
 
 
 def mean_interval(values, eval_se=None, level: float = LEVEL) -> Interval:
-    """Mean of ``values`` (one per seed; NaNs dropped) with the t-interval of the module docstring."""
+    """Mean of ``values`` (one per seed ``s``, NaNs dropped) with its t-interval.
+
+    Each ``x_s`` carries an evaluation standard error ``se_s`` (Pass@1: across problems, as
+    :mod:`gmc.evaluate` reports it), added in quadrature as a variance of the mean::
+
+        x̄ ± t_{0.975, n-1} · sqrt(s² / n + mean(se_s²) / n)
+
+    Why t and not a bootstrap: with three seeds a bootstrap has ten distinct resamples and its
+    percentile interval is far too narrow; the t-interval is exact for normal seed effects and
+    its ``n - 1`` degrees of freedom carry the uncertainty of ``s`` itself. Why add the
+    evaluation term although ``s²`` already holds the noise of independent evaluations: three
+    seeds can agree by chance (``s²`` below a third of its expectation with probability 0.28 at
+    ``n = 3``), and the interval should never be narrower than the evaluation can resolve. It
+    counts the evaluation noise twice at most: conservative by up to sqrt(2) in width when
+    evaluation noise dominates, not at all when seed-to-seed variation does. One seed: no
+    interval (NaN)."""
     x = np.asarray(values, dtype=float)
     se = np.zeros_like(x) if eval_se is None else np.asarray(eval_se, dtype=float)
     if se.shape != x.shape:
@@ -101,7 +91,12 @@ class PairedDifference:
 
 
 def paired_difference(a, b, se_a=None, se_b=None, level: float = LEVEL) -> PairedDifference:
-    """Per-seed differences ``a[s] - b[s]`` (aligned arrays, NaN pairs dropped) and their interval."""
+    """Per-seed differences ``a[s] - b[s]`` (aligned arrays, NaN pairs dropped) and their interval.
+
+    Estimators run at the same (delay, G, seed) share the seed's data order and starting point,
+    so the difference is taken per seed and gets :func:`mean_interval` with ``se_a² + se_b²`` as
+    its evaluation variance; :attr:`PairedDifference.n_sign` counts the seeds whose difference has
+    the mean's sign."""
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     if a.shape != b.shape:
         raise ValueError(f"paired values need equal shapes, got {a.shape} and {b.shape}")
@@ -133,7 +128,11 @@ class PowerLaw:
 
 
 def fit_power_law(x, y, y_se=None, level: float = LEVEL) -> PowerLaw:
-    """Exponent of ``y ~ x**k`` over the points with ``x, y > 0`` (see the module docstring).
+    """Exponent of ``y ~ x**k`` over the points with ``x, y > 0``: weighted least squares of
+    ``log y`` on ``log x`` with weights ``1 / se(log y)²`` (delta method: ``se(y) / y``); the
+    slope's standard error is scaled by ``sqrt(chi² / (n - 2))`` when that exceeds 1, so a curve
+    that is not a power law over the grid gets a wide interval rather than a false precision;
+    t-interval with ``n - 2`` degrees of freedom.
 
     ``y_se`` are the standard errors of ``y``; without them the fit is ordinary least squares
     and the interval comes from the residuals alone.

@@ -1,32 +1,10 @@
-"""Theory lab: an exactly solvable world in which the paper's claims can be checked numerically.
-
-The world is a tabular autoregressive softmax policy over sequences of ``T`` tokens from a
-vocabulary of ``V`` (every sequence enumerable), one logit vector per prefix. The reward is
-1 when the last token equals the sum of the previous ones modulo ``V`` (a "compute, then
-answer" task; 1/V under the uniform policy). Expected reward and its gradient are exact sums.
-
-Two experiments (method.md section 1):
-
-* **Fixed policies (claim 2).** The behaviour policy ``mu`` is the current policy ``pi`` moved
-  by a random logit drift. For each group size ``G`` and cap ``eps`` we estimate, by Monte
-  Carlo with confidence intervals, the bias norm ``||E g_hat - grad J||``, the second moment
-  ``E||g_hat||^2`` and the shortfall ``E[(1/G) sum_i (rho_i - w_i)]`` of the ``tic``
-  (truncate) and ``gmc`` estimators. Variant ``exact_baseline`` uses ``A = r - J(pi)``, so
-  the only bias is the weights' (estimated with the uncapped IS estimator, exactly unbiased
-  there, as a control variate); variant ``group_norm`` uses group-normalised advantages and
-  measures the bias against the on-policy expectation of the same estimator (itself a Monte
-  Carlo mean, whose noise the interval includes). There even uncapped IS (``is`` rows) keeps a
-  bias floor, since the advantages use the behaviour group's mean and std; the ``excess``
-  columns give the bias the cap adds, ``||E g - E g_is||``, by the same control variate.
-  ``claim_fits`` fits the exponent of that excess in eps (claim 1) and in G (claims 2-3) by
-  log-log regression with 95% intervals (:func:`gmc.stats.fit_power_law`).
-* **Delayed optimisation (claims 1 and 3).** Gradient ascent where every update uses samples
-  from the policy ``d`` steps ago (prefill warm-up: ``theta_0`` for the first ``d`` steps),
-  with group-normalised advantages, for ``grpo`` (token clip), ``tic``, ``gmc``, ``is`` and
-  ``none``: final expected reward, divergence, iterations to a target reward.
-
-Gradients are analytic: ``grad log pi(y_t | prefix)`` with respect to that prefix's logits is
-``onehot(y_t) - softmax(logits)``.
+"""Theory lab (method.md section 1): an exactly solvable world in which the paper's claims are
+checked numerically. A tabular autoregressive softmax policy over every sequence of ``T``
+tokens from a vocabulary of ``V``, rewarded when the last token is the sum of the others mod
+``V``: expected reward and its gradient are exact sums (``grad log pi(y_t | prefix)`` is
+``onehot(y_t) - softmax(logits)``). Two experiments: estimators at fixed behaviour and current
+policies (:func:`fixed_policy_experiment`, claims 1-3) and delayed gradient ascent
+(:func:`delayed_run`); figures are :mod:`gmc.theory_figures`.
 """
 
 from __future__ import annotations
@@ -168,7 +146,18 @@ def fixed_policy_experiment(
 ) -> pd.DataFrame:
     """One row per (variant, drift, G, eps, method): bias against the target with its interval,
     the excess over uncapped IS ``||E g - E g_is||`` (the bias the cap adds), second moment,
-    shortfall and fraction capped."""
+    shortfall and fraction capped.
+
+    The behaviour policy ``mu`` is the current policy moved by a random logit drift; per group
+    size and cap, Monte Carlo estimates (with intervals) of ``||E g_hat - grad J||``,
+    ``E||g_hat||^2`` and the shortfall ``E[(1/G) sum_i (rho_i - w_i)]`` of ``tic`` (truncate) and
+    ``gmc``. Variant ``exact_baseline`` uses ``A = r - J(pi)``: the only bias is the weights',
+    estimated with uncapped IS (exactly unbiased there) as a control variate. Variant
+    ``group_norm`` uses group-normalised advantages and measures the bias against the on-policy
+    expectation of the same estimator (itself a Monte Carlo mean, whose noise the interval
+    includes); there even uncapped IS (``is`` rows) keeps a bias floor, since the advantages use
+    the behaviour group's mean and std, and ``excess`` is the bias the cap adds over it.
+    :func:`claim_fits` fits the exponent of the excess in eps (claim 1) and in G (claims 2-3)."""
     rng = np.random.default_rng(seed)
     theta_pi = 0.5 * rng.standard_normal((world.n_nodes, world.V))
     direction = rng.standard_normal((world.n_nodes, world.V))
@@ -435,7 +424,7 @@ class TheoryConfig:
 
 def run_theory(out: str | Path, cfg: TheoryConfig, progress: bool = True) -> dict[str, pd.DataFrame]:
     """Run both experiments, write tidy CSVs and the figures under ``out``."""
-    from gmc import plots
+    from gmc.theory_figures import theory_figures
 
     out = Path(out)
     start = time.time()
@@ -452,7 +441,7 @@ def run_theory(out: str | Path, cfg: TheoryConfig, progress: bool = True) -> dic
               "delayed_summary": summary}
     for name, frame in tables.items():
         write_csv(frame, out / f"{name}.csv")
-    plots.theory_figures(tables, out)
+    theory_figures(tables, out)
     write_json(out / "theory_config.json", {**asdict(cfg), "seconds": round(time.time() - start, 1)})
     return tables
 

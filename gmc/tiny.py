@@ -10,89 +10,67 @@ from __future__ import annotations
 import logging
 import random
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Annotated
 
-import torch
+from pydantic import Field
 
-from gmc.policy import position_ids_from_mask
+from gmc.models import Qwen3Shape, count_parameters, qwen3_model, save_model, train_tokenizer
+from gmc.settings import Positive, PositiveInt, settings, to_dict
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class TinyModelConfig:
-    """The tiny CPU policy and its warm start."""
+@settings
+class TinyModelConfig(Qwen3Shape):
+    """The tiny CPU policy and its warm start (the shape defaults are :class:`Qwen3Shape`'s)."""
 
-    hidden_size: int = 128
-    intermediate_size: int = 384
-    num_layers: int = 4
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    vocab_size: int = 384
+    vocab_size: PositiveInt = 384
     """BPE vocabulary (256 byte symbols + merges + special tokens)."""
-    target_accuracy: float = 0.4
+    target_accuracy: Annotated[float, Field(ge=0, le=1)] = 0.4
     """Stop the warm start once greedy accuracy on held-out problems reaches this."""
-    answer_noise: float = 0.5
+    answer_noise: Annotated[float, Field(ge=0, le=1)] = 0.5
     """Fraction of warm-start solutions whose boxed answer is off by one (the worked steps stay
     right). The warm-started policy then hesitates between the right answer and its neighbour
     after a right computation: a mistake that greedy decoding makes about half the time and
     that RL can learn away within a few hundred steps."""
-    max_steps: int = 1500
+    max_steps: PositiveInt = 1500
     """Step budget of the warm start: the build stops on accuracy or steps, never on wall-clock
     time, so the model it makes does not depend on the machine's speed."""
-    batch_size: int = 64
-    lr: float = 3e-3
-    eval_every: int = 50
-    eval_problems: int = 128
-    seed: int = 0
-
-
-def _train_tokenizer(texts: list[str], vocab_size: int):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-    ])
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>", "<|pad|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(texts, trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|pad|>",
-                                   padding_side="left")
+    batch_size: PositiveInt = 64
+    """Worked solutions per warm-start step."""
+    lr: Positive = 3e-3
+    """Warm-start learning rate (AdamW, 50 steps of linear warm-up)."""
+    eval_every: PositiveInt = 50
+    """Warm-start steps between two checks of the held-out greedy accuracy."""
+    eval_problems: PositiveInt = 128
+    """Held-out problems of each accuracy check."""
 
 
 def build_tiny_model(out: str | Path, cfg: TinyModelConfig = TinyModelConfig(), task=None,
                      progress: bool = True) -> dict:
     """Build, warm-start and save the tiny policy under ``out``; returns a summary dict."""
+    import torch
     from tqdm import tqdm
-    from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from gmc.data import PLAIN_TEMPLATE, SyntheticTask, solution_steps
-    from gmc.io import atomic_dir, write_json
-    from gmc.rewards import extract_answer, fast_verdict
-    from gmc.rollout import HFEngine, SamplingConfig
+    from gmc.answers import extract_answer
+    from gmc.data import PLAIN_TEMPLATE
+    from gmc.engines import SamplingConfig
+    from gmc.policy import position_ids_from_mask
+    from gmc.rewards import fast_verdict
+    from gmc.rollout import HFEngine
+    from gmc.synthetic import SyntheticTask, solution_steps
 
     start = time.time()
-    torch.manual_seed(cfg.seed)
     task = task or SyntheticTask()
     train = task.generate("train", 5000, seed=cfg.seed)
     held_out = task.generate("test", cfg.eval_problems, seed=cfg.seed + 1)
     prompts = [PLAIN_TEMPLATE.format(problem=r.problem) for r in train]
     noise = random.Random(cfg.seed)
     targets = [" " + solution_steps(r.meta["expression"], int(noise.random() < cfg.answer_noise)) for r in train]
-    tokenizer = _train_tokenizer([p + t for p, t in zip(prompts, targets)], cfg.vocab_size)
-    head_dim = cfg.hidden_size // cfg.num_heads
-    mcfg = Qwen3Config(vocab_size=len(tokenizer), hidden_size=cfg.hidden_size,
-                       intermediate_size=cfg.intermediate_size, num_hidden_layers=cfg.num_layers,
-                       num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
-                       head_dim=head_dim, max_position_embeddings=512, tie_word_embeddings=True,
-                       bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
-                       pad_token_id=tokenizer.pad_token_id, rope_theta=10000.0)
-    model = Qwen3ForCausalLM(mcfg)
+    tokenizer = train_tokenizer([p + t for p, t in zip(prompts, targets)], cfg.vocab_size)
+    model = qwen3_model(cfg, len(tokenizer), max_position_embeddings=512, bos_token_id=None,
+                        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, rope_theta=10000.0)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 50))
     eos = tokenizer.eos_token
@@ -140,13 +118,6 @@ def build_tiny_model(out: str | Path, cfg: TinyModelConfig = TinyModelConfig(), 
     model.eval()
     summary = {"steps": step, "greedy_accuracy": acc, "seconds": round(time.time() - start, 1),
                "parameters": count_parameters(model), "history": history,
-               "config": asdict(cfg), "task": asdict(task)}
-    with atomic_dir(out) as tmp:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        write_json(tmp / "build_summary.json", summary)
+               "config": to_dict(cfg), "task": to_dict(task)}
+    save_model(out, model, tokenizer, summary)
     return summary
-
-
-def count_parameters(model) -> int:
-    return sum(p.numel() for p in model.parameters())

@@ -195,17 +195,17 @@ def live_tracker(uri: str | None, experiment: str | None, run_dir: Path, run_id:
 
 
 def _eval_metrics(eval_dir: Path, step: int) -> list:
-    """The scores in an evaluation folder as MLflow metrics at ``step``, timestamped by their files."""
+    """The scores in an evaluation folder (:func:`gmc.evaluate.eval_scores`, standard errors
+    left out) as MLflow metrics at ``step``, timestamped by their files."""
     from mlflow.entities import Metric
 
+    from gmc.evaluate import SE, eval_scores
+
     out = []
-    for f in sorted(Path(eval_dir).glob("*.json")):
-        if f.name == "eval_config.json":
-            continue
-        ev = json.loads(f.read_text())
-        for key in ("greedy", "pass_at_1"):
-            if isinstance(ev.get(key), (int, float)):
-                out.append(Metric(f"eval/{ev['benchmark']}/{key}", float(ev[key]), int(f.stat().st_mtime * 1000), step))
+    for key, value in eval_scores(eval_dir).items():
+        if not key.endswith(SE):
+            stamp = (Path(eval_dir) / f"{key.split('/')[1]}.json").stat().st_mtime
+            out.append(Metric(key, float(value), int(stamp * 1000), step))
     return out
 
 

@@ -1,32 +1,9 @@
-"""The update: per-token log-probs of a batch of rollouts and one step's gradient, within a
-token budget (method.md section 7).
-
-**Canonical micro-batches.** Every pass over rollouts (the behaviour pass when a batch is
-generated, the reference pass for KL, the training forward/backward) goes through
-:func:`sequence_logprobs` / :func:`micro_batches`. A row is its prompt and response
-concatenated from position 0 and right-padded to a *canonical length* that depends on the row
-alone (:func:`canonical_length`: the next multiple of a quantum that is an eighth of the row's
-power of two, at least 16; at most 12.5% padding). Rows of one canonical length are forwarded
-together, as many per forward as ``budget`` padded tokens allow (at least one). A row therefore
-meets the same tensor shape, code path and kernels whichever rows it shares a batch with, so its
-log-probs do not depend on how it was batched: with weights that never change, the behaviour
-log-probs of a stale group equal its training log-probs exactly, and no noise enters the
-trajectory log-ratios ``L`` (measured: different padding alone moves a bfloat16 trajectory by
-3e-3 nats). A single row longer than ``budget`` is forwarded alone.
-
-**The gradient within a budget.** The estimators' group-level quantities (``L``, the group
-mass, the weights, advantages, normalisers) depend on every row of a group, so a micro-batch
-cannot compute its own loss. Every estimator's loss depends on the policy only through the
-per-token log-probs ``logp [B, G, T]``, so by the chain rule its gradient is
-``sum_t g_t grad logp_t`` with ``g = d loss / d logp`` (constant once ``logp`` is known). With a
-budget, :meth:`Update.backward` runs (1) a no-grad pass for every row's ``logp`` (skipped on
-policy without KL, where the ratios are exactly 1 and ``g`` does not depend on ``logp``), (2) the
-estimator on the whole batch with ``logp`` as a leaf, giving the loss, its statistics and ``g``,
-(3) one forward/backward per micro-batch of ``sum(g * logp)``, accumulating the gradient. Loss,
-statistics and gradient equal the whole-batch step's (float32, to rounding); the cost is one
-extra no-grad forward (about a quarter of a forward/backward under checkpointing) on stale or
-KL steps. Without a budget (``budget = 0``) the batch runs in one go: every canonical bucket is
-forwarded with its graph kept, and the loss is back-propagated once.
+"""The update (method.md section 7): per-token log-probs of a batch of rollouts and one step's
+gradient, within a token budget of padded tokens per forward. Every pass over rollouts (the
+behaviour pass, the KL reference, the training forward/backward) runs in *canonical
+micro-batches* (:func:`micro_batches`), so a row's log-probs do not depend on the rows it is
+batched with; :class:`Update` gives the gradient of the estimator's whole-batch loss through
+a no-grad pass, the loss on the whole batch, and one backward per micro-batch.
 """
 
 from __future__ import annotations
@@ -46,7 +23,13 @@ MIN_QUANTUM = 16
 
 def canonical_length(n: int) -> int:
     """The padded length of a row of ``n`` tokens: ``n`` rounded up to a multiple of
-    ``max(16, 2**floor(log2 n) / 8)``, a function of ``n`` alone."""
+    ``max(16, 2**floor(log2 n) / 8)``, a function of ``n`` alone (at most 12.5% padding).
+
+    A row is its prompt and response from position 0, right-padded to this length; rows of one
+    length are forwarded together. So a row meets the same tensor shape, code path and kernels
+    whichever rows share its batch, and with unchanged weights the behaviour log-probs of a stale
+    group equal its training log-probs exactly (different padding alone moves a bfloat16
+    trajectory by 3e-3 nats, enough to fire caps)."""
     if n < 1:
         raise ValueError(f"a row needs at least one token, got {n}")
     quantum = max(MIN_QUANTUM, 1 << max(0, n.bit_length() - 4))
@@ -161,7 +144,18 @@ def sequence_logprobs(model, rows: Rows, budget: int, pad_id: int, temperature: 
 class Update:
     """The gradient of one optimizer step from a batch of groups, within ``budget`` padded tokens
     per forward. :meth:`backward` leaves the gradient in the parameters' ``.grad`` and returns the
-    loss and the estimator's statistics."""
+    loss and the estimator's statistics.
+
+    The estimators' group-level quantities (``L``, the group mass, weights, advantages,
+    normalisers) depend on every row of a group, so a micro-batch cannot compute its own loss.
+    But every loss depends on the policy only through the per-token log-probs ``logp [B, G, T]``,
+    so its gradient is ``sum_t g_t grad logp_t`` with ``g = d loss / d logp``. With a budget the
+    step runs (1) a no-grad pass for every row's ``logp`` (skipped on-policy without KL, where
+    the ratios are exactly 1 and ``g`` does not depend on ``logp``), (2) the estimator on the
+    whole batch with ``logp`` as a leaf, giving the loss, its statistics and ``g``, (3) one
+    forward/backward per micro-batch of ``sum(g * logp)``. Loss, statistics and gradient equal
+    the whole-batch step's (float32, to rounding). Without a budget (0) every canonical bucket
+    is forwarded with its graph kept and the loss back-propagated once."""
 
     def __init__(self, model, loss_fn: Callable, est_cfg: EstimatorConfig, budget: int, pad_id: int,
                  temperature: float = 1.0, chunk_size: int = 4096, reference=None,

@@ -1,5 +1,7 @@
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -7,6 +9,9 @@ import pytest
 from gmc.data import DEFAULT_DATA_ROOT_ENV, data_root
 
 SHARED = data_root()
+REPO = Path(__file__).resolve().parents[1]
+SMALL_RUN = dict(device="cpu", steps=3, group_size=4, prompts_per_step=3, checkpoint_every=0, seed=0)
+"""A few-step training run of the tiny model (every key may be overridden)."""
 
 
 def pytest_configure(config):
@@ -41,6 +46,77 @@ def tiny_policy(tiny_model_dir):
     from gmc.policy import load_policy
 
     return load_policy(str(tiny_model_dir), device="cpu")
+
+
+@pytest.fixture(scope="session")
+def small_config(tiny_model_dir):
+    """``small_config(**overrides)``: the :class:`TrainConfig` of a small run of the tiny model
+    (:data:`SMALL_RUN`; dotted keys as ``**{"delay.d": 2}``), loaded as ``gmc train --set`` does."""
+    from gmc.config import load_train_config
+
+    def make(**overrides):
+        values = {"model": str(tiny_model_dir), **SMALL_RUN, **overrides}
+        return load_train_config(None, [f"{k}={v}" for k, v in values.items()])
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def train_small(small_config):
+    """``train_small(out, **overrides)``: train a :func:`small_config` run into ``out``; returns
+    its metrics lines."""
+    from gmc.io import read_jsonl
+    from gmc.trainer import Trainer
+
+    def train(out, **overrides):
+        Trainer(small_config(**overrides), out, progress=False).run()
+        return read_jsonl(Path(out) / "metrics.jsonl")
+
+    return train
+
+
+@pytest.fixture(scope="session")
+def snakemake():
+    """``snakemake(args, cwd, timeout=600, env=None)``: the workflow run in a subprocess with this
+    interpreter's environment first on PATH; returns the completed process (output captured)."""
+
+    def run(args, cwd, timeout=600, env=None):
+        environ = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", **(env or {})}
+        cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), *args]
+        return subprocess.run(cmd, cwd=cwd, env=environ, capture_output=True, text=True, timeout=timeout)
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def load_rules():
+    """``load_rules(folder, overwrite_resources=None)``: the workflow's rules as Snakemake builds them
+    in-process for the default config copied into ``folder`` (name -> rule), set-resources applied."""
+    import shutil
+
+    def load(tmp_path, overwrite_resources=None) -> dict:
+        from snakemake.api import SnakemakeApi
+        from snakemake.settings.types import (
+            ConfigSettings,
+            OutputSettings,
+            ResourceSettings,
+            StorageSettings,
+        )
+
+        tmp_path.mkdir(exist_ok=True)
+        shutil.copy(REPO / "config.yaml", tmp_path / "config.yaml")
+        cwd = os.getcwd()
+        os.chdir(tmp_path)
+        try:
+            with SnakemakeApi(OutputSettings()) as api:
+                wf = api.workflow(resource_settings=ResourceSettings(overwrite_resources=overwrite_resources or {}),
+                                  config_settings=ConfigSettings(), storage_settings=StorageSettings(),
+                                  snakefile=REPO / "Snakefile", workdir=tmp_path)
+                return {r.name: r for r in wf._workflow.rules}
+        finally:
+            os.chdir(cwd)
+
+    return load
 
 
 @pytest.fixture

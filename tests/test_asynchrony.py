@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from gmc.asynchrony import (
+    Collected,
     DelayConfig,
     FixedDelaySource,
     Group,
@@ -15,22 +16,27 @@ from gmc.asynchrony import (
 
 
 class Generator:
-    """Makes groups whose response lengths are drawn from a seeded RNG; records each call."""
+    """Rollouts whose groups have response lengths drawn from a seeded RNG; records each call
+    (prompts are numbered in the order they are taken)."""
 
     def __init__(self, G=4, seed=0, max_len=64):
         self.rng = np.random.default_rng(seed)
-        self.G, self.max_len, self.calls = G, max_len, []
+        self.G, self.max_len, self.calls, self.taken = G, max_len, [], 0
 
-    def __call__(self, n, version):
-        self.calls.append((n, version))
+    def take(self, n):
+        self.taken += n
+        return list(range(self.taken - n, self.taken))
+
+    def collect(self, prompts, version):
+        self.calls.append((len(prompts), version))
         out = []
-        for _ in range(n):
+        for index in prompts:
             lengths = torch.tensor(self.rng.integers(1, self.max_len + 1, self.G))
             T = int(lengths.max())
             mask = torch.arange(T).unsqueeze(0) < lengths.unsqueeze(1)
-            out.append(Group(len(self.calls), torch.arange(5), torch.zeros(self.G, T, dtype=torch.long), mask,
+            out.append(Group(index, torch.arange(5), torch.zeros(self.G, T, dtype=torch.long), mask,
                              torch.rand(self.G), torch.zeros(self.G, T), torch.zeros(self.G, T), version))
-        return out
+        return Collected(out, stats=("call", len(self.calls)))
 
 
 @pytest.mark.parametrize("d", [1, 3, 8])
@@ -38,7 +44,7 @@ def test_prefill_staleness_is_exactly_d(d):
     gen = Generator()
     src = FixedDelaySource(gen, batch_prompts=2, d=d, warmup="prefill")
     for t in range(20):
-        batch = src.next_batch(t)
+        batch = src.next_batch(t).groups
         assert [g.staleness for g in batch] == [d, d]
         assert all(g.version == t - d for g in batch)
         assert len(src.queued_groups()) == 2 * d  # bounded
@@ -49,7 +55,7 @@ def test_prefill_staleness_is_exactly_d(d):
 def test_ramp_staleness_grows_to_d():
     d = 4
     src = FixedDelaySource(Generator(), batch_prompts=1, d=d, warmup="ramp")
-    stale = [src.next_batch(t)[0].staleness for t in range(30)]
+    stale = [src.next_batch(t).groups[0].staleness for t in range(30)]
     assert stale[0] == 0
     assert all(b >= a for a, b in zip(stale, stale[1:]))
     assert stale[-1] == d
@@ -61,7 +67,7 @@ def test_delay_zero_equals_sync():
     fixed = FixedDelaySource(a, 3, d=0)
     sync = SyncSource(b, 3)
     for t in range(5):
-        x, y = fixed.next_batch(t), sync.next_batch(t)
+        x, y = fixed.next_batch(t).groups, sync.next_batch(t).groups
         assert [g.version for g in x] == [g.version for g in y] == [t] * 3
         for gx, gy in zip(x, y):
             assert torch.equal(gx.response_mask, gy.response_mask)
@@ -74,7 +80,7 @@ def test_latency_model_long_answers_arrive_staler():
     src = LatencySource(Generator(G=2, seed=3, max_len=60), batch_prompts=4, cfg=cfg)
     stale, lengths = [], []
     for t in range(150):
-        batch = src.next_batch(t)
+        batch = src.next_batch(t).groups
         for g in batch:
             stale.append(g.staleness)
             lengths.append(g.max_length)
@@ -90,10 +96,10 @@ def test_latency_model_long_answers_arrive_staler():
 def test_latency_completion_order_and_idle_time():
     cfg = DelayConfig(mode="latency", slots=2, alpha=5.0, beta=0.0, step_time=1.0)
     src = LatencySource(Generator(G=2), batch_prompts=2, cfg=cfg)
-    batch = src.next_batch(0)
+    batch = src.next_batch(0).groups
     assert [g.completed_at for g in batch] == [5.0, 5.0]
     assert src.idle_time == pytest.approx(5.0)  # the trainer waited for the first groups
-    batch = src.next_batch(1)  # refills were submitted at t=5 with version 0
+    batch = src.next_batch(1).groups  # refills were submitted at t=5 with version 0
     assert [g.version for g in batch] == [0, 0] and batch[0].completed_at == 10.0
 
 
@@ -122,9 +128,9 @@ def test_fixed_state_round_trip_and_queue_bytes():
 
 
 def test_delay_config_validation():
-    with pytest.raises(ValueError, match="delay.mode"):
+    with pytest.raises(ValueError, match=r"delay.mode: unknown delay mode 'async'; known: \['sync', 'fixed', 'latency'\]"):
         DelayConfig(mode="async")
-    with pytest.raises(ValueError, match="delay.d"):
+    with pytest.raises(ValueError, match="delay.d: must be greater than or equal to 0"):
         DelayConfig(d=-1)
     assert isinstance(make_source(DelayConfig(mode="sync"), Generator(), 1), SyncSource)
 
@@ -136,7 +142,7 @@ def test_latency_refills_carry_the_weights_of_the_moment_their_slot_frees(alpha,
     src = LatencySource(gen, batch_prompts=8, cfg=cfg, seed=1)
     ends, consumed = [], []
     for t in range(60):
-        consumed += src.next_batch(t)
+        consumed += src.next_batch(t).groups
         ends.append(src.clock)  # the weights change after this moment
         assert not src.pending  # every refill of the step is generated before its weights change
     groups = consumed + src.queued_groups()
@@ -148,3 +154,15 @@ def test_latency_refills_carry_the_weights_of_the_moment_their_slot_frees(alpha,
     assert len(src.in_flight) == cfg.slots
     # refills are batched: far fewer generation calls than refilled slots
     assert len(gen.calls) <= 2 * 60 and sum(n for n, _ in gen.calls) == len(groups)
+
+
+def test_a_batch_carries_the_measurements_of_every_collector_call_made_for_it():
+    """Nothing is stashed for later: each step's batch holds what the calls made during it returned."""
+    gen = Generator()
+    src = FixedDelaySource(gen, batch_prompts=2, d=3, warmup="prefill")
+    first, second = src.next_batch(0), src.next_batch(1)
+    assert first.collected == [("call", k) for k in (1, 2, 3, 4)]  # the prefill and this step's batch
+    assert second.collected == [("call", 5)]
+    lat = LatencySource(Generator(), 2, DelayConfig(mode="latency", slots=4, alpha=1.0, beta=0.1))
+    batches = [lat.next_batch(t) for t in range(6)]
+    assert sum(len(b.collected) for b in batches) == len(lat.rollouts.calls)

@@ -1,7 +1,9 @@
-"""One truth for the config: the workflow schema against the dataclasses and registries, unknown
-keys rejected at ``snakemake -n``, the data/mlflow settings reaching the jobs, derived keys."""
+"""One truth per config key: the workflow schema generated from the settings classes and
+registries, unknown keys rejected at ``snakemake -n``, a new key needing no second edit,
+validation without torch, the data/mlflow settings reaching the jobs, derived keys."""
 
 import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -11,30 +13,22 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gmc import workflow
 from gmc.asynchrony import DELAY_MODES, DelayConfig, named_delays
-from gmc.config import ConfigError, TrainConfig, from_dict, literal_choices, to_dict
+from gmc.config import TrainConfig
 from gmc.data import benchmark_specs
-from gmc.estimators import ESTIMATORS
+from gmc.estimator_info import REGISTRY
 from gmc.evaluate import EvalConfig
+from gmc.settings import ConfigError, from_dict, settings, to_dict
 
 REPO = Path(__file__).resolve().parents[1]
-SCHEMA = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
-
-SET_BY_THE_WORKFLOW = {
-    "model": "model.name (the fetched or built model folder)",
-    "algorithm": "the sweep point", "group_size": "the sweep point", "seed": "the sweep point",
-    "delay.mode": "the sweep point", "delay.d": "the sweep point",
-    "data_source": "data.source", "data_root": "data.root",
-    "experiment": "mlflow.experiment", "tracking_uri": "mlflow.tracking_uri (live logging)",
-    "estimator.max_new_tokens": "sampling.max_new_tokens",
-}
-"""TrainConfig keys that the `train` section must not hold, and where they come from."""
+HANDWRITTEN = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
+SCHEMA = workflow.schema(HANDWRITTEN)
 
 
 def _resolve(node):
-    if "$ref" in node:
-        name = node["$ref"].rsplit("/", 1)[-1]
-        return SCHEMA["$defs"][name]
+    while "$ref" in node:
+        node = {**SCHEMA["$defs"][node["$ref"].rsplit("/", 1)[-1]], **{k: v for k, v in node.items() if k != "$ref"}}
     return node
 
 
@@ -50,29 +44,19 @@ def _keys(node, prefix=""):
 
 
 def _fields(cls, prefix=""):
-    """Dotted field names of a dataclass with their types, nested dataclasses expanded."""
-    out = {}
+    """Dotted field names of a dataclass, nested dataclasses expanded."""
+    out = set()
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
-        tp = hints[f.name]
-        out[prefix + f.name] = tp
-        if dataclasses.is_dataclass(tp):
-            out.update(_fields(tp, f"{prefix}{f.name}."))
-    return out
-
-
-def _literals(cls, prefix=""):
-    out = {prefix + k: v for k, v in literal_choices(cls).items()}
-    for f in dataclasses.fields(cls):
-        tp = typing.get_type_hints(cls)[f.name]
-        if dataclasses.is_dataclass(tp):
-            out.update(_literals(tp, f"{prefix}{f.name}."))
+        out.add(prefix + f.name)
+        if dataclasses.is_dataclass(hints[f.name]):
+            out |= _fields(hints[f.name], f"{prefix}{f.name}.")
     return out
 
 
 def _enum(node):
     node = _resolve(node)
-    return node.get("enum") or node.get("items", {}).get("enum")
+    return node.get("enum") or _resolve(node.get("items", {})).get("enum")
 
 
 def test_every_key_of_every_section_is_described_and_unknown_keys_are_rejected():
@@ -88,47 +72,104 @@ def test_every_key_of_every_section_is_described_and_unknown_keys_are_rejected()
     assert SCHEMA["additionalProperties"] is False
 
 
-def test_train_section_lists_every_trainconfig_key_but_those_the_workflow_sets():
-    schema = _keys(SCHEMA["properties"]["train"])
-    fields = _fields(TrainConfig)
-    assert set(schema) <= set(fields), f"schema keys that are no TrainConfig field: {set(schema) - set(fields)}"
-    latency = set(_keys(SCHEMA["properties"]["latency"]["properties"]["delay"]))
-    missing = {k for k in set(fields) - set(schema) - set(SET_BY_THE_WORKFLOW)
-               if not (k.startswith("delay.") and k.split(".", 1)[1] in latency)}
-    assert not missing, f"TrainConfig keys neither in the schema nor set by the workflow: {missing}"
-    assert not set(schema) & set(SET_BY_THE_WORKFLOW)
+def test_the_train_and_evaluate_sections_are_their_settings_classes_but_the_keys_the_workflow_sets():
+    train = set(_keys(SCHEMA["properties"]["train"]))
+    assert train == _fields(TrainConfig) - set(workflow.SET_PER_JOB)
+    assert set(_keys(SCHEMA["properties"]["evaluate"])) == _fields(EvalConfig) - set(workflow.EVAL_SET_PER_JOB)
+    # descriptions are the fields' docstrings
+    assert _keys(SCHEMA["properties"]["train"])["lr"]["description"].startswith("Peak learning rate")
+    for mode in named_delays():  # every named delay mode has its section, with DelayConfig's settings
+        keys = set(_keys(SCHEMA["properties"][mode]["properties"]["delay"]))
+        assert keys == {f.name for f in dataclasses.fields(DelayConfig)} - {"mode", "d"}
 
 
-def test_evaluate_section_lists_every_evalconfig_key_but_the_data_settings():
-    schema = _keys(SCHEMA["properties"]["evaluate"])
-    assert set(schema) == set(_fields(EvalConfig)) - {"data_source", "data_root"}
-
-
-def test_allowed_values_are_the_python_ones():
-    """Literal fields, estimators, benchmarks and delay modes: the schema's enums equal Python's."""
+def test_allowed_values_are_the_registries_and_the_literal_types():
     props = SCHEMA["properties"]
-    for section, cls in (("train", TrainConfig), ("evaluate", EvalConfig)):
-        schema = _keys(props[section])
-        for key, allowed in _literals(cls).items():
-            if key in schema:
-                assert _enum(schema[key]) == [*allowed, *([None] if None in _enum(schema[key]) else [])], key
-    assert _enum(props["sweep"]["properties"]["algorithms"]) == list(ESTIMATORS)
-    assert _enum(props["latency"]["properties"]["algorithms"]) == list(ESTIMATORS)
-    assert _enum(props["sweep"]["properties"]["references"]["properties"]["algorithms"]) == list(ESTIMATORS)
-    assert _enum(props["evaluate"]["properties"]["benchmarks"]) == list(benchmark_specs())
-    assert props["evaluate"]["properties"]["samples"]["propertyNames"]["enum"] == list(benchmark_specs())
-    # every named delay mode has its section, whose delay keys are DelayConfig fields
-    for mode in named_delays():
-        keys = set(_keys(props[mode]["properties"]["delay"]))
-        assert keys <= {f.name for f in dataclasses.fields(DelayConfig)}, mode
+    for where in (props["sweep"]["properties"]["algorithms"], props["sweep"]["properties"]["references"]
+                  ["properties"]["algorithms"], *(props[m]["properties"]["algorithms"] for m in named_delays())):
+        assert _enum(where) == list(REGISTRY)
+    evaluate = _keys(props["evaluate"])
+    assert _enum(evaluate["benchmarks"]) == list(benchmark_specs())
+    assert evaluate["samples"]["propertyNames"]["enum"] == list(benchmark_specs())
+    train = _keys(props["train"])
+    assert _enum(train["algorithm"]) == list(REGISTRY) if "algorithm" in train else True
+    assert _enum(train["engine"]) == ["hf", "vllm"] and _enum(train["model_dtype"]) == ["float32", "bfloat16",
+                                                                                     "float16"]
     assert set(named_delays()) <= set(DELAY_MODES)
 
 
-def test_literal_values_are_checked_on_direct_construction_too():
-    with pytest.raises(ConfigError, match="model_dtype: must be one of"):
+def _valid_config():
+    return yaml.safe_load((REPO / "config.yaml").read_text())
+
+
+def test_a_key_added_to_trainconfig_needs_no_second_edit(monkeypatch):
+    """A new TrainConfig field is in the generated schema, described by its docstring, accepted in the
+    workflow's train section and loaded, with nothing else edited."""
+
+    @settings
+    class Extended(TrainConfig):
+        rollout_budget: int = 3
+        """A knob a newcomer adds."""
+
+    monkeypatch.setattr(workflow, "TrainConfig", Extended)
+    config = _valid_config()
+    config["train"]["rollout_budget"] = 5
+    full = workflow.validate(config, HANDWRITTEN)
+    assert full["$defs"]["train"]["properties"]["rollout_budget"]["description"] == "A knob a newcomer adds."
+    assert from_dict(Extended, config["train"]).rollout_budget == 5
+    config["train"]["rollout_budget"] = "many"
+    with pytest.raises(ConfigError, match="train.rollout_budget: .*integer"):
+        workflow.validate(config, HANDWRITTEN)
+    monkeypatch.setattr(workflow, "TrainConfig", TrainConfig)  # the real class refuses the key
+    with pytest.raises(ConfigError, match="'rollout_budget' was unexpected"):
+        workflow.validate(config, HANDWRITTEN)
+
+
+def test_validation_fills_the_handwritten_defaults_and_refuses_cross_key_mistakes():
+    config = {"sweep": {"algorithms": ["gmc"], "delays": [0], "group_sizes": [4], "seeds": [0]}}
+    workflow.validate(config, HANDWRITTEN)
+    assert config["results"] == "results" and config["model"] == {"name": "tiny", "tiny": {}, "random": {}}
+    assert config["sweep"]["references"] == {"algorithms": [], "delays": []}
+    assert config["latency"]["enabled"] is False and config["train"] == {}
+    bad = {**_valid_config()}
+    bad["train"] = {**bad["train"], "sampling": {"top_p": 0.9}}
+    with pytest.raises(ConfigError, match="train.sampling.top_p: training needs 1"):
+        workflow.validate(bad, HANDWRITTEN)
+
+
+def test_reading_and_validating_configs_imports_no_torch(tmp_path):
+    """The workflow's parse (schema, validation) and loading a train or evaluate config need no torch."""
+    (tmp_path / "train.yaml").write_text("steps: 3\nestimator: {eps: 0.1}\n")
+    code = f"""
+import json, sys, yaml
+from gmc import workflow
+from gmc.config import load_train_config
+from gmc.evaluate import EvalConfig
+from gmc.settings import load_config
+workflow.validate(yaml.safe_load(open({str(REPO / "config.yaml")!r})),
+                  yaml.safe_load(open({str(REPO / "workflow" / "schemas" / "config.schema.yaml")!r})))
+cfg = load_train_config({str(tmp_path / "train.yaml")!r}, ["lr=1e-4"])
+load_config(EvalConfig, None, ["benchmarks=[synthetic]"])
+print(json.dumps({{"torch": "torch" in sys.modules, "eps": cfg.estimator.eps}}))
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"torch": False, "eps": 0.1}
+
+
+def test_one_error_type_names_the_key_and_the_allowed_values():
+    with pytest.raises(ConfigError, match="model_dtype: must be 'float32', 'bfloat16' or 'float16', got 'float8'"):
         TrainConfig(model_dtype="float8")
-    with pytest.raises(ConfigError, match="engine: must be one of"):
+    with pytest.raises(ConfigError, match=r"engine: unknown rollout engine 'sglang'; known: \['hf', 'vllm'\]"):
         from_dict(EvalConfig, {"engine": "sglang"})
+    with pytest.raises(ConfigError, match=r"algorithm: unknown estimator 'ppo'; known: \['grpo'"):
+        from_dict(TrainConfig, {"algorithm": "ppo"})
+    with pytest.raises(ConfigError, match="sampling.max_new_tokens: must be a valid integer, got '48'"):
+        from_dict(TrainConfig, {"sampling": {"max_new_tokens": "48"}})
+    with pytest.raises(ConfigError, match=r"estimator.epz: unknown key; known keys of estimator: \['aggregation'"):
+        from_dict(TrainConfig, {"estimator": {"epz": 1}})
+    with pytest.raises(ConfigError, match=r"benchmarks\[1\]: unknown benchmark 'mmlu'"):
+        from_dict(EvalConfig, {"benchmarks": ["math500", "mmlu"]})
 
 
 def test_estimator_max_new_tokens_follows_sampling_and_is_not_a_setting():

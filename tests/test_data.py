@@ -4,20 +4,18 @@ import json
 
 import pytest
 
+from gmc.answers import last_boxed, normalize_gold
 from gmc.data import (
     BENCHMARKS,
     INSTRUCTION,
     PLAIN_TEMPLATE,
     DataError,
-    SyntheticTask,
-    eval_expression,
     format_prompt,
-    last_boxed,
     load_dataset,
     load_file,
-    normalize_gold,
-    solution_steps,
 )
+from gmc.settings import ConfigError
+from gmc.synthetic import SyntheticTask, eval_expression, solution_steps
 
 EXPECTED_SIZES = {"math500": 500, "aime24": 30, "aime25": 30, "amc23": 40, "minerva_math": 272, "olympiadbench": 675}
 
@@ -122,8 +120,10 @@ def test_synthetic_task_is_seeded_disjoint_and_correct():
 
 
 def test_synthetic_errors():
-    with pytest.raises(DataError, match="operators"):
+    with pytest.raises(ConfigError, match="synthetic.operators: must be a non-empty subset of"):
         SyntheticTask(operators="/")
+    with pytest.raises(ConfigError, match=r"synthetic.max_operands: must be >= min_operands \(4\)"):
+        SyntheticTask(min_operands=4)
     with pytest.raises(DataError, match="split"):
         SyntheticTask().generate("valid", 3)
     with pytest.raises(DataError, match="not an arithmetic expression"):

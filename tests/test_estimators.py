@@ -16,6 +16,7 @@ from gmc.estimators import (
     trajectory_log_ratios,
     trajectory_weights,
 )
+from gmc.settings import ConfigError
 
 DEFAULT_AGG = {"grpo": "seq_mean", "gspo": "seq_mean", "tis": "seq_mean"}
 
@@ -328,13 +329,13 @@ def test_is_weight_clamp_and_unknown_method():
 
 
 def test_config_validation_names_the_field():
-    with pytest.raises(ValueError, match="EstimatorConfig.eps "):
+    with pytest.raises(ConfigError, match="estimator.eps: must be greater than or equal to 0, got -0.1"):
         EstimatorConfig(eps=-0.1)
-    with pytest.raises(ValueError, match="aggregation"):
+    with pytest.raises(ConfigError, match="estimator.aggregation: must be 'token_mean', 'seq_mean' or 'seq_sum_const'"):
         EstimatorConfig(aggregation="mean")
-    with pytest.raises(ValueError, match="tic_mode"):
+    with pytest.raises(ConfigError, match="estimator.tic_mode: must be 'truncate' or 'ppo_min', got 'clip'"):
         EstimatorConfig(tic_mode="clip")
-    with pytest.raises(ValueError, match="max_new_tokens"):
+    with pytest.raises(ConfigError, match="estimator.max_new_tokens: must be greater than or equal to 1"):
         EstimatorConfig(max_new_tokens=0)
 
 

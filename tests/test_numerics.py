@@ -6,20 +6,9 @@ import pytest
 import torch
 
 from gmc.config import ConfigError, load_train_config
-from gmc.io import read_jsonl
 from gmc.trainer import Trainer, without_time
 
 FROZEN = 1e-30  # an Adam step of this size leaves every float32 weight unchanged
-
-
-def run(tmp_path, name, model_dir, steps=3, **overrides):
-    base = dict(model=str(model_dir), device="cpu", steps=steps, group_size=4, prompts_per_step=3,
-                checkpoint_every=0, seed=0)
-    base.update(overrides)
-    cfg = load_train_config(None, [f"{k}={v}" for k, v in base.items()])
-    out = tmp_path / name
-    Trainer(cfg, out, progress=False).run()
-    return out, read_jsonl(out / "metrics.jsonl")
 
 
 LATENCY = {"delay.mode": "latency", "delay.slots": 6, "delay.beta": 0.1}
@@ -33,10 +22,10 @@ FIXED = {"delay.mode": "fixed", "delay.d": 2}
     ("bfloat16", LATENCY, True, 0, 1e-3),
     ("bfloat16", FIXED, False, 0, 1e-3),
 ], ids=["f32-fixed", "f32-latency-ckpt-mb", "bf16-fixed-ckpt-mb", "bf16-latency-ckpt", "bf16-fixed"])
-def test_fixed_weights_give_zero_log_ratios(tmp_path, tiny_model_dir, dtype, delay, checkpointing, budget, tol):
+def test_fixed_weights_give_zero_log_ratios(tmp_path, train_small, dtype, delay, checkpointing, budget, tol):
     """With weights that never change, every trained trajectory log-ratio is 0 and no cap fires:
     the behaviour pass has the training forward's numerics whatever the batch and padding."""
-    _, metrics = run(tmp_path, "frozen", tiny_model_dir, algorithm="gmc", lr=FROZEN, model_dtype=dtype,
+    metrics = train_small(tmp_path / "frozen", algorithm="gmc", lr=FROZEN, model_dtype=dtype,
                      gradient_checkpointing=checkpointing, micro_batch_tokens=budget, **delay)
     assert any(r["async/staleness_max"] > 0 for r in metrics)
     for r in metrics:
@@ -44,28 +33,28 @@ def test_fixed_weights_give_zero_log_ratios(tmp_path, tiny_model_dir, dtype, del
         assert r["ratio/frac_groups_capped"] == 0
 
 
-def mean_weight_change(tmp_path, name, tiny_model_dir, **overrides):
+def mean_weight_change(out, train_small, tiny_model_dir, **overrides):
     from gmc.policy import load_policy
 
-    out, _ = run(tmp_path, name, tiny_model_dir, steps=4, lr=1e-6, checkpoint_every=4, **overrides)
+    train_small(out, steps=4, lr=1e-6, checkpoint_every=4, **overrides)
     final = torch.load(out / "checkpoint.pt", weights_only=False)["model"]
     start, _ = load_policy(str(tiny_model_dir), "float32", "cpu")
     deltas = [(final[k].float() - v.to(final[k].dtype).float()).abs().mean() for k, v in start.state_dict().items()]
     return float(torch.stack(deltas).mean())
 
 
-def test_bfloat16_at_small_lr_moves_the_weights_like_float32(tmp_path, tiny_model_dir):
-    f32 = mean_weight_change(tmp_path, "f32", tiny_model_dir)
-    bf16 = mean_weight_change(tmp_path, "bf16", tiny_model_dir, model_dtype="bfloat16")
-    rounded = mean_weight_change(tmp_path, "bf16_inplace", tiny_model_dir, model_dtype="bfloat16",
+def test_bfloat16_at_small_lr_moves_the_weights_like_float32(tmp_path, train_small, tiny_model_dir):
+    f32 = mean_weight_change(tmp_path / "f32", train_small, tiny_model_dir)
+    bf16 = mean_weight_change(tmp_path / "bf16", train_small, tiny_model_dir, model_dtype="bfloat16")
+    rounded = mean_weight_change(tmp_path / "bf16_inplace", train_small, tiny_model_dir, model_dtype="bfloat16",
                                  master_weights=False)
     assert 0.5 < bf16 / f32 < 2, (f32, bf16)
     assert rounded < 0.2 * f32, (f32, rounded)  # without masters, most updates round away
 
 
-def test_micro_batched_run_matches_the_whole_batch_run(tmp_path, tiny_model_dir):
-    _, whole = run(tmp_path, "whole", tiny_model_dir, algorithm="gmc", **FIXED)
-    _, micro = run(tmp_path, "micro", tiny_model_dir, algorithm="gmc", micro_batch_tokens=64, **FIXED)
+def test_micro_batched_run_matches_the_whole_batch_run(tmp_path, train_small):
+    whole = train_small(tmp_path / "whole", algorithm="gmc", **FIXED)
+    micro = train_small(tmp_path / "micro", algorithm="gmc", micro_batch_tokens=64, **FIXED)
     assert len(whole) == len(micro) == 3
     for a, b in zip(without_time(whole), without_time(micro)):
         assert a.keys() == b.keys()
@@ -73,7 +62,7 @@ def test_micro_batched_run_matches_the_whole_batch_run(tmp_path, tiny_model_dir)
             assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-5), key  # 1e-5: float32 rounding
 
 
-def test_kl_to_a_frozen_reference(tmp_path, tiny_model_dir):
+def test_kl_to_a_frozen_reference(tmp_path, tiny_model_dir, train_small):
     cfg = load_train_config(None, [f"model={tiny_model_dir}", "device=cpu", "estimator.kl_coef=0.1"])
     trainer = Trainer(cfg, tmp_path / "kl_setup", progress=False)
     ref = trainer.update.reference
@@ -83,23 +72,18 @@ def test_kl_to_a_frozen_reference(tmp_path, tiny_model_dir):
                     progress=False)
     assert plain.update.reference is None
     plain.grader.close()
-    _, metrics = run(tmp_path, "kl", tiny_model_dir, lr=1e-3, micro_batch_tokens=64,
-                     **{"estimator.kl_coef": 0.1})
+    metrics = train_small(tmp_path / "kl", lr=1e-3, micro_batch_tokens=64, **{"estimator.kl_coef": 0.1})
     assert metrics[0]["loss/kl"] == 0  # the reference is the starting policy
     assert metrics[-1]["loss/kl"] > 0
     for r in metrics:
         assert r["loss/total"] == pytest.approx(r["loss/pg"] + 0.1 * r["loss/kl"], rel=1e-5, abs=1e-7)
 
 
-def test_log_probs_are_those_of_the_sampled_temperature(tmp_path, tiny_model_dir):
+def test_log_probs_are_those_of_the_sampled_temperature(tmp_path, train_small):
     """At temperature 0.7 the trainer's behaviour log-probs equal the sampler's (which are of
     softmax(logits / 0.7)); top_p < 1 is refused for training."""
-    cfg = load_train_config(None, [f"model={tiny_model_dir}", "device=cpu", "delay.d=2", "group_size=4",
-                                   "sampling.temperature=0.7"])
-    trainer = Trainer(cfg, tmp_path / "t07", progress=False)
-    trainer._make_groups(2, version=0)
-    assert trainer._rollout_metrics()["rollout/logp_mismatch_max"] < 1e-4
-    trainer.grader.close()
+    metrics = train_small(tmp_path / "t07", steps=2, **{"delay.d": 2, "sampling.temperature": 0.7})
+    assert all(r["rollout/logp_mismatch_max"] < 1e-4 for r in metrics)
     with pytest.raises(ConfigError, match="sampling.top_p"):
         load_train_config(None, ["sampling.top_p=0.9"])
     with pytest.raises(ConfigError, match="micro_batch_tokens"):

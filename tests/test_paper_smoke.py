@@ -13,9 +13,10 @@ import pandas as pd
 import pytest
 import torch
 import yaml
-from test_workflow import REPO, run, workdir
 
-from gmc.tracking import flatten
+from gmc.io import flatten
+
+REPO = Path(__file__).resolve().parents[1]
 
 PRESETS = REPO / "workflow" / "presets"
 SMOKE = yaml.safe_load((PRESETS / "paper_smoke.yaml").read_text())
@@ -43,8 +44,8 @@ def test_smoke_preset_keeps_the_paper_settings():
     assert set(SMOKE["evaluate"]["samples"]) == set(PAPER["evaluate"]["samples"]) and SMOKE["evaluate"]["limit"] >= 2
 
 
-def test_smoke_preset_dry_run_plans_the_expected_jobs(tmp_path):
-    out = run(["-n", "--cores", "2"], cwd=workdir(tmp_path, PRESETS / "paper_smoke.yaml"))
+def test_smoke_preset_dry_run_plans_the_expected_jobs(tmp_path, snakemake):
+    out = snakemake(["-n", "--cores", "2", "--configfile", str(PRESETS / "paper_smoke.yaml")], cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     counts = {}
     for line in (out.stdout + out.stderr).splitlines():

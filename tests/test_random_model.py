@@ -14,8 +14,8 @@ def random_model_dir(tmp_path_factory, shared_data):
     from gmc.cli import main
 
     out = tmp_path_factory.mktemp("models") / "random-qwen3"
-    main(["build-random-model", "--out", str(out), "--hidden-size", "32", "--intermediate-size", "96",
-          "--num-layers", "1", "--seed", "3", "--data-root", str(shared_data)])
+    main(["build-random-model", "--out", str(out), "--set", "hidden_size=32", "--set", "intermediate_size=96",
+          "--set", "num_layers=1", "--set", "seed=3", "--data-root", str(shared_data)])
     return out
 
 

@@ -55,11 +55,14 @@ def test_diagnostic_names_cover_every_estimator_once():
 def test_delay_modes_build_their_sources_and_bad_modes_list_the_registry():
     for mode, entry in DELAY_MODES.items():
         assert entry.label
-        source = make_source(DelayConfig(mode=mode, d=2), lambda n, v: [], 2)
+        source = make_source(DelayConfig(mode=mode, d=2), None, 2)
         assert isinstance(source, asynchrony.SyncSource)
-    assert isinstance(make_source(DelayConfig(mode="latency"), lambda n, v: [], 2), LatencySource)
+    assert isinstance(make_source(DelayConfig(mode="latency"), None, 2), LatencySource)
     assert named_delays() == ["latency"]
-    with pytest.raises(ValueError, match=r"delay.mode must be one of \['sync', 'fixed', 'latency'\]"):
+    # whether a run can train on-policy is the delay mode's answer alone
+    assert [asynchrony.on_policy(DelayConfig(mode=m, d=d)) for m, d in
+            (("sync", 0), ("fixed", 0), ("fixed", 1), ("latency", 0))] == [True, True, False, False]
+    with pytest.raises(ValueError, match=r"delay.mode: unknown delay mode 'bursty'; known: \['sync', 'fixed', 'latency'\]"):
         DelayConfig(mode="bursty")
 
 
@@ -120,3 +123,65 @@ def test_staleness_stats_without_torch_are_exact():
     stats = asynchrony.staleness_stats(groups)
     assert stats == {"async/staleness_mean": pytest.approx(5 / 3), "async/staleness_max": 3.0,
                      "async/staleness_min": 0.0}
+
+
+# ---------------------------------------------------------------------------------------------
+# a new rollout engine, figure or table is one registry entry (docs/extending.md)
+
+
+CALLS: list[int] = []
+
+
+def counting_engine(model, tokenizer, model_path, seed, settings, dtype):
+    """An engine that samples like the HF engine and counts its calls."""
+    from gmc.rollout import HFEngine
+
+    class Counting(HFEngine):
+        def generate(self, prompts, n, sampling):
+            CALLS.append(len(prompts))
+            return super().generate(prompts, n, sampling)
+
+    return Counting(model, tokenizer, seed=seed)
+
+
+def test_a_new_rollout_engine_needs_only_its_registry_entry(tmp_path, monkeypatch, train_small):
+    from gmc.engines import ENGINES, Engine
+
+    CALLS.clear()
+    monkeypatch.setitem(ENGINES, "counting", Engine(f"{__name__}:counting_engine", "counting HF engine", ("cpu",),
+                                                    shares_model=True))
+    metrics = train_small(tmp_path / "run", steps=2, engine="counting", **{"delay.d": 1})
+    assert len(metrics) == 2 and CALLS == [3, 3, 3]  # the prefill batch and one per step
+    plain = train_small(tmp_path / "plain", steps=2, **{"delay.d": 1})
+    assert [r["train/loss"] for r in metrics] == [r["train/loss"] for r in plain]
+
+
+def extra_figure(frame, out):
+    from gmc.plots import panel_row, save_both
+
+    fig, (ax,) = panel_row(1)
+    ax.bar(frame["algorithm"], frame["rollout/reward_mean_last20"])
+    return save_both(fig, out, "extra_figure")
+
+
+def extra_table(runs, base):
+    from gmc.analysis import Rendered
+
+    table = runs[["algorithm", "delay"]].drop_duplicates()
+    return Rendered(table, table.to_string(), "")
+
+
+def test_a_new_figure_and_table_need_only_their_registry_entries(tmp_path, monkeypatch, load_rules):
+    from gmc import outputs
+    from gmc.outputs import Output
+
+    monkeypatch.setitem(outputs.FIGURES, "extra_figure", Output(f"{__name__}:extra_figure", "Rewards as bars."))
+    monkeypatch.setitem(outputs.TABLES, "extra_table", Output(f"{__name__}:extra_table", "The points."))
+    _fake_results(tmp_path, [("gmc", "0", 4), ("gmc", "8", 4)])
+    assert "extra_table" in analysis.write_tables(tmp_path)
+    assert {p.name for p in plots.run_figures(tmp_path)} >= {"extra_figure.png", "extra_figure.pdf"}
+    assert (tmp_path / "tables" / "extra_table.md").read_text().strip().startswith("algorithm")
+    # the workflow's rules read the same registries
+    rules = load_rules(tmp_path / "wf")
+    assert {Path(f).name for f in rules["figures_from_results"].output} >= {"extra_figure.png", "extra_figure.pdf"}
+    assert {Path(f).name for f in rules["tables"].output} >= {f"extra_table.{e}" for e in ("csv", "md", "tex")}

@@ -1,4 +1,4 @@
-"""Reliability: no fault or hostile input loses a run, corrupts it, or stalls it (issue 12).
+"""Reliability: no fault or hostile input loses a run, corrupts it, or stalls it.
 
 Each test is one case a hostile user tried: a changed-config resume, two owners of one run
 directory, damaged checkpoints, non-finite weights, nonsense config values, hostile grading
@@ -21,20 +21,22 @@ from gmc.config import ConfigError, load_config, load_train_config
 from gmc.rundir import CheckpointError, ConfigMismatch, RunDir, RunDirBusy
 from gmc.trainer import NonFiniteError, Trainer, read_jsonl, without_time
 
+RUN = dict(steps=4, prompts_per_step=2, checkpoint_every=2, **{"sampling.max_new_tokens": 24})
+"""Four steps with checkpoints at steps 2 and 4."""
 
-def small(model_dir, **overrides):
-    base = dict(model=str(model_dir), device="cpu", steps=4, group_size=4, prompts_per_step=2,
-                checkpoint_every=2, seed=0, **{"sampling.max_new_tokens": 24})
-    base.update(overrides)
-    return load_train_config(None, [f"{k}={v}" for k, v in base.items()])
+
+@pytest.fixture(scope="session")
+def small(small_config):
+    """``small(**overrides)``: the config of this module's run, :data:`RUN`."""
+    return lambda **overrides: small_config(**{**RUN, **overrides})
 
 
 
 @pytest.fixture(scope="module")
-def straight(tmp_path_factory, tiny_model_dir):
+def straight(tmp_path_factory, small):
     """An uninterrupted 4-step run with checkpoints at steps 2 and 4."""
     out = tmp_path_factory.mktemp("straight") / "run"
-    Trainer(small(tiny_model_dir), out, progress=False).run()
+    Trainer(small(), out, progress=False).run()
     return out
 
 
@@ -48,30 +50,30 @@ def copy_run(src, dst):
 # 1. a resume with another config is refused, never mixed
 
 
-def test_resume_with_a_changed_config_is_refused(straight, tmp_path, tiny_model_dir):
+def test_resume_with_a_changed_config_is_refused(straight, tmp_path, small):
     out = copy_run(straight, tmp_path / "run")
     before = {p.name: p.stat().st_mtime_ns for p in out.iterdir() if p.name != ".lock"}
     with pytest.raises(ConfigMismatch, match=r"changed: lr\b"):
-        Trainer(small(tiny_model_dir, lr=1e-4), out, resume=True, progress=False)
+        Trainer(small(lr=1e-4), out, resume=True, progress=False)
     # refused twice in a row: nothing of the old run was touched or replaced
     with pytest.raises(ConfigMismatch, match="mix two runs"):
-        Trainer(small(tiny_model_dir, lr=1e-4), out, resume=True, progress=False)
+        Trainer(small(lr=1e-4), out, resume=True, progress=False)
     assert {p.name: p.stat().st_mtime_ns for p in out.iterdir() if p.name != ".lock"} == before
 
 
-def test_finished_run_resumed_with_another_config_is_refused(straight, tmp_path, tiny_model_dir):
+def test_finished_run_resumed_with_another_config_is_refused(straight, tmp_path, small):
     out = tmp_path / "run"
     shutil.copytree(straight, out)
     with pytest.raises(ConfigMismatch, match="seed"):
-        Trainer(small(tiny_model_dir, seed=1), out, resume=True, progress=False)
+        Trainer(small(seed=1), out, resume=True, progress=False)
     assert (out / "summary.json").exists() and (out / "model").is_dir()
 
 
-def test_resume_from_an_earlier_checkpoint_unmarks_the_finished_run(straight, tmp_path, tiny_model_dir):
+def test_resume_from_an_earlier_checkpoint_unmarks_the_finished_run(straight, tmp_path, small):
     out = tmp_path / "run"
     shutil.copytree(straight, out)
     (out / "checkpoint.pt").write_bytes(b"")  # the latest is lost: the run goes back to step 2
-    trainer = Trainer(small(tiny_model_dir), out, resume=True, progress=False)
+    trainer = Trainer(small(), out, resume=True, progress=False)
     assert trainer.step == 2
     assert not (out / "summary.json").exists() and not (out / "model").exists()
     trainer.run()
@@ -82,15 +84,15 @@ def test_resume_from_an_earlier_checkpoint_unmarks_the_finished_run(straight, tm
 # 2. one owner per run directory
 
 
-def test_two_runs_on_one_directory(tmp_path, tiny_model_dir):
+def test_two_runs_on_one_directory(tmp_path, small):
     out = tmp_path / "run"
-    first = Trainer(small(tiny_model_dir, steps=1), out, progress=False)
+    first = Trainer(small(steps=1), out, progress=False)
     with pytest.raises(RunDirBusy, match=f"pid {os.getpid()}"):
-        Trainer(small(tiny_model_dir, steps=1, seed=1), out, progress=False)
+        Trainer(small(steps=1, seed=1), out, progress=False)
     first.run()
     assert yaml.safe_load((out / "config.yaml").read_text())["seed"] == 0
     # the lock went with the run: the directory can be resumed
-    Trainer(small(tiny_model_dir, steps=1), out, resume=True, progress=False).run()
+    Trainer(small(steps=1), out, resume=True, progress=False).run()
 
 
 def test_lock_of_a_killed_owner_is_taken_over(tmp_path, caplog):
@@ -115,14 +117,14 @@ def test_lock_of_a_killed_owner_is_taken_over(tmp_path, caplog):
 # 3. checkpoints prove themselves
 
 
-def test_corrupted_checkpoint_falls_back_to_the_previous_one(straight, tmp_path, tiny_model_dir, caplog):
+def test_corrupted_checkpoint_falls_back_to_the_previous_one(straight, tmp_path, small, caplog):
     out = copy_run(straight, tmp_path / "run")
     data = bytearray((out / "checkpoint.pt").read_bytes())
     mid = len(data) // 2
     data[mid : mid + 14] = b"\x13" * 14  # 14 bytes of garbage inside a tensor record
     (out / "checkpoint.pt").write_bytes(bytes(data))
     with caplog.at_level(logging.WARNING):
-        trainer = Trainer(small(tiny_model_dir), out, resume=True, progress=False)
+        trainer = Trainer(small(), out, resume=True, progress=False)
     assert trainer.step == 2
     assert "checkpoint.pt: corrupted" in caplog.text and "previous checkpoint checkpoint.prev.pt" in caplog.text
     trainer.run()
@@ -131,13 +133,13 @@ def test_corrupted_checkpoint_falls_back_to_the_previous_one(straight, tmp_path,
 
 
 @pytest.mark.parametrize("damage", ["truncated", "empty"])
-def test_unreadable_checkpoints_name_the_files(straight, tmp_path, tiny_model_dir, damage):
+def test_unreadable_checkpoints_name_the_files(straight, tmp_path, small, damage):
     out = copy_run(straight, tmp_path / "run")
     for name in ("checkpoint.pt", "checkpoint.prev.pt"):
         path = out / name
         path.write_bytes(path.read_bytes()[: path.stat().st_size // 2] if damage == "truncated" else b"")
     with pytest.raises(CheckpointError, match=r"checkpoint\.pt: not a complete checkpoint.*checkpoint\.prev\.pt"):
-        Trainer(small(tiny_model_dir), out, resume=True, progress=False)
+        Trainer(small(), out, resume=True, progress=False)
     RunDir(out).acquire()  # the failed start released the lock
 
 
@@ -159,11 +161,13 @@ def test_checkpoint_write_is_durable_and_rotates(tmp_path, monkeypatch):
 # 4. weights that are not finite are never checkpointed
 
 
-def test_nonfinite_weights_are_not_checkpointed(tmp_path, tiny_model_dir):
-    with pytest.raises(ConfigError, match="lr: must be a finite number"):
-        small(tiny_model_dir, lr="inf")
+def test_nonfinite_weights_are_not_checkpointed(tmp_path, small):
+    with pytest.raises(ConfigError, match="lr: must be a finite number, got inf"):
+        small(lr=".inf")
+    with pytest.raises(ConfigError, match="lr: must be a valid number, got 'inf'"):
+        small(lr="inf")
     # finite settings whose first update overflows float32: a norm weight near 1 times -3.3e38, minus 3e37
-    cfg = small(tiny_model_dir, lr=3e37, weight_decay=11.0, checkpoint_every=1)
+    cfg = small(lr=3e37, weight_decay=11.0, checkpoint_every=1)
     out = tmp_path / "run"
     with pytest.raises(NonFiniteError, match="weight tensors are not finite after step 1"):
         Trainer(cfg, out, progress=False).run()
@@ -174,14 +178,14 @@ def test_nonfinite_weights_are_not_checkpointed(tmp_path, tiny_model_dir):
 # 8. leftovers of interrupted writes are removed by the next owner
 
 
-def test_temp_files_of_interrupted_writes_are_cleaned(straight, tmp_path, tiny_model_dir):
+def test_temp_files_of_interrupted_writes_are_cleaned(straight, tmp_path, small):
     out = copy_run(straight, tmp_path / "run")
     (out / ".checkpoint.pt.k2j3.tmp").write_bytes(b"x" * 1000)
     (out / ".metrics.jsonl.abc.tmp").write_text("{}\n")
     (out / ".model.q9x.tmp").mkdir()
     (out / ".model.q9x.tmp" / "model.safetensors").write_bytes(b"partial")
     (out / ".model.old").mkdir()
-    trainer = Trainer(small(tiny_model_dir), out, resume=True, progress=False)
+    trainer = Trainer(small(), out, resume=True, progress=False)
     trainer.run()
     assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == [".lock"]
 
@@ -256,15 +260,15 @@ HOSTILE = {
 
 @pytest.mark.parametrize("name", HOSTILE)
 def test_answer_extraction_is_linear_time(name):
-    from gmc.rewards import extract_answer
+    from gmc.answers import extract_answer
 
     start = time.perf_counter()
     extract_answer(HOSTILE[name])
-    assert time.perf_counter() - start < 1.0  # before: 10 s for 20k newlines, 5.7 s for 20k "\boxed{"
+    assert time.perf_counter() - start < 1.0  # a backtracking extraction took 10 s and 5.7 s here
 
 
 def test_extraction_keeps_its_meaning():
-    from gmc.rewards import extract_answer
+    from gmc.answers import extract_answer
 
     assert extract_answer("The answer is 3.5.") == "3.5"  # a decimal point does not end the answer
     assert extract_answer("The answer is 5. The final answer is 6.") == "6"
@@ -308,13 +312,13 @@ def no_model_load(monkeypatch):
     (b'{"problem": "1+1", "answer": {"a": 1}}', r"train\.jsonl:2: field 'answer' must be text"),
     (b'{"problem": 7, "answer": "2"}', r"train\.jsonl:2: field 'problem' must be text"),
 ])
-def test_bad_training_data_is_named_before_the_model_loads(tmp_path, tiny_model_dir, no_model_load, line, message):
+def test_bad_training_data_is_named_before_the_model_loads(tmp_path, small, no_model_load, line, message):
     from gmc.data import DataError
 
     data = tmp_path / "train.jsonl"
     data.write_bytes(b'{"problem": "2+2", "answer": "4"}\n' + line + b"\n")
     with pytest.raises(DataError, match=message):
-        Trainer(small(tiny_model_dir, train_data=str(data)), tmp_path / "run", progress=False)
+        Trainer(small(train_data=str(data)), tmp_path / "run", progress=False)
     RunDir(tmp_path / "run").acquire()  # the failed start released the lock
 
 

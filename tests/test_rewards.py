@@ -4,11 +4,10 @@ import time
 
 import pytest
 
+from gmc.answers import clean_answer, extract_answer
 from gmc.rewards import (
     Grade,
     Grader,
-    clean_answer,
-    extract_answer,
     grade,
     grade_batch,
     grade_oracle,

@@ -5,8 +5,9 @@ import json
 import pytest
 import torch
 
-from gmc.data import PLAIN_TEMPLATE, SyntheticTask
+from gmc.data import PLAIN_TEMPLATE
 from gmc.decoding import HFDecoder, Qwen3Decoder, make_decoder
+from gmc.engines import SamplingConfig, VLLMConfig, make_engine
 from gmc.policy import (
     load_policy,
     position_ids_from_mask,
@@ -14,15 +15,13 @@ from gmc.policy import (
 )
 from gmc.rollout import (
     HFEngine,
-    SamplingConfig,
-    VLLMConfig,
     _mix,
     _sample_next,
     end_token_ids,
-    make_engine,
     stream_keys,
     stream_uniforms,
 )
+from gmc.synthetic import SyntheticTask
 from gmc.update import Rows, sequence_logprobs
 
 
@@ -321,7 +320,7 @@ def test_sampling_config_and_engine_errors():
         VLLMConfig(gpu_memory_utilization=1.5)
     with pytest.raises(ValueError, match="vllm.dtype"):
         VLLMConfig(dtype="int8")
-    with pytest.raises(ValueError, match="'hf' or 'vllm'"):
+    with pytest.raises(ValueError, match=r"engine: unknown rollout engine 'sglang'; known: \['hf', 'vllm'\]"):
         make_engine("sglang", None, None)
 
 

@@ -208,9 +208,9 @@ def test_padded_tokens_respect_the_budget():
 
 
 def test_estimators_create_tensors_on_their_inputs_device():
-    """Run every estimator with CPU inputs while factory functions default to the meta device:
-    a tensor built without its inputs' device (the old ``torch.quantile`` line) lands on meta
-    and the call fails."""
+    """Run every estimator with CPU inputs while factory functions default to the meta device: a
+    tensor built without its inputs' device (a ``torch.quantile`` q made on the CPU, say) lands on
+    meta and the call fails."""
     groups = random_groups(seed=8)
     model = random_model(seed=9)
     reference = copy.deepcopy(model)

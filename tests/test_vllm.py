@@ -17,9 +17,10 @@ import pytest
 import torch
 from test_rollout_policy import packed, prompts_for, recomputed_logprobs
 
+from gmc.engines import SamplingConfig, VLLMConfig, make_engine
 from gmc.io import read_jsonl
 from gmc.policy import load_policy, position_ids_from_mask
-from gmc.rollout import HFEngine, SamplingConfig, VLLMConfig, make_engine
+from gmc.rollout import HFEngine
 
 pytestmark = [pytest.mark.vllm,
               pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")]

@@ -11,12 +11,6 @@ import pandas as pd
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SNAKEMAKE = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile")]
-
-
-def run(args, cwd, timeout=600):
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-    return subprocess.run([*SNAKEMAKE, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def workdir(tmp_path, config: Path) -> Path:
@@ -24,14 +18,14 @@ def workdir(tmp_path, config: Path) -> Path:
     return tmp_path
 
 
-def test_lint():
-    out = run(["--lint", "--cores", "1"], cwd=REPO)
+def test_lint(snakemake):
+    out = snakemake(["--lint", "--cores", "1"], cwd=REPO)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "Congratulations" in out.stdout + out.stderr
 
 
-def test_default_config_dry_run_plans_the_sweep(tmp_path):
-    out = run(["-n", "--cores", "2"], cwd=workdir(tmp_path, REPO / "config.yaml"))
+def test_default_config_dry_run_plans_the_sweep(tmp_path, snakemake):
+    out = snakemake(["-n", "--cores", "2"], cwd=workdir(tmp_path, REPO / "config.yaml"))
     assert out.returncode == 0, out.stderr
     text = out.stdout + out.stderr
     assert "build_tiny_model" in text and "theory_lab" in text
@@ -41,8 +35,8 @@ def test_default_config_dry_run_plans_the_sweep(tmp_path):
     assert int(train_jobs[0].split()[-1]) == (3 * 2 + 2 + 1) * 3  # (grid + is, none + latency gmc) x 3 seeds
 
 
-def test_paper_preset_dry_run_plans_the_full_sweep(tmp_path):
-    out = run(["-n", "--cores", "2"], cwd=workdir(tmp_path, REPO / "workflow" / "presets" / "paper.yaml"))
+def test_paper_preset_dry_run_plans_the_full_sweep(tmp_path, snakemake):
+    out = snakemake(["-n", "--cores", "2"], cwd=workdir(tmp_path, REPO / "workflow" / "presets" / "paper.yaml"))
     assert out.returncode == 0, out.stderr
     text = out.stdout + out.stderr
     train_jobs = [line for line in text.splitlines() if line.strip().startswith("train ")]
@@ -52,26 +46,26 @@ def test_paper_preset_dry_run_plans_the_full_sweep(tmp_path):
     assert "fetch_model" in text and "delay~128/group~32" in text
 
 
-def test_bad_config_value_names_key_and_allowed_values(tmp_path):
+def test_bad_config_value_names_key_and_allowed_values(tmp_path, snakemake):
     cfg = (REPO / "config.yaml").read_text().replace("algorithms: [grpo, tic, gmc]", "algorithms: [grpo, ppo]", 1)
     (tmp_path / "config.yaml").write_text(cfg)
-    out = run(["-n", "--cores", "1"], cwd=tmp_path)
+    out = snakemake(["-n", "--cores", "1"], cwd=tmp_path)
     assert out.returncode != 0
     text = out.stdout + out.stderr
     assert "ppo" in text and "algorithms" in text and "gmc" in text
 
 
-def test_unknown_config_key_is_rejected(tmp_path):
+def test_unknown_config_key_is_rejected(tmp_path, snakemake):
     cfg = (REPO / "config.yaml").read_text() + "\nsweeep: {}\n"
     (tmp_path / "config.yaml").write_text(cfg)
-    out = run(["-n", "--cores", "1"], cwd=tmp_path)
+    out = snakemake(["-n", "--cores", "1"], cwd=tmp_path)
     assert out.returncode != 0 and "sweeep" in out.stdout + out.stderr
 
 
 @pytest.mark.slow
-def test_end_to_end_tiny_sweep(tmp_path):
+def test_end_to_end_tiny_sweep(tmp_path, snakemake):
     wd = workdir(tmp_path, REPO / "tests" / "data" / "workflow_config.yaml")
-    out = run(["--cores", "2"], cwd=wd, timeout=900)
+    out = snakemake(["--cores", "2"], cwd=wd, timeout=900)
     assert out.returncode == 0, out.stderr[-5000:]
     results = wd / "results"
     runs = sorted((results / "train").glob("algo~*/delay~*/group~*/seed~*/summary.json"))
@@ -106,7 +100,7 @@ def test_end_to_end_tiny_sweep(tmp_path):
     assert base["problems"] == 8 and base["k"] == 2
 
     # a second invocation has nothing to do
-    again = run(["--cores", "2"], cwd=wd)
+    again = snakemake(["--cores", "2"], cwd=wd)
     assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
 
     # figures and tables from cached results: from an exported bundle, without training
@@ -121,7 +115,7 @@ def test_end_to_end_tiny_sweep(tmp_path):
     assert not list(fresh.glob("train/**/checkpoint.pt"))
 
     # the HTML report
-    rep = run(["--report", str(tmp_path / "report.html")], cwd=wd)
+    rep = snakemake(["--report", str(tmp_path / "report.html")], cwd=wd)
     assert rep.returncode == 0, rep.stderr[-3000:]
     assert (tmp_path / "report.html").stat().st_size > 10_000
 
@@ -132,32 +126,8 @@ SLURM_PROFILE = REPO / "workflow" / "profiles" / "slurm" / "config.yaml"
 SITE_VARS = ("GMC_SLURM_ACCOUNT", "GMC_SLURM_PARTITION", "GMC_SLURM_GPU_PARTITION", "GMC_SLURM_GPU_MODEL")
 
 
-def load_rules(tmp_path, overwrite_resources=None) -> dict:
-    """The workflow's rules as Snakemake builds them (name -> rule), with set-resources applied."""
-    from snakemake.api import SnakemakeApi
-    from snakemake.settings.types import (
-        ConfigSettings,
-        OutputSettings,
-        ResourceSettings,
-        StorageSettings,
-    )
-
-    tmp_path.mkdir(exist_ok=True)
-    shutil.copy(REPO / "config.yaml", tmp_path / "config.yaml")
-    cwd = os.getcwd()
-    os.chdir(tmp_path)
-    try:
-        with SnakemakeApi(OutputSettings()) as api:
-            wf = api.workflow(resource_settings=ResourceSettings(overwrite_resources=overwrite_resources or {}),
-                              config_settings=ConfigSettings(), storage_settings=StorageSettings(),
-                              snakefile=REPO / "Snakefile", workdir=tmp_path)
-            return {r.name: r for r in wf._workflow.rules}
-    finally:
-        os.chdir(cwd)
-
-
-def test_default_profile_is_loaded_without_profile_option(tmp_path):
-    out = run(["-n", "-p", "--cores", "2"], cwd=workdir(tmp_path, REPO / "config.yaml"))
+def test_default_profile_is_loaded_without_profile_option(tmp_path, snakemake):
+    out = snakemake(["-n", "-p", "--cores", "2"], cwd=workdir(tmp_path, REPO / "config.yaml"))
     assert out.returncode == 0, out.stderr
     assert f"workflow specific profile {REPO / 'profiles' / 'default'}" in out.stderr
     # its set-threads reach the jobs: evaluate_base gets 2 threads
@@ -190,14 +160,14 @@ def test_slurm_profile_takes_site_values_from_the_environment(monkeypatch):
 
 
 @pytest.mark.skipif(shutil.which("sbatch") is None, reason="needs the SLURM client commands (make test-slurm)")
-def test_slurm_profile_dry_run(tmp_path):
+def test_slurm_profile_dry_run(tmp_path, snakemake):
     pytest.importorskip("snakemake_executor_plugin_slurm")
-    out = run(["-n", "--workflow-profile", str(SLURM_PROFILE.parent)], cwd=workdir(tmp_path, REPO / "config.yaml"))
+    out = snakemake(["-n", "--workflow-profile", str(SLURM_PROFILE.parent)], cwd=workdir(tmp_path, REPO / "config.yaml"))
     assert out.returncode == 0, out.stderr
     assert "runtime=1440, cpus_per_task=16, gpu=1" in out.stdout  # the train jobs, as the profile sizes them
 
 
-def test_small_jobs_run_on_the_submitting_machine(tmp_path):
+def test_small_jobs_run_on_the_submitting_machine(tmp_path, load_rules):
     rules = load_rules(tmp_path)
     local = {name for name, rule in rules.items() if name in rule.workflow._localrules}
     assert {"prepare_data", "train_config", "eval_config", "mlflow_sweep", "mlflow_sync", "tables",
@@ -205,7 +175,7 @@ def test_small_jobs_run_on_the_submitting_machine(tmp_path):
     assert not {"build_tiny_model", "train", "evaluate", "evaluate_base"} & local
 
 
-def test_conda_env_per_rule_follows_the_gpus_the_profile_gives(tmp_path):
+def test_conda_env_per_rule_follows_the_gpus_the_profile_gives(tmp_path, load_rules):
     cpu_only = load_rules(tmp_path / "cpu")
     assert {r.conda_env for r in cpu_only.values() if r.conda_env} == {"../../envs/cpu.yaml"}
     with_gpus = load_rules(tmp_path / "gpu", {"train": {"gpu": 1}, "evaluate": {"gpu": 1}})
@@ -241,7 +211,7 @@ def test_conda_env_installs_the_project_from_its_copied_location(tmp_path, name)
     assert resolve("-e ..").returncode != 0
 
 
-def test_workflow_sets_the_checkout_for_the_conda_envs(tmp_path, monkeypatch):
+def test_workflow_sets_the_checkout_for_the_conda_envs(tmp_path, monkeypatch, load_rules):
     monkeypatch.delenv("GMC_REPO", raising=False)
     load_rules(tmp_path)
     assert os.environ["GMC_REPO"] == str(REPO)

@@ -1,9 +1,13 @@
-# Sweep points, paths and helpers shared by the rules. Every output path names its parameters.
+# Sweep points, paths and helpers shared by the rules. Every output path names its parameters
+# (gmc.sweep.POINT); tables, figures and theory files come from the registries of gmc.outputs.
 import itertools
 import os
+import shlex
 from pathlib import Path
 
 from gmc.asynchrony import named_delays
+from gmc.outputs import FIGURES, TABLES, THEORY_FILES, figure_files, table_files
+from gmc.sweep import POINT, point_path
 
 RESULTS = config["results"]
 # conda environments for --sdm conda: envs/cpu.yaml for every job except those given GPUs, which
@@ -23,9 +27,7 @@ def conda_env(rule, config_gpus):
 
 SWEEP = config["sweep"]
 # delay modes swept by name (delay~latency), each with its config section (gmc.asynchrony.DELAY_MODES)
-NAMED_DELAYS = {
-    m: config[m] for m in named_delays() if m in config and config[m]["enabled"]
-}
+NAMED_DELAYS = {m: config[m] for m in named_delays() if config[m]["enabled"]}
 BENCHMARKS = config["evaluate"]["benchmarks"]
 
 
@@ -42,24 +44,18 @@ def _run_dirs():
             SWEEP["algorithms"], SWEEP["delays"], SWEEP["group_sizes"], SWEEP["seeds"]
         )
     )
-    refs = SWEEP.get("references") or {"algorithms": [], "delays": []}
+    refs = SWEEP["references"]
     points += itertools.product(
         refs["algorithms"], refs["delays"], SWEEP["group_sizes"], SWEEP["seeds"]
     )
-    dirs = list(
-        dict.fromkeys(
-            f"{RESULTS}/train/algo~{a}/delay~{d}/group~{g}/seed~{s}"
-            for a, d, g, s in points
-        )
-    )
     for mode, section in NAMED_DELAYS.items():
-        dirs += [
-            f"{RESULTS}/train/algo~{a}/delay~{mode}/group~{g}/seed~{s}"
+        points += [
+            (a, mode, g, s)
             for a, g, s in itertools.product(
                 section["algorithms"], section["group_sizes"], SWEEP["seeds"]
             )
         ]
-    return dirs
+    return list(dict.fromkeys(f"{RESULTS}/train/{point_path(*p)}" for p in points))
 
 
 def _model_dir():
@@ -78,30 +74,11 @@ EVAL_DIRS = [
 ] + [f"{RESULTS}/eval/base"]
 EVAL_DONE = [f"{d}/{b}.json" for d in EVAL_DIRS for b in BENCHMARKS]
 MLFLOW_DONE = f"{RESULTS}/mlflow/synced.json"
-TABLE_NAMES = ["main", "diagnostics", "paired"]
-TABLES = [
-    f"{RESULTS}/tables/{t}.{ext}" for t in TABLE_NAMES for ext in ("csv", "md", "tex")
+TABLE_FILES = [f"{RESULTS}/tables/{f}" for t in TABLES for f in table_files(t)]
+FIGURE_FILES = [
+    f"{RESULTS}/figures/{f}" for name in FIGURES for f in figure_files(name)
 ]
-FIGURE_NAMES = [
-    "reward_vs_step",
-    "score_vs_delay",
-    "score_vs_group",
-    "ratio_diagnostics",
-    "staleness_vs_length",
-]
-FIGURES = [f"{RESULTS}/figures/{f}.png" for f in FIGURE_NAMES]
-THEORY = [
-    f"{RESULTS}/theory/{f}"
-    for f in (
-        "fixed_policy.csv",
-        "claims.csv",
-        "delayed_summary.csv",
-        "theory_bias_vs_G_exact_baseline.png",
-        "theory_bias_vs_eps.png",
-        "theory_shortfall_vs_eps.png",
-        "theory_reward_vs_delay.png",
-    )
-]
+THEORY = [f"{RESULTS}/theory/{f}" for f in THEORY_FILES]
 
 
 def train_values():
@@ -124,6 +101,17 @@ def eval_values():
     )
 
 
+def settings_overrides(values, prefix=""):
+    """`--set key=value` items of a (nested) mapping of settings."""
+    out = []
+    for k, v in values.items():
+        if isinstance(v, dict):
+            out.append(settings_overrides(v, f"{prefix}{k}."))
+        else:
+            out.append(f"--set {shlex.quote(f'{prefix}{k}={v}')}")
+    return " ".join(o for o in out if o)
+
+
 def train_overrides(wildcards):
     sets = {
         "algorithm": wildcards.algo,
@@ -138,4 +126,4 @@ def train_overrides(wildcards):
     else:
         sets["delay.mode"] = "fixed"
         sets["delay.d"] = wildcards.delay
-    return " ".join(f"--set {k}={v}" for k, v in sets.items())
+    return settings_overrides(sets)

@@ -16,15 +16,12 @@ rule eval_config:
 rule evaluate:
     """Greedy accuracy and Pass@1 of one trained checkpoint on every benchmark (model loaded once)."""
     input:
-        summary=f"{RESULTS}/train/algo~{{algo}}/delay~{{delay}}/group~{{group}}/seed~{{seed}}/summary.json",
+        summary=f"{RESULTS}/train/{POINT}/summary.json",
         cfg=f"{RESULTS}/configs/eval.yaml",
     output:
-        [
-            f"{RESULTS}/eval/algo~{{algo}}/delay~{{delay}}/group~{{group}}/seed~{{seed}}/{b}.json"
-            for b in BENCHMARKS
-        ],
+        [f"{RESULTS}/eval/{POINT}/{b}.json" for b in BENCHMARKS],
     log:
-        f"{RESULTS}/logs/eval/algo~{{algo}}/delay~{{delay}}/group~{{group}}/seed~{{seed}}.log",
+        f"{RESULTS}/logs/eval/{POINT}.log",
     conda:
         conda_env("evaluate", config["resources"]["eval_gpus"])
     threads: 1

@@ -1,16 +1,15 @@
 # MLflow: where the runs go (config, else MLFLOW_TRACKING_URI / MLFLOW_EXPERIMENT_NAME, else a
 # sqlite store in the results folder), a parent run for the sweep before training (live logging
 # only), and the import of every run with its evaluation scores at the end.
-import os
 import shlex
 
-MLFLOW_LIVE_URI = config["mlflow"]["tracking_uri"] or os.environ.get(
-    "MLFLOW_TRACKING_URI"
+from gmc.tracking import resolve_experiment, resolve_uri
+
+MLFLOW_LIVE_URI = resolve_uri(config["mlflow"]["tracking_uri"], default=None)
+MLFLOW_URI = resolve_uri(
+    config["mlflow"]["tracking_uri"], default=f"sqlite:///{RESULTS}/mlflow.db"
 )
-MLFLOW_URI = MLFLOW_LIVE_URI or f"sqlite:///{RESULTS}/mlflow.db"
-MLFLOW_EXPERIMENT = (
-    config["mlflow"]["experiment"] or os.environ.get("MLFLOW_EXPERIMENT_NAME") or "gmc"
-)
+MLFLOW_EXPERIMENT = resolve_experiment(config["mlflow"]["experiment"])
 MLFLOW_SWEEP = f"{RESULTS}/mlflow/sweep.json"
 # what a training job needs for live logging: the sweep's parent run, and where to log
 MLFLOW_TRAIN_INPUT = [MLFLOW_SWEEP] if MLFLOW_LIVE_URI else []

@@ -10,11 +10,10 @@ if config["model"]["name"] == "tiny":
             CONDA_ENV
         threads: 2
         params:
-            tiny=config["model"]["tiny"],
+            sets=settings_overrides(config["model"]["tiny"]),
         shell:
-            "OMP_NUM_THREADS={threads} python -m gmc build-tiny-model --out {output} "
-            "--target-accuracy {params.tiny[target_accuracy]} --max-steps {params.tiny[max_steps]} "
-            "--seed {params.tiny[seed]} > {log} 2>&1"
+            "OMP_NUM_THREADS={threads} python -m gmc build-tiny-model --out {output} {params.sets} "
+            "> {log} 2>&1"
 
 elif config["model"]["name"] == "random-qwen3":
 
@@ -28,10 +27,7 @@ elif config["model"]["name"] == "random-qwen3":
             CONDA_ENV
         threads: 1
         params:
-            shape=" ".join(
-                f"--{k.replace('_', '-')} {v}"
-                for k, v in config["model"].get("random", {}).items()
-            ),
+            sets=settings_overrides(config["model"]["random"]),
             source=config["data"]["source"],
             root=(
                 f"--data-root {config['data']['root']}"
@@ -39,7 +35,7 @@ elif config["model"]["name"] == "random-qwen3":
                 else ""
             ),
         shell:
-            "OMP_NUM_THREADS={threads} python -m gmc build-random-model --out {output} {params.shape} "
+            "OMP_NUM_THREADS={threads} python -m gmc build-random-model --out {output} {params.sets} "
             "--source {params.source} {params.root} > {log} 2>&1"
 
 else:

@@ -1,21 +1,16 @@
 rule tables:
-    """Main table (paper layout), ratio diagnostics and paired differences, in CSV, Markdown and LaTeX."""
+    """Every table of gmc.outputs.TABLES, in CSV, Markdown and LaTeX."""
     input:
         TRAIN_DONE,
         EVAL_DONE,
     output:
         [
             (
-                report(
-                    f"{RESULTS}/tables/{t}.{ext}",
-                    category="Tables",
-                    caption="../report/tables.rst",
-                )
-                if ext == "md"
-                else f"{RESULTS}/tables/{t}.{ext}"
+                report(f, category="Tables", caption="../report/tables.rst")
+                if f.endswith(".md")
+                else f
             )
-            for t in TABLE_NAMES
-            for ext in ("csv", "md", "tex")
+            for f in TABLE_FILES
         ],
     log:
         f"{RESULTS}/logs/tables.log",
@@ -28,18 +23,26 @@ rule tables:
 
 
 rule figures_from_results:
-    """Every figure from the run directories (PNG for the report, PDF beside it)."""
+    """Every figure of gmc.outputs.FIGURES from the run directories (PNG for the report, PDF beside it)."""
     input:
         TRAIN_DONE,
         EVAL_DONE,
     output:
         [
-            report(
-                f"{RESULTS}/figures/{f}.png",
-                category="Figures",
-                caption=f"../report/{f}.rst",
+            (
+                report(
+                    f,
+                    category="Figures",
+                    caption="../report/figures.rst",
+                    labels={
+                        "figure": Path(f).stem,
+                        "shows": FIGURES[Path(f).stem].title,
+                    },
+                )
+                if f.endswith(".png")
+                else f
             )
-            for f in FIGURE_NAMES
+            for f in FIGURE_FILES
         ],
     log:
         f"{RESULTS}/logs/figures.log",

@@ -21,9 +21,9 @@ rule train:
         data=f"{RESULTS}/data/manifest.json",
         mlflow=MLFLOW_TRAIN_INPUT,
     output:
-        f"{RESULTS}/train/algo~{{algo}}/delay~{{delay}}/group~{{group}}/seed~{{seed}}/summary.json",
+        f"{RESULTS}/train/{POINT}/summary.json",
     log:
-        f"{RESULTS}/logs/train/algo~{{algo}}/delay~{{delay}}/group~{{group}}/seed~{{seed}}.log",
+        f"{RESULTS}/logs/train/{POINT}.log",
     conda:
         conda_env("train", config["resources"]["train_gpus"])
     threads: 1

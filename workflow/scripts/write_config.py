@@ -1,12 +1,13 @@
-"""Validate one config section against its dataclass and write it as YAML (snakemake script)."""
+"""Validate one config section against its settings class and write it as YAML (snakemake script)."""
 
 import sys
 
 import yaml
 
-from gmc.config import TrainConfig, from_dict
+from gmc.config import TrainConfig
 from gmc.evaluate import EvalConfig
 from gmc.io import write_text
+from gmc.settings import from_dict
 
 sm = snakemake  # noqa: F821  (injected by Snakemake)
 sys.stderr = open(sm.log[0], "w")

@@ -1,0 +1,83 @@
+"""What a sweep writes from its run directories: tables, figures and the theory lab's files, by
+name (method.md section 7).
+
+:data:`TABLES` and :data:`FIGURES` are the registries ``gmc tables`` / ``gmc figures`` call and
+the workflow's rules read for their outputs; an entry names the function that makes it
+(``module:function``, imported only when called, so the workflow reads the registry without
+pandas or matplotlib). A table function takes the runs' frame (:func:`gmc.analysis.collect`)
+and the base model's scores and returns a :class:`gmc.analysis.Rendered` table, written as
+``<name>.csv``, ``.md`` and ``.tex``; a figure function takes the frame and the output folder
+and writes ``<name>.png`` and ``.pdf``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Output:
+    """A registered table or figure."""
+
+    function: str
+    """``module:function`` that makes it."""
+    title: str
+    """What it shows, in a sentence (the report's caption starts with it)."""
+
+    def resolve(self) -> Callable:
+        module, name = self.function.split(":")
+        return getattr(importlib.import_module(module), name)
+
+
+TABLES: dict[str, Output] = {
+    "main": Output("gmc.analysis:main_table",
+                   "Scores per algorithm, delay and group size: mean ± 95% interval over seeds."),
+    "diagnostics": Output("gmc.analysis:diagnostics_table",
+                          "Staleness and each estimator's clip, cap and weight statistics."),
+    "paired": Output("gmc.analysis:paired_table",
+                     "Paired differences between estimators and each one's cost of staleness."),
+}
+"""Every table of a sweep by name, in the order they are written."""
+
+TABLE_FORMATS = ("csv", "md", "tex")
+
+FIGURES: dict[str, Output] = {
+    "reward_vs_step": Output("gmc.plots:reward_vs_step",
+                             "Reward of the fresh rollouts against the optimizer step, one panel per delay, "
+                             "10-step moving average, largest group size."),
+    "score_vs_delay": Output("gmc.plots:score_vs_delay",
+                             "Final score against the fixed delay, one panel per group size; dotted lines: the "
+                             "named delay modes."),
+    "score_vs_group": Output("gmc.plots:score_vs_group", "Final score against the group size G, one panel per delay."),
+    "ratio_diagnostics": Output("gmc.plots:ratio_diagnostics",
+                                "Each estimator's capped or clipped fraction, ESS / G and the shortfall "
+                                "sum(rho - w) / sum(rho), mean over training, against the delay."),
+    "staleness_vs_length": Output("gmc.plots:staleness_vs_length",
+                                  "Staleness against the group's longest response under the named delay modes: "
+                                  "under the latency model the delay depends on the trajectory (the paper's "
+                                  "Assumption 3 fails)."),
+}
+"""Every figure of a sweep by name, in the order they are drawn."""
+
+FIGURE_FORMATS = ("png", "pdf")
+
+THEORY_FILES: tuple[str, ...] = (
+    "fixed_policy.csv",
+    "claims.csv",
+    "delayed_summary.csv",
+    "theory_bias_vs_G_exact_baseline.png",
+    "theory_bias_vs_eps.png",
+    "theory_shortfall_vs_eps.png",
+    "theory_reward_vs_delay.png",
+)
+"""What the workflow asks of the theory lab (``gmc theory``; it writes more, see :mod:`gmc.theory`)."""
+
+
+def table_files(name: str) -> list[str]:
+    return [f"{name}.{ext}" for ext in TABLE_FORMATS]
+
+
+def figure_files(name: str) -> list[str]:
+    return [f"{name}.{ext}" for ext in FIGURE_FORMATS]
