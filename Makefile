@@ -2,14 +2,14 @@
 # `make test` (install + the test suite). Both create .venv on first use.
 PYTHON ?= python3
 VENV ?= .venv
-# CPU torch first, so that nothing pulls a multi-GB CUDA build; GPU machines: make TORCH=torch==2.14.0 EXTRAS=dev,gpu
+# CPU torch first, so that nothing pulls a multi-GB CUDA build; GPU machines: make TORCH=torch==2.14.0 EXTRAS=dev,ray,gpu
 TORCH ?= torch==2.13.0
-EXTRAS ?= dev
+EXTRAS ?= dev,ray
 CORES ?= all
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run figures report test test-slurm test-vllm test-paper-smoke lint clean
+.PHONY: install run figures report test test-slurm test-vllm test-peers test-paper-smoke lint clean
 
 install: $(STAMP)
 
@@ -55,15 +55,29 @@ $(VLLM_STAMP): pyproject.toml
 test-vllm: $(VLLM_STAMP)
 	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/test_vllm.py
 
+# the off-policy corrections against the peers' own loss code (tests/test_peers.py): TRL from the
+# bench extra, verl and the few packages its loss module imports without their dependencies (verl
+# pins another transformers) in $(PEERS), on the path of the tests only
+PEERS ?= .peers
+PEERS_STAMP := $(PEERS)/.installed
+
+$(PEERS_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -e ".[$(EXTRAS),bench]"
+	$(BIN)/python -m pip install -q --no-deps --target $(PEERS) verl==0.9.1 tensordict==0.15.3 pyvers==0.2.3 \
+		omegaconf==2.4.0 codetiming==1.4.0 orjson==3.13.0
+	touch $(PEERS_STAMP)
+
+test-peers: $(PEERS_STAMP)
+	PYTHONPATH="$(abspath $(PEERS))" $(BIN)/python -m pytest -q tests/test_peers.py
+
 # the paper's code path end to end on CPU (workflow/presets/paper_smoke.yaml: random-init Qwen3
 # architecture, MATH, six benchmarks, bf16, checkpointing, 8-bit AdamW) in a temporary folder, then
 # checks of what it wrote; the folder is removed when the checks pass
 test-paper-smoke: $(STAMP)
 	@export GMC_DATA_ROOT="$(GMC_DATA_ROOT)" && dir=$$(mktemp -d -t gmc-paper-smoke.XXXXXX) && start=$$(date +%s) && \
 	echo "paper smoke run in $$dir" && \
-	cp workflow/presets/paper_smoke.yaml $$dir/config.yaml && \
 	(cd $$dir && PATH="$(abspath $(BIN)):$$PATH" snakemake --snakefile $(CURDIR)/Snakefile --cores $(CORES) \
-		--rerun-incomplete --quiet rules) && echo "paper smoke DAG: $$(( $$(date +%s) - start )) s" && \
+		--configfile $(CURDIR)/workflow/presets/paper_smoke.yaml --rerun-incomplete --quiet rules) && echo "paper smoke DAG: $$(( $$(date +%s) - start )) s" && \
 	GMC_PAPER_SMOKE_RESULTS=$$dir/results/paper_smoke $(BIN)/python -m pytest -q tests/test_paper_smoke.py && \
 	rm -rf $$dir
 

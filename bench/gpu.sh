@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
-# GPU check (installs nothing; one call; writes JSON to $OUT, default bench/results): every
-# estimator trained 3 stale steps on CUDA (tiny model, bfloat16 over float32 masters,
-# checkpointing, micro-batches; the device regression check), one update at the paper's batch
-# shape within the preset's token budget on a random-init Qwen3-0.6B-sized model (peak memory,
-# step time), the HF engine's lean decoder against the model's forward, the vLLM engine with
-# weight sync. Parts whose packages are missing (bitsandbytes, vLLM) fall back or are skipped.
+# GPU check (installs nothing; one call of under 8 minutes; JSON written to $OUT after each part,
+# default bench/results): every estimator on CUDA (the regression check), then a random Qwen3-4B
+# shape built on the GPU: the update's peak per budget with and without a stand-in for vLLM
+# against the memory plan, its MFU with causal against masked attention, log-prob identity on
+# CUDA, the top kernels of one micro-batch; vLLM when installed (bench/gpu_check.py says more).
 #   device run: bash bench/gpu.sh   (with results/models/tiny carried for the tokenizer)
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,10 +1,12 @@
-"""The GPU half of the benchmarks (see bench/gpu.sh): every estimator trained a few stale steps
-on CUDA with the tiny model in bfloat16 over float32 masters (the device regression check);
-one update at the paper's batch shape (32 x 32 rows of 4,160 tokens, ``micro_batch_tokens``
-16,384, checkpointing, 8-bit AdamW) on a random-init Qwen3-0.6B-sized model (peak memory, step
-time); the HF engine's lean Qwen3 decoder against the model's own forward (agreement and
-tokens/s in bfloat16); five training steps of that model with 8-bit AdamW; vLLM rollouts +
-weight sync.
+"""The GPU half of the benchmarks (see bench/gpu.sh), in one run of under 8 minutes: every
+estimator trained a few stale steps on CUDA (the device regression check); a random-init
+Qwen3-4B shape built on the GPU (no weights travel): the update's peak at budgets 8,192 /
+16,384 / 32,768, with and without a 28 GiB allocation standing in for vLLM, against the memory
+plan (gmc.memory); the update's model-FLOPs utilisation, causal against masked attention
+interleaved on the same rows (bench/update.py: a stated number of micro-batches timed and
+extrapolated) with the largest log-prob difference between them; whether a row's log-probs are
+identical alone, beside others and in a partial last micro-batch on CUDA; a profiler table of
+the top kernels of one micro-batch; vLLM when it is installed. Memory in GiB.
 
 Each part runs on its own: a part that fails records its error and the others still run, and
 the JSON is rewritten after every part, so a run cut short keeps what it measured.
@@ -45,16 +47,129 @@ def peak_gb() -> float | None:
     return torch.cuda.max_memory_allocated() / 2**30 if CUDA else None
 
 
-def qwen3_0_6b(vocab: int):
-    """Qwen3-0.6B's shape (28 layers, hidden 1,024, GQA 16/8) with random weights, in bfloat16."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+def qwen3_4b():
+    """Qwen3-4B's shape (36 layers, hidden 2,560, GQA 32/8, head 128, vocabulary 151,936) with random
+    weights, built on the device in float32 (the masters), with gradient checkpointing."""
+    from gmc.memory import ModelShape
+    from gmc.models import Qwen3Shape, qwen3_model
 
-    layers, hidden = (2, 64) if SMALL else (28, 1024)
-    cfg = Qwen3Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=3 * hidden, num_hidden_layers=layers,
-                      num_attention_heads=16, num_key_value_heads=8, head_dim=hidden // 8, max_position_embeddings=4608,
-                      tie_word_embeddings=True)
-    torch.manual_seed(0)
-    return Qwen3ForCausalLM(cfg).to(torch.bfloat16)
+    shape = ModelShape.of("Qwen/Qwen3-4B")
+    if SMALL:
+        shape = ModelShape(64, 128, 2, 4, 2, 16, 1000, True)
+    cfg = Qwen3Shape(hidden_size=shape.hidden_size, intermediate_size=shape.intermediate_size,
+                     num_layers=shape.num_hidden_layers, num_heads=shape.num_attention_heads,
+                     num_kv_heads=shape.num_key_value_heads)
+    with torch.device(DEVICE):
+        model = qwen3_model(cfg, shape.vocab_size, head_dim=shape.head_dim)
+    model.gradient_checkpointing_enable()
+    model.config.use_cache = False
+    return model.train(), shape
+
+
+def rows_for(budget: int, micro_batches: int, vocab: int):
+    """Stale groups of 64 + 4,096-token rows (4,608 padded) filling ``micro_batches`` forwards."""
+    from gmc.asynchrony import Group
+
+    P, T = (8, 56) if SMALL else (64, 4096)
+    per = max(1, budget // (64 if SMALL else 4608))
+    n = per * micro_batches
+    return [Group(prompt_index=0, prompt_ids=torch.randint(0, vocab, (P,)), response_ids=torch.randint(0, vocab, (n, T)),
+                  response_mask=torch.ones(n, T, dtype=torch.bool), rewards=torch.arange(n).float() % 2,
+                  behaviour_logp=torch.full((n, T), -11.0), sampler_logp=torch.zeros(n, T), version=0)]
+
+
+def memory_4b() -> dict:
+    """Peak of one update plus the optimizer step, steady state (the 8-bit states exist), per budget,
+    with and without a 28 GiB allocation for vLLM, against the plan."""
+    from gmc.config import load_train_config
+    from gmc.estimators import ESTIMATORS, EstimatorConfig
+    from gmc.memory import GIB, plan
+    from gmc.update import Update
+
+    model, shape = qwen3_4b()
+    opt = (__import__("bitsandbytes").optim.AdamW8bit if HAS_BNB else torch.optim.AdamW)(model.parameters(), lr=1e-6)
+    for p in model.parameters():  # allocate the optimizer's states: the steady state of a run
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    out = {"parameters": sum(p.numel() for p in model.parameters()), "optimizer": type(opt).__name__}
+    standin = 28 * GIB if not SMALL else 2**20
+    for budget in (8192, 16384, 32768):
+        for vllm in (False, True):
+            block = torch.empty(standin, dtype=torch.uint8, device=DEVICE) if vllm else None
+            update = Update(model, ESTIMATORS["gmc"], EstimatorConfig(max_new_tokens=4096), budget, pad_id=0,
+                            chunk_size=1024, compute_dtype=torch.bfloat16)
+            sync()
+            reset_peak()
+            try:
+                update.backward(rows_for(budget, 2, shape.vocab_size), on_policy=False)
+                opt.step()
+                sync()
+                measured = peak_gb()
+            except torch.OutOfMemoryError as e:
+                measured = f"out of memory: {e}"[:200]
+            opt.zero_grad(set_to_none=True)
+            del block
+            cfg = load_train_config(None, ["model=Qwen/Qwen3-4B", "model_dtype=bfloat16", "gradient_checkpointing=true",
+                                           "optimizer=adamw8bit", f"micro_batch_tokens={budget}", "logprob_chunk_size=1024"])
+            planned = plan(cfg, None).training / GIB + (standin / GIB if vllm else 0)
+            out[f"budget_{budget}{'_vllm28' if vllm else ''}"] = {"peak_gib": measured, "plan_gib": planned}
+    del model, opt
+    torch.cuda.empty_cache() if CUDA else None
+    return out
+
+
+def mfu_4b() -> dict:
+    """bench/update.py on the GPU: causal against masked attention, model-FLOPs utilisation."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from update import measure
+
+    return measure(gpu=CUDA and not SMALL, micro_batches_timed=2, rounds=3)
+
+
+def logprob_identity() -> dict:
+    """A row's log-probs alone, beside other rows, and in a partial last micro-batch, on CUDA in bf16."""
+    from gmc.models import Qwen3Shape, qwen3_model
+    from gmc.update import Rows, sequence_logprobs
+
+    with torch.device(DEVICE):
+        model = qwen3_model(Qwen3Shape(hidden_size=512, intermediate_size=1536, num_layers=4, num_heads=8,
+                                       num_kv_heads=4), 4096).train()
+    gen = torch.Generator().manual_seed(0)
+    seqs = [torch.randint(0, 4096, (int(n),), generator=gen) for n in torch.randint(200, 240, (7,), generator=gen)]
+    rows = Rows(seqs, [16] * 7, [len(s) - 16 for s in seqs])
+    kw = dict(pad_id=0, compute_dtype=torch.bfloat16)
+    whole = sequence_logprobs(model, rows, 0, **kw)  # every row in one forward
+    partial = sequence_logprobs(model, rows, 3 * 256, **kw)  # three per forward: the last holds one
+    alone = [sequence_logprobs(model, Rows([s], [16], [len(s) - 16]), 0, **kw)[0] for s in seqs]
+    same = lambda a, b, n: bool(torch.equal(a[:n], b[:n]))  # noqa: E731
+    return {"alone_equals_beside": all(same(alone[i], whole[i], rows.lengths[i]) for i in range(7)),
+            "partial_equals_whole": all(same(partial[i], whole[i], rows.lengths[i]) for i in range(7)),
+            "max_diff_alone": max(float((alone[i][: rows.lengths[i]] - whole[i, : rows.lengths[i]]).abs().max())
+                                  for i in range(7))}
+
+
+def profile_micro_batch() -> dict:
+    """The top CUDA kernels of one micro-batch forward/backward of the 4B shape (16,384 tokens)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from gmc.update import Rows, _forward, precision
+
+    model, shape = qwen3_4b()
+    (g,) = rows_for(16384, 1, shape.vocab_size)
+    rows = Rows.from_groups([g])
+    idx = list(range(len(rows)))
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if CUDA else [])
+    with profile(activities=activities) as prof:
+        with precision(model, torch.bfloat16):
+            _forward(model, rows, idx, 0, 1.0, 1024).sum().backward()
+        sync()
+    key = "cuda_time_total" if CUDA else "cpu_time_total"
+    table = prof.key_averages().table(sort_by=key, row_limit=15)
+    print(table)
+    events = sorted(prof.key_averages(), key=lambda e: -getattr(e, "device_time_total" if CUDA else "cpu_time_total"))
+    return {"top": [{"name": e.key[:80], "ms": getattr(e, "device_time_total" if CUDA else "cpu_time_total") / 1e3,
+                     "calls": e.count} for e in events[:15]]}
 
 
 def estimators() -> dict:
@@ -77,104 +192,6 @@ def estimators() -> dict:
             out[name] = {"loss": [r["train/loss"] for r in rows], "step_seconds": [r["time/step_seconds"] for r in rows],
                          "peak_gpu_gb": peak_gb()}
     return out
-
-
-def hf_engine(model, tok) -> dict:
-    """Decoder agreement with the model's forward, and HFEngine tokens/s with either decoder."""
-    import gmc.rollout
-    from gmc.data import PLAIN_TEMPLATE
-    from gmc.decoding import HFDecoder, Qwen3Decoder
-    from gmc.engines import SamplingConfig
-    from gmc.policy import position_ids_from_mask
-    from gmc.rollout import HFEngine
-    from gmc.synthetic import SyntheticTask
-
-    model = model.to(DEVICE).eval()
-    prompts = [PLAIN_TEMPLATE.format(problem=r.problem) for r in SyntheticTask().generate("test", 32)]
-    enc = tok(prompts[:8], return_tensors="pt", padding=True, add_special_tokens=False).to(DEVICE)
-    tokens = torch.randint(2, len(tok), (8, 16), device=DEVICE)
-    ids, mask = torch.cat([enc["input_ids"], tokens], 1), torch.cat([enc["attention_mask"], torch.ones_like(tokens)], 1)
-    P = enc["input_ids"].shape[1]
-    with torch.inference_mode():
-        ref = model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask)).logits[:, P - 1 : -1]
-        decoder = Qwen3Decoder(model, ids.shape[1])
-        got = [decoder.prefill(enc["input_ids"], enc["attention_mask"])]
-        got += [decoder.step(tokens[:, j]) for j in range(tokens.shape[1] - 1)]
-    out = {"max_abs_logit_diff_bf16": float((torch.stack(got, 1).float() - ref.float()).abs().max()),
-           "logit_scale": float(ref.float().abs().max())}
-    sampling = SamplingConfig(max_new_tokens=32 if SMALL else 256)
-    lean = gmc.rollout.make_decoder
-    try:
-        for name, make in [("lean", lean), ("model_forward", lambda m, capacity: HFDecoder(m))]:
-            gmc.rollout.make_decoder = make
-            engine = HFEngine(model, tok, seed=0)
-            engine.generate(prompts[:4], 8, sampling)
-            sync()
-            t = time.perf_counter()
-            groups = engine.generate(prompts, 8, sampling)
-            sync()
-            n = sum(s.length for g in groups for s in g)
-            out[name] = {"tokens": n, "tokens_per_s": n / (time.perf_counter() - t)}
-    finally:
-        gmc.rollout.make_decoder = lean
-    out["ratio_lean_over_model_forward"] = out["lean"]["tokens_per_s"] / out["model_forward"]["tokens_per_s"]
-    return out
-
-
-def paper_shape_update(vocab: int) -> dict:
-    """One update (no-grad pass, loss, micro-batched backward, optimizer step) at the paper's
-    batch shape, within the preset's token budget, float32 masters under bfloat16 autocast."""
-    from gmc.asynchrony import Group
-    from gmc.estimators import ESTIMATORS, EstimatorConfig
-    from gmc.update import Update
-
-    B, G, P, T, budget = (4, 4, 16, 64, 256) if SMALL else (32, 32, 64, 4096, 16384)
-    model = qwen3_0_6b(vocab).float().to(DEVICE)
-    model.gradient_checkpointing_enable()
-    model.config.use_cache = False
-    groups = [Group(prompt_index=b, prompt_ids=torch.randint(0, vocab, (P,)), response_ids=torch.randint(0, vocab, (G, T)),
-                    response_mask=torch.ones(G, T, dtype=torch.bool), rewards=torch.arange(G).float() % 2,
-                    behaviour_logp=torch.full((G, T), -11.0), sampler_logp=torch.zeros(G, T), version=0)
-              for b in range(B)]
-    if HAS_BNB:
-        import bitsandbytes as bnb
-
-        opt = bnb.optim.AdamW8bit(model.parameters(), lr=1e-6)
-    else:
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
-    update = Update(model, ESTIMATORS["gmc"], EstimatorConfig(max_new_tokens=T), budget, pad_id=0, chunk_size=1024,
-                    compute_dtype=torch.bfloat16)
-    sync()
-    reset_peak()
-    t = time.perf_counter()
-    loss, stats, _ = update.backward(groups, on_policy=False)
-    sync()
-    backward_s = time.perf_counter() - t
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    sync()
-    return {"rows": B * G, "tokens": B * G * (P + T), "budget": budget, "optimizer": type(opt).__name__,
-            "parameters": sum(p.numel() for p in model.parameters()), "backward_seconds": backward_s,
-            "seconds": time.perf_counter() - t, "peak_gpu_gb": peak_gb(), "loss": float(loss),
-            "frac_groups_capped": stats["ratio/frac_groups_capped"]}
-
-
-def train_8bit(model_dir: str) -> dict:
-    """Five training steps of the random Qwen3-0.6B shape with 8-bit AdamW through ``gmc train``'s loop."""
-    from gmc.config import load_train_config
-    from gmc.io import read_jsonl
-    from gmc.trainer import Trainer
-
-    cfg = load_train_config(None, [f"model={model_dir}", f"device={DEVICE}", "model_dtype=bfloat16", "optimizer=adamw8bit",
-                                   "steps=5", "checkpoint_every=0", "lr=1e-6", "prompts_per_step=8", "group_size=8",
-                                   "delay.d=2", f"sampling.max_new_tokens={32 if SMALL else 256}", "engine=hf"])
-    run = Path(model_dir) / "run"
-    reset_peak()
-    t = time.perf_counter()
-    Trainer(cfg, run, progress=False).run()
-    rows = read_jsonl(run / "metrics.jsonl")
-    return {"seconds": time.perf_counter() - t, "step_seconds": [r["time/step_seconds"] for r in rows],
-            "loss": [r["train/loss"] for r in rows], "peak_gpu_gb": peak_gb()}
 
 
 def vllm_engine(model_dir: str, model) -> dict:
@@ -210,26 +227,24 @@ def part(name: str, fn, *args) -> None:
 
 
 def main() -> None:
-    from transformers import AutoTokenizer
-
     part("estimators", estimators)
-    tok = AutoTokenizer.from_pretrained(TOKENIZER)
-    with tempfile.TemporaryDirectory() as tmp:
-        model = qwen3_0_6b(len(tok))
-        model.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
-        part("hf_engine", hf_engine, model, tok)
-        model.cpu()
-        if HAS_BNB:
-            part("train_8bit_adamw", train_8bit, tmp)
-        else:
-            result["train_8bit_adamw"] = "skipped: bitsandbytes is not installed"
-        part("paper_shape_update", paper_shape_update, 151936)  # the longest part (about 5 min on an H200)
-        if importlib.util.find_spec("vllm"):
+    part("memory_4b", memory_4b)
+    part("mfu_4b", mfu_4b)
+    part("logprob_identity", logprob_identity)
+    part("profile_micro_batch", profile_micro_batch)
+    if importlib.util.find_spec("vllm"):
+        with tempfile.TemporaryDirectory() as tmp:
+            from transformers import AutoTokenizer
+
+            from gmc.models import Qwen3Shape, qwen3_model
+
+            model = qwen3_model(Qwen3Shape(hidden_size=1024, intermediate_size=3072, num_layers=28, num_heads=16,
+                                           num_kv_heads=8), 151936, head_dim=128).to(torch.bfloat16)
+            model.save_pretrained(tmp)
+            AutoTokenizer.from_pretrained(TOKENIZER).save_pretrained(tmp)
             part("vllm", vllm_engine, tmp, model)
-        else:
-            result["vllm"] = "skipped: vllm is not installed"
-    (OUT / "gpu.json").write_text(json.dumps(result, indent=2))
+    else:
+        result["vllm"] = "skipped: vllm is not installed"
     print(json.dumps(result, indent=2))
 
 

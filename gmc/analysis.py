@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from gmc.asynchrony import DELAY_MODES, named_delays
+from gmc.estimator_info import REGISTRY, SHARED_DIAGNOSTICS
 from gmc.evaluate import SE, eval_scores
 from gmc.io import atomic_path, write_csv, write_text
 from gmc.outputs import TABLES
 from gmc.stats import LEVEL, mean_interval, paired_difference
-from gmc.sweep import parse_point
+from gmc.sweep import delay_order, parse_point
 
 FINAL_REWARD = "rollout/reward_mean_last20"
 DIAGNOSTICS = ["async/staleness_mean", "ratio/ess_frac", "ratio/shortfall", "time/step_seconds"]
@@ -49,22 +49,6 @@ def collect(results: str | Path) -> pd.DataFrame:
         raise FileNotFoundError(f"{results}/train: no finished runs (summary.json) found")
     frame = pd.DataFrame(rows)
     return frame.sort_values(["algorithm", "delay", "group", "seed"], key=_delay_key).reset_index(drop=True)
-
-
-def delay_order(delay: str) -> tuple[int, int]:
-    """Sort key of a ``delay~`` value: numeric delays ascending, then the named delay modes in
-    registry order (:data:`gmc.asynchrony.DELAY_MODES`)."""
-    if str(delay).isdigit():
-        return (0, int(delay))
-    named = named_delays()
-    if delay not in named:
-        raise ValueError(f"delay~{delay}: neither a number nor a named delay mode {named}")
-    return (1, named.index(delay))
-
-
-def delay_title(delay: str) -> str:
-    """``delay d = 8``, or the delay mode's label."""
-    return f"delay d = {delay}" if str(delay).isdigit() else DELAY_MODES[delay].label
 
 
 def _delay_key(col: pd.Series) -> pd.Series:
@@ -191,6 +175,87 @@ def _difference_rows(comparison: str, both: pd.DataFrame, metrics: list[str]) ->
             rows.append(dict(comparison=comparison, delay=delay, group=group, metric=m, diff=iv.mean, lo=iv.lo,
                              hi=iv.hi, half=iv.half, n_seeds=iv.n, n_sign=p.n_sign, excludes_zero=p.excludes_zero))
     return rows
+
+
+LEAGUE_SCORE = ("eval/mean/pass_at_1", FINAL_REWARD)
+"""The league's score: final Pass@1 (mean over benchmarks), or the final training reward where a
+sweep evaluates nothing."""
+
+
+def league_table(runs: pd.DataFrame, base: dict[str, float]) -> Rendered:
+    """Every estimator at the largest fixed delay (largest group size), ranked by final Pass@1:
+    its mean and 95% interval over seeds, the paired difference to ``gmc`` and its cost of
+    staleness (itself at that delay minus itself at delay 0) with their sign counts, and its own
+    statistics (clipped, masked or capped fraction; ESS / G; shortfall), mean over training."""
+    frame = with_benchmark_means(runs)
+    score = next((c for c in LEAGUE_SCORE if c in frame.columns), None)
+    numeric = frame[frame["delay"].astype(str).str.isdigit()]
+    if score is None or numeric.empty:
+        empty = pd.DataFrame(columns=["rank", "algorithm", "delay", "group"])
+        return Rendered(empty, "", "")
+    delay = str(max(int(d) for d in numeric["delay"]))
+    group = int(numeric["group"].max())
+    point = numeric[(numeric["group"] == group)]
+    at = point[point["delay"] == delay]
+    se = score + SE
+
+    def paired(a: pd.DataFrame, b: pd.DataFrame) -> dict:
+        both = a.merge(b, on="seed", suffixes=(":a", ":b"))
+        if both.empty:
+            return dict(diff=float("nan"), lo=float("nan"), hi=float("nan"), half=float("nan"), n_seeds=0,
+                        n_sign=0, excludes_zero=False)
+        p = paired_difference(both[f"{score}:a"], both[f"{score}:b"], both.get(f"{se}:a"), both.get(f"{se}:b"))
+        iv = p.interval
+        return dict(diff=iv.mean, lo=iv.lo, hi=iv.hi, half=iv.half, n_seeds=iv.n, n_sign=p.n_sign,
+                    excludes_zero=p.excludes_zero)
+
+    keep = ["seed", score, *([se] if se in point.columns else [])]
+    gmc = at[at["algorithm"] == "gmc"][keep]
+    rows = []
+    for algorithm, grp in at.groupby("algorithm", sort=False):
+        iv = mean_interval(grp[score], grp[se] if se in grp.columns else None)
+        on_policy = point[(point["algorithm"] == algorithm) & (point["delay"] == "0")][keep]
+        own = REGISTRY[algorithm].diagnostics if algorithm in REGISTRY else ()
+        row = dict(algorithm=algorithm, delay=delay, group=group, score=score, mean=iv.mean, lo=iv.lo, hi=iv.hi,
+                   half=iv.half, n_seeds=iv.n,
+                   **{f"vs_gmc:{k}": v for k, v in paired(grp[keep], gmc.iloc[:0] if algorithm == "gmc"
+                                                           else gmc).items()},
+                   **{f"staleness_cost:{k}": v for k, v in paired(grp[keep], on_policy).items()},
+                   own_statistic=own[0] if own else "",
+                   own_value=float(grp[own[0]].mean()) if own and own[0] in grp.columns else float("nan"))
+        for col in SHARED_DIAGNOSTICS:
+            row[col] = float(grp[col].mean()) if col in grp.columns else float("nan")
+        rows.append(row)
+    table = pd.DataFrame(rows).sort_values("mean", ascending=False, kind="stable").reset_index(drop=True)
+    table.insert(0, "rank", range(1, len(table) + 1))
+    shown = _league_display(table)
+    return Rendered(table, _markdown(shown), _latex(shown))
+
+
+def _signed(diff, half, n_sign, n, excludes_zero) -> str:
+    if pd.isna(diff):
+        return "-"
+    cell = f"{diff:+.3f}" if pd.isna(half) else f"{diff:+.3f} ± {half:.3f}"
+    return f"{cell} ({n_sign}/{n}){' *' if excludes_zero else ''}"
+
+
+def _league_display(table: pd.DataFrame) -> pd.DataFrame:
+    """The league as the Markdown and LaTeX files show it; ``*``: the 95% interval excludes zero."""
+    name = pretty(table["score"].iloc[0]) if len(table) else "score"
+    labels = [REGISTRY[a].label if a in REGISTRY else a for a in table["algorithm"]]
+    out = pd.DataFrame({"rank": table["rank"], "estimator": labels})
+    out[f"{name} at delay {table['delay'].iloc[0]}"] = [
+        f"{_fmt(m, h)} [{lo:.3f}, {hi:.3f}]" if not pd.isna(lo) else _fmt(m, h)
+        for m, h, lo, hi in zip(table["mean"], table["half"], table["lo"], table["hi"])]
+    for key, title in (("vs_gmc", "− GMC (sign)"), ("staleness_cost", "cost of staleness (sign)")):
+        out[title] = [_signed(*r) for r in zip(table[f"{key}:diff"], table[f"{key}:half"], table[f"{key}:n_sign"],
+                                                table[f"{key}:n_seeds"], table[f"{key}:excludes_zero"])]
+    out["own statistic"] = [f"{s.removeprefix('ratio/')} {v:.3f}" if s and not pd.isna(v) else "-"
+                            for s, v in zip(table["own_statistic"], table["own_value"])]
+    for col in SHARED_DIAGNOSTICS:
+        out[col.removeprefix("ratio/")] = ["-" if pd.isna(v) else f"{v:.3f}" for v in table[col]]
+    out["seeds"] = table["n_seeds"]
+    return out
 
 
 def resolved_differences(paired: pd.DataFrame) -> list[str]:

@@ -10,15 +10,17 @@ are never kept, so memory is O(delay x batch x tokens). No torch is imported.
 from __future__ import annotations
 
 import heapq
+import json
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from functools import cached_property
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 
-from gmc.settings import NonNegative, NonNegativeInt, PositiveInt, registered, settings
+from gmc.settings import ConfigError, NonNegative, NonNegativeInt, PositiveInt, registered, settings
 
 if TYPE_CHECKING:  # the module itself needs no torch, so the workflow can read the registry cheaply
     from torch import Tensor
@@ -38,9 +40,14 @@ class Group:
     # that made it (the training forward gives them exactly)
     sampler_logp: Tensor  # [G, T] float32, as reported by the rollout engine
     version: int  # policy version that generated it
-    submitted_at: float = 0.0
+    submitted_at: float = 0.0  # virtual clock of the latency model
     completed_at: float = 0.0
     consumed_version: int | None = None
+    worker: int | None = None  # the rollout worker that made it (None: simulated in process)
+    submit_wall: float | None = None  # wall clock (time.time) of real asynchrony: dispatched,
+    finish_wall: float | None = None  # finished by its worker,
+    consume_wall: float | None = None  # handed to the trainer
+    generation_seconds: float | None = None  # its worker's time for the call that made it
 
     @property
     def lengths(self) -> Tensor:
@@ -123,6 +130,25 @@ class DelayConfig:
     """Latency model: sigma of that log-normal noise."""
     step_time: NonNegative = 1.0
     """Latency model: virtual seconds per optimizer step."""
+    workers: PositiveInt = 1
+    """Real asynchrony (``ray``): rollout workers, each a Ray actor with its own policy copy."""
+    max_staleness: NonNegativeInt = 4
+    """Real asynchrony: a group is admitted for generation only while groups accepted plus in
+    flight stay within ``(max_staleness + version + 1) x prompts_per_step``, and a finished group
+    older than this many versions when consumed is dropped (``async/dropped``), never trained."""
+    transport: Literal["object_store", "collective"] = "object_store"
+    """Real asynchrony: how new weights reach the workers: Ray's object store (the state dict put
+    once per version) or a ``torch.distributed`` broadcast (gloo on CPU, NCCL on GPUs)."""
+    ray_address: str | None = None
+    """Real asynchrony: the Ray cluster to join (``auto``: the one running on this node, as inside
+    a SLURM allocation); None: start one in this process for the run."""
+    worker_device: str = "cpu"
+    """Real asynchrony: the device of each worker's policy copy (``cuda`` asks Ray for a GPU each)."""
+    worker_threads: PositiveInt = 1
+    """Real asynchrony: torch threads (and CPUs asked of Ray) per worker."""
+    trace: str | None = None
+    """Replay (``trace``): a ``staleness_trace.jsonl`` whose groups are generated and consumed at the
+    recorded versions."""
 
 
 class SyncSource:
@@ -153,6 +179,13 @@ class SyncSource:
 
     def queued_groups(self) -> list[Group]:
         return []
+
+    def publish(self, model, version: int) -> None:
+        """The weights of ``version`` (the starting ones, then after every optimizer step); an
+        in-process source generates with the trainer's model itself and needs no copy."""
+
+    def close(self) -> None:
+        """Release what the source started (workers, clusters); the in-process ones start nothing."""
 
     def state_dict(self) -> dict:
         return {}
@@ -315,6 +348,81 @@ class LatencySource(SyncSource):
                 "async/in_flight": float(len(self.in_flight))}
 
 
+def read_trace(path: str | Path) -> list[dict]:
+    """The lines of a ``staleness_trace.jsonl`` (``prompt_index``, ``version``, ``consumed_version``
+    of every consumed group, in consumption order); a missing or malformed file is named."""
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(f"{p}: no such staleness trace", "delay.trace")
+    out = []
+    for lineno, line in enumerate(p.read_text().splitlines(), start=1):
+        try:
+            row = json.loads(line)
+            out.append({k: int(row[k]) for k in TRACE_FIELDS})
+        except (ValueError, KeyError, TypeError):
+            raise ConfigError(f"{p}:{lineno}: not a trace line with {list(TRACE_FIELDS)}", "delay.trace") from None
+    return out
+
+
+TRACE_FIELDS = ("prompt_index", "version", "consumed_version")
+"""The fields of a staleness trace line."""
+
+
+def check_trace(cfg: DelayConfig, steps: int, prompts_per_step: int) -> None:
+    """A trace fits a run only with its number of steps and groups per step; the key that differs
+    is named."""
+    trace = read_trace(cfg.trace)
+    per_step: dict[int, int] = {}
+    for row in trace:
+        per_step[row["consumed_version"]] = per_step.get(row["consumed_version"], 0) + 1
+    recorded = max(per_step) + 1 if per_step else 0
+    if recorded != steps:
+        raise ConfigError(f"the trace {cfg.trace} records {recorded} steps, the run has {steps}", "steps")
+    bad = {s: n for s, n in per_step.items() if n != prompts_per_step}
+    if bad or len(per_step) != steps:
+        raise ConfigError(f"the trace {cfg.trace} records {sorted(set(per_step.values()))} groups per step, the run "
+                          f"consumes {prompts_per_step}", "prompts_per_step")
+
+
+class TraceSource(SyncSource):
+    """Replays a recorded staleness pattern in process, deterministically: each group of the trace
+    is generated for its prompt with the weights of its recorded ``version`` (versions below 0, a
+    prefill's, with the starting weights) and consumed at its recorded step, in recorded order."""
+
+    def __init__(self, rollouts: Rollouts, batch_prompts: int, cfg: DelayConfig):
+        super().__init__(rollouts, batch_prompts)
+        self.trace = read_trace(cfg.trace) if cfg.trace else []
+        self.held: dict[int, Group] = {}  # trace line -> its generated group, until consumed
+        self.generated_through: int | None = None
+
+    def _next(self, version: int) -> list[Group]:
+        first = self.generated_through is None
+        due = [i for i, row in enumerate(self.trace)
+               if row["version"] == version or (first and row["version"] < version)]
+        for v in sorted({self.trace[i]["version"] for i in due}):  # one collector call per version
+            lines = [i for i in due if self.trace[i]["version"] == v]
+            out = self.rollouts.collect([self.trace[i]["prompt_index"] for i in lines], v)
+            self._collected.append(out.stats)
+            self.held.update(zip(lines, out.groups))
+        self.generated_through = version
+        lines = [i for i, row in enumerate(self.trace) if row["consumed_version"] == version]
+        missing = [i for i in lines if i not in self.held]
+        if missing:
+            raise ValueError(f"the trace consumes at step {version} groups generated at later versions "
+                             f"({[self.trace[i]['version'] for i in missing]})")
+        return [self.held.pop(i) for i in lines]
+
+    def queued_groups(self) -> list[Group]:
+        return list(self.held.values())
+
+    def state_dict(self) -> dict:
+        return {"held": {i: g.state() for i, g in self.held.items()}, "generated_through": self.generated_through}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.held = {int(i): Group.from_state(s) for i, s in state["held"].items()}
+        self.generated_through = state["generated_through"]
+
+
 @dataclass(frozen=True)
 class DelayMode:
     """A registered delay mode: how to build its rollout source and how results show it."""
@@ -329,6 +437,24 @@ class DelayMode:
     on_policy: Callable[[DelayConfig], bool] = lambda cfg: False
     """Whether every batch is trained by the weights that generated it (then the training
     forward gives the behaviour log-probs exactly, and no behaviour pass is run)."""
+    in_process: bool = True
+    """Groups are generated in the trainer's process (by the run's collector); otherwise elsewhere
+    (remote workers), and the trainer builds no rollout engine of its own."""
+    check: Callable[[DelayConfig, int, int], None] = lambda cfg, steps, prompts_per_step: None
+    """``check(cfg, steps, prompts_per_step)`` before a run starts: a :class:`ConfigError` naming
+    the key when the mode cannot run with these settings."""
+
+
+def _ray_source(cfg: DelayConfig, rollouts: Rollouts, batch_prompts: int, seed: int) -> SyncSource:
+    from gmc.distributed.source import RaySource  # Ray is an extra: imported only for this mode
+
+    return RaySource(cfg, rollouts, batch_prompts, seed)
+
+
+def _check_trace_mode(cfg: DelayConfig, steps: int, prompts_per_step: int) -> None:
+    if cfg.trace is None:
+        raise ConfigError("delay.mode trace replays a staleness trace: give its file", "delay.trace")
+    check_trace(cfg, steps, prompts_per_step)
 
 
 DELAY_MODES: dict[str, DelayMode] = {
@@ -338,6 +464,9 @@ DELAY_MODES: dict[str, DelayMode] = {
                        named_point=False, on_policy=lambda cfg: cfg.d == 0),
     "latency": DelayMode(lambda cfg, r, n, seed: LatencySource(r, n, cfg, seed), "latency model",
                          named_point=True),
+    "ray": DelayMode(_ray_source, "real asynchrony (Ray)", named_point=True, in_process=False),
+    "trace": DelayMode(lambda cfg, r, n, seed: TraceSource(r, n, cfg), "replayed trace", named_point=False,
+                       check=_check_trace_mode),
 }
 """Every delay mode by config name (``delay.mode``); the one place to add one."""
 

@@ -52,6 +52,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue from the run directory's checkpoint")
     p.set_defaults(func=_train)
 
+    p = sub.add_parser("plan-memory", help="the predicted peak memory of a training run, item by item, per phase",
+                       description="The memory plan of gmc.memory for a train config (--config/--set) or for the "
+                                   "train section and model of a workflow preset (--preset); exit status 1 when "
+                                   "it does not fit the given or detected GPU.")
+    _settings_arguments(p, "TrainConfig (gmc/config.py)")
+    p.add_argument("--preset", default=None, help="a workflow config (config.yaml or workflow/presets/*.yaml)")
+    p.add_argument("--gpu-gib", type=float, default=None,
+                   help="device memory in GiB (an 80 GB card has about 79.6); default: memory_limit_gib, else the "
+                        "CUDA device's")
+    p.set_defaults(func=_plan_memory)
+
     p = sub.add_parser("evaluate", help="greedy accuracy and Pass@1 of one checkpoint on benchmarks")
     p.add_argument("--model", required=True, help="checkpoint folder (a run's model/) or hub name")
     p.add_argument("--out", required=True, help="folder for <benchmark>.json and completions")
@@ -95,6 +106,13 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--results", default="results")
         p.set_defaults(func=_report, what=name)
 
+    p = sub.add_parser("league-figure", help="final score against delay per estimator, one panel per regime "
+                       "(results folder), from cached results")
+    p.add_argument("--regime", action="append", required=True, metavar="NAME=RESULTS",
+                   help="a panel: its title and results folder (repeat, e.g. short=results/corrections)")
+    p.add_argument("--out", default="results/league")
+    p.set_defaults(func=_league_figure)
+
     p = sub.add_parser("export-results", help="archive run outputs and evaluations (no checkpoints) into a .tar.gz")
     p.add_argument("--results", default="results")
     p.add_argument("--out", required=True)
@@ -114,6 +132,36 @@ def _settings_arguments(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--config", default=None, help=f"YAML file of {what} keys (default: built-in defaults)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, dotted for nested keys (estimator.eps=0.1); repeatable")
+
+
+def _plan_memory(args: argparse.Namespace) -> int:
+    import yaml
+
+    from gmc.config import TrainConfig
+    from gmc.memory import GIB, plan
+    from gmc.settings import apply_overrides, from_dict, load_config
+
+    if args.preset:
+        preset = yaml.safe_load(open(args.preset))
+        values = apply_overrides({**preset.get("train", {}), "model": preset.get("model", {}).get("name", "tiny")},
+                                 args.overrides)
+        cfg = from_dict(TrainConfig, values)
+    else:
+        cfg = load_config(TrainConfig, args.config, args.overrides)
+    limit = args.gpu_gib or cfg.memory_limit_gib
+    if limit is None:
+        import torch
+
+        limit = torch.cuda.get_device_properties(0).total_memory / GIB if torch.cuda.is_available() else None
+    p = plan(cfg, int(limit * GIB) if limit else None)
+    print(f"memory plan of {cfg.model}: budget {cfg.micro_batch_tokens} tokens, {cfg.model_dtype}"
+          f"{' over float32 masters' if cfg.master_weights and cfg.model_dtype != 'float32' else ''}, "
+          f"{cfg.optimizer}, engine {cfg.engine}"
+          + (f" (share {cfg.vllm.gpu_memory_utilization}, sleep {cfg.vllm.sleep})" if cfg.engine == "vllm" else ""))
+    print(p.table())
+    if not p.fits:
+        print(f"largest items: {p.advice()}")
+    return 0 if p.fits else 1
 
 
 def _prepare_data(args: argparse.Namespace) -> None:
@@ -140,6 +188,19 @@ def _fetch_model(args: argparse.Namespace) -> None:
     with atomic_dir(args.out) as tmp:
         snapshot_download(args.name, local_dir=tmp)
     print(f"{args.name} -> {args.out}")
+
+
+def _league_figure(args: argparse.Namespace) -> None:
+    from gmc.plots import league_figure
+
+    regimes = {}
+    for item in args.regime:
+        name, sep, results = item.partition("=")
+        if not sep or not name or not results:
+            raise SystemExit(f"--regime {item!r}: expected NAME=RESULTS (e.g. short=results/corrections)")
+        regimes[name] = results
+    paths = league_figure(regimes, args.out)
+    print(f"league figure: {', '.join(str(p) for p in paths)}")
 
 
 def _report(args: argparse.Namespace) -> None:
@@ -172,11 +233,19 @@ def _import(args: argparse.Namespace) -> None:
     print(f"{import_bundle(args.bundle, args.results)} files -> {args.results}")
 
 
-def _train(args: argparse.Namespace) -> None:
-    from gmc.trainer import main_train
+def _train(args: argparse.Namespace) -> int:
+    from gmc.rundir import STOP
 
-    summary = main_train(args.config, args.overrides, args.out, args.resume)
+    STOP.install()  # before the heavy imports: a stop signal during start-up is kept, not fatal
+    from gmc.trainer import PREEMPTED, Preempted, main_train
+
+    try:
+        summary = main_train(args.config, args.overrides, args.out, args.resume)
+    except Preempted as e:
+        print(f"gmc train: {e}", file=sys.stderr)
+        return PREEMPTED
     print(json.dumps(summary, indent=2))
+    return 0
 
 
 def _evaluate(args: argparse.Namespace) -> None:
@@ -262,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     _configure_logging(args.debug)
     try:
-        args.func(args)
+        status = args.func(args)
     except KeyboardInterrupt:
         print(f"gmc {args.command}: interrupted", file=sys.stderr)
         return 130
@@ -271,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"gmc {args.command}: error: {error_line(e)} (--debug for the traceback)", file=sys.stderr)
         return 1
-    return 0
+    return status or 0
 
 
 if __name__ == "__main__":

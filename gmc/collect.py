@@ -26,9 +26,9 @@ import torch
 
 from gmc.asynchrony import Collected, Group
 from gmc.data import Record, format_prompt, load_dataset, load_file
-from gmc.engines import SamplingConfig
+from gmc.engines import ENGINES, SamplingConfig
 from gmc.synthetic import SyntheticTask
-from gmc.update import Rows
+from gmc.update import Rows, Update, precision
 
 Behaviour = Literal["none", "sampler", "trainer"]
 
@@ -181,11 +181,23 @@ class Collector:
         )
 
 
-class RunRollouts:
-    """A run's :class:`gmc.asynchrony.Rollouts`: its prompt cursor and its collector."""
+def build_collector(cfg, update: Update, tokenizer, engine, grader, behaviour: Behaviour) -> Collector:
+    """The collector of :class:`gmc.config.TrainConfig` ``cfg`` around ``engine``, with ``update``'s
+    numerics for the behaviour pass (the trainer's, or a rollout worker's own copy); an engine that
+    samples with the trainer's module generates under its autocast."""
+    shares = ENGINES[cfg.engine].shares_model
+    return Collector(engine, tokenizer, grader, group_size=cfg.group_size, sampling=cfg.sampling,
+                     behaviour=behaviour, logprobs=lambda rows: update.logprobs(update.model, rows),
+                     thinking=cfg.thinking,
+                     generation=(lambda: precision(update.model, update.compute_dtype)) if shares else None)
 
-    def __init__(self, cursor: PromptCursor, collector: Collector):
-        self.cursor, self.collector = cursor, collector
+
+class RunRollouts:
+    """A run's :class:`gmc.asynchrony.Rollouts`: its prompt cursor and its collector, and the run's
+    config (what a source with remote workers builds their collectors from)."""
+
+    def __init__(self, cursor: PromptCursor, collector: Collector, config=None):
+        self.cursor, self.collector, self.config = cursor, collector, config
 
     def take(self, n: int) -> list[int]:
         return self.cursor.take(n)

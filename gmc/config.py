@@ -16,7 +16,7 @@ from typing import Annotated, ClassVar, Literal
 from pydantic import Field
 
 from gmc.asynchrony import DelayConfig
-from gmc.engines import ENGINES, SamplingConfig, VLLMConfig
+from gmc.engines import ENGINES, HFConfig, SamplingConfig, VLLMConfig
 from gmc.estimator_info import REGISTRY, EstimatorConfig
 from gmc.settings import (
     ConfigError,
@@ -96,6 +96,8 @@ class TrainConfig:
     what was sampled."""
     engine: registered(lambda: ENGINES, "rollout engine") = "hf"
     """Rollout engine, a key of :data:`gmc.engines.ENGINES`: ``hf`` (any machine) or ``vllm`` (GPU)."""
+    hf: HFConfig = field(default_factory=HFConfig)
+    """Settings of the HF engine (a per-token wall-clock cost for benchmarks)."""
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
     """Settings of the vLLM engine (memory share, sleep mode, context length, eager mode, dtype)."""
     delay: DelayConfig = field(default_factory=DelayConfig)
@@ -111,6 +113,10 @@ class TrainConfig:
     """Seed of sampling, data order and initialisation."""
     checkpoint_every: NonNegativeInt = 50
     """Write a checkpoint every N steps (and at the end); 0: only at the end."""
+    checkpoint_minutes: NonNegative = 0.0
+    """Also write one when this many minutes of wall clock passed since the last (bounds what a
+    kill loses when steps are long); 0: off. A run also checkpoints when SIGTERM or SIGUSR1 stops
+    it at a step boundary (exit status 75: continue with ``--resume``)."""
     max_nonfinite_steps: PositiveInt = 3
     """Stop after this many consecutive steps with a non-finite loss or gradient."""
     logprob_chunk_size: PositiveInt = 4096
@@ -120,6 +126,14 @@ class TrainConfig:
     reference passes): at most this many padded tokens (prompt + response) per forward, one row
     at least; gradients accumulate, and the step equals the whole-batch step (gmc.update).
     0: no budget, the whole batch at once."""
+    memory_limit_gib: Positive | None = None
+    """Device memory the run's memory plan must fit (:mod:`gmc.memory`), GiB; None: the CUDA
+    device's total memory, and no check on a CPU. A plan that does not fit stops the run before
+    anything large loads, naming the keys that would shrink it."""
+    attention: Literal["causal", "masked"] = "causal"
+    """How a micro-batch attends (gmc.update): ``causal``, right-padded rows with no attention
+    mask (the fast path on every device: no 4-D mask, SDPA's flash kernels); ``masked``, an
+    explicit padding mask (the reference; log-probs equal up to kernel rounding)."""
     reference_device: str = "auto"
     """Where the frozen reference policy of the KL term lives (``estimator.kl_coef > 0``):
     ``auto`` (the training device) or a device such as ``cpu``; loaded like the policy."""

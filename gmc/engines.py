@@ -15,7 +15,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from gmc.settings import ConfigError, Fraction, PositiveInt, settings
+from gmc.settings import ConfigError, Fraction, NonNegative, PositiveInt, settings
 
 Dtype = Literal["float32", "bfloat16", "float16"]
 
@@ -30,6 +30,15 @@ class SamplingConfig:
     """Nucleus sampling threshold in (0, 1]; 1 samples from the whole distribution."""
     max_new_tokens: PositiveInt = 64
     """Token limit of a response (and the constant divisor of ``seq_sum_const`` in training)."""
+
+
+@settings(prefix="hf.")
+class HFConfig:
+    """Settings of the HF engine (``engine: hf``); vLLM ignores them."""
+
+    token_seconds: NonNegative = 0.0
+    """Wall-clock seconds added to every decoding step: a stand-in for a slower model, so that a
+    benchmark of overlap (``bench/asynchrony.py``) sees generation dominate on any machine; 0: none."""
 
 
 @settings(prefix="vllm.")
@@ -75,7 +84,8 @@ class Engine:
 
 
 ENGINES: dict[str, Engine] = {
-    "hf": Engine("gmc.rollout:hf_engine", "Hugging Face KV-cache decoding", ("cpu", "cuda"), shares_model=True),
+    "hf": Engine("gmc.rollout:hf_engine", "Hugging Face KV-cache decoding", ("cpu", "cuda"), settings=HFConfig,
+                 shares_model=True),
     "vllm": Engine("gmc.rollout:vllm_engine", "vLLM", ("cuda", "cpu"), settings=VLLMConfig),
 }
 """Every rollout engine by config name (``engine``); the one place to add one. ``vllm`` runs on
@@ -91,7 +101,7 @@ def make_engine(name: str, model, tokenizer, model_path: str | None = None, seed
     entry = ENGINES[name]
     if entry.settings is not None:
         settings = settings if settings is not None else entry.settings()
-        if model_path is None:
-            raise ValueError(f"the {name} engine loads its own copy of the weights: it needs model_path")
+    if not entry.shares_model and model_path is None:
+        raise ValueError(f"the {name} engine loads its own copy of the weights: it needs model_path")
     module, name = entry.make.split(":")
     return getattr(importlib.import_module(module), name)(model, tokenizer, model_path, seed, settings, dtype)

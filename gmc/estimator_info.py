@@ -49,8 +49,9 @@ class EstimatorConfig:
     aggregation: Aggregation | None = None
     """``token_mean`` (all tokens of the batch), ``seq_mean`` (mean per sequence, then over
     sequences) or ``seq_sum_const`` (sum per sequence / ``max_new_tokens``, then mean over
-    sequences). None: the estimator's default (``seq_mean`` for grpo, gspo, tis;
-    ``seq_sum_const`` for tic, gmc, is, none)."""
+    sequences). None: the estimator's default (``seq_mean`` for grpo, gspo, tis, gmpo;
+    ``seq_sum_const`` for tic, gmc, is, none; ``token_mean`` for cispo, icepop, seq_mask, m2po,
+    dppo, as their peers)."""
     max_new_tokens: PositiveInt = 512
     """The constant divisor of ``seq_sum_const``: the generation token limit (a training run
     sets it to its ``sampling.max_new_tokens``)."""
@@ -59,6 +60,48 @@ class EstimatorConfig:
     (``exp(20)`` ~ 4.9e8), so uncapped weights stay finite."""
     kl_coef: NonNegative = 0.0
     """Weight of the k3 KL penalty to the reference policy; 0 (off) by default."""
+    cispo_eps_low: NonNegative = 10.0
+    """``cispo`` lower clip of the token ratio at ``1-cispo_eps_low``: verl's CISPO recipe
+    (``actor.clip_ratio_low=10``), i.e. no lower clip, as in MiniMax-M1."""
+    cispo_eps_high: NonNegative = 0.2
+    """``cispo`` upper clip of the token ratio at ``1+cispo_eps_high``: verl's CISPO recipe
+    (``actor.clip_ratio_high=0.2``); TRL's ``epsilon_high`` is the absolute bound ``1+cispo_eps_high``."""
+    icepop_low: NonNegative = 0.5
+    """``icepop`` keeps a token only if its ratio is ``>= icepop_low``: IcePop's 0.5 (verl
+    ``rollout_is_threshold="0.5_5.0"``, TRL ``vllm_importance_sampling_clip_min``)."""
+    icepop_high: Annotated[float, Field(gt=0)] = 5.0
+    """``icepop`` keeps a token only if its ratio is ``<= icepop_high``: IcePop's 5.0."""
+    seq_mask_metric: Literal["rho", "geo_mean"] = "rho"
+    """What ``seq_mask`` bounds [choice]: ``rho`` (the trajectory ratio; kept responses are weighted
+    by rho, TRL ``vllm_importance_sampling_mode="sequence_mask"``, verl ``rollout_is="sequence"``
+    with a ``lower_upper`` threshold) or ``geo_mean`` (``exp(L/|y|)``; kept responses get weight 1,
+    a pure rejection as verl ``rollout_rs="seq_mean_k1"``, whose ``lower_upper`` bounds apply to
+    ``1/exp(L/|y|)``, and SkyRL's ``sequence_mask_metric``)."""
+    seq_mask_low: NonNegative = 0.0
+    """``seq_mask`` drops a response whose metric is below this (TRL's
+    ``vllm_importance_sampling_clip_min``: None, i.e. 0 here). For ``geo_mean`` set bounds near 1."""
+    seq_mask_high: Annotated[float, Field(gt=0)] = 3.0
+    """``seq_mask`` drops a response whose metric is above this (TRL's
+    ``vllm_importance_sampling_clip_max``: 3.0)."""
+    m2po_tau: Annotated[float, Field(gt=0)] = 0.04
+    """``m2po`` masks the tokens of largest ``(log r)^2`` until the batch mean of the rest is below
+    ``m2po_tau`` (AReaL ``actor.m2_threshold``; 0.04 in its M2PO example)."""
+    gmpo_clip_low: NonNegative = 0.4
+    """``gmpo`` clips each token's log-ratio from below at ``-gmpo_clip_low`` (for negative
+    advantages) before the geometric mean: GMPO's ``(-0.4, 0.4)`` (verl ``loss_mode=geo_mean``
+    with ``actor.clip_ratio_low``)."""
+    gmpo_clip_high: NonNegative = 0.4
+    """``gmpo`` clips each token's log-ratio from above at ``gmpo_clip_high`` (for positive
+    advantages): GMPO's 0.4 (verl ``actor.clip_ratio_high``)."""
+    dppo_delta_low: NonNegative = 0.2
+    """``dppo`` masks a token of negative advantage whose probability fell by more than this
+    (verl ``loss_mode=dppo_tv`` with ``actor.clip_ratio_low``; prime-rl's ``dppo_mask_low``: 0.2)."""
+    dppo_delta_high: NonNegative = 0.2
+    """``dppo`` masks a token of positive advantage whose probability rose by more than this
+    (verl ``actor.clip_ratio_high``; prime-rl's ``dppo_mask_high``: 0.2)."""
+    dppo_ratio_cap: Annotated[float, Field(gt=0)] = 20.0
+    """``dppo`` truncates the kept tokens' ratio at this: verl ``dppo_tv``'s ``clip_ratio_c``
+    fallback of 20, which it recommends large (its ``ActorConfig`` shares 3.0 with dual-clip PPO)."""
 
 
 
@@ -82,6 +125,12 @@ REGISTRY: dict[str, Estimator] = {
     "none": Estimator("no correction", (), "tab:gray"),
     "gspo": Estimator("GSPO", ("ratio/frac_seq_clipped",), "tab:purple"),
     "tis": Estimator("token TIS", ("ratio/frac_tokens_clipped",), "tab:brown"),
+    "cispo": Estimator("CISPO", ("ratio/frac_tokens_clipped",), "tab:pink"),
+    "icepop": Estimator("IcePop (token mask)", ("ratio/frac_tokens_masked",), "tab:olive"),
+    "seq_mask": Estimator("sequence mask", ("ratio/frac_seq_masked",), "tab:cyan"),
+    "m2po": Estimator("M2PO", ("ratio/frac_tokens_masked",), "goldenrod"),
+    "gmpo": Estimator("GMPO", ("ratio/frac_tokens_clipped",), "black"),
+    "dppo": Estimator("DPPO (TV)", ("ratio/frac_tokens_masked",), "teal"),
 }
 """Every estimator by config name (``algorithm``), in the order tables and figures use."""
 

@@ -25,6 +25,9 @@ gradient is exactly the estimator's. Variants implemented:
   to ``[1-gspo_eps_low, 1+gspo_eps_high]`` PPO-style; default ``seq_mean``.
 * ``tis``: token-level truncated importance sampling, ``w_t = min(r_t, 1+eps)`` detached;
   default ``seq_mean``.
+* ``cispo``, ``icepop``, ``seq_mask``, ``m2po``, ``gmpo``, ``dppo``: the off-policy corrections
+  verl, TRL, AReaL, SkyRL and prime-rl ship, in their single-update form (their docstrings name
+  the peers' config keys; method.md section 3).
 
 All ratio arithmetic is float32 and in log space. KL to a reference policy (k3 estimator) is
 added when ``kl_coef > 0`` and ``ref_logp`` is given.
@@ -296,6 +299,160 @@ def tis_loss(logp, logp_behavior, mask, advantages, cfg: EstimatorConfig, ref_lo
     return loss, stats
 
 
+# ---------------------------------------------------------------------------------------------
+# Corrections the field's RL systems ship (each with its peers' config keys). This trainer makes
+# one update per batch from the policy that scores it, so a proximal policy equals the current
+# one: decoupled PPO's proximal ratio is 1 and only the behaviour ratio ``r`` remains.
+
+
+def _frac(flags: Tensor, mask: Tensor) -> float:
+    """Fraction of the valid tokens where ``flags`` holds."""
+    m = mask.bool()
+    return float((flags & m).sum() / m.sum().clamp(min=1))
+
+
+def _token_ratio(l_tok: Tensor) -> Tensor:
+    """``r = exp(l)`` with ``l`` clamped to ``[-20, 20]`` as verl does, so ratios stay finite."""
+    return torch.exp(l_tok.clamp(-20.0, 20.0))
+
+
+def cispo_loss(logp, logp_behavior, mask, advantages, cfg: EstimatorConfig, ref_logp=None):
+    """CISPO (MiniMax-M1, arXiv 2506.13585): ``-sg(clip(r, 1-cispo_eps_low, 1+cispo_eps_high)) A
+    log pi``; no token's gradient is ever zeroed. verl ``loss_mode=cispo`` (``clip_ratio_low``,
+    ``clip_ratio_high``), TRL ``loss_type="cispo"`` (``epsilon_high`` = ``1+cispo_eps_high``).
+    Default aggregation ``token_mean``."""
+    _check_shapes(logp, logp_behavior, mask, advantages)
+    l_tok = token_log_ratios(logp, logp_behavior, mask)
+    r = _token_ratio(l_tok)
+    w = r.clamp(1.0 - cfg.cispo_eps_low, 1.0 + cfg.cispo_eps_high)
+    loss, stats = _pg_loss(w * advantages.float().unsqueeze(-1), logp, mask, cfg, "token_mean", ref_logp)
+    stats["ratio/frac_tokens_clipped"] = _frac(w != r, mask)
+    stats.update(_ratio_stats(l_tok.sum(-1), l_tok, mask))
+    return loss, stats
+
+
+def icepop_loss(logp, logp_behavior, mask, advantages, cfg: EstimatorConfig, ref_logp=None):
+    """Token-level masked IS (IcePop): ``r A`` on the tokens with ``icepop_low <= r <= icepop_high``,
+    0 elsewhere. verl ``rollout_is="token"`` with ``rollout_is_threshold="0.5_5.0"``, TRL
+    ``vllm_importance_sampling_mode="token_mask"``. Default aggregation ``token_mean``."""
+    _check_shapes(logp, logp_behavior, mask, advantages)
+    l_tok = token_log_ratios(logp, logp_behavior, mask)
+    r = _token_ratio(l_tok)
+    kept = (r >= cfg.icepop_low) & (r <= cfg.icepop_high)
+    coef = torch.where(kept, r, torch.zeros_like(r)) * advantages.float().unsqueeze(-1)
+    loss, stats = _pg_loss(coef, logp, mask, cfg, "token_mean", ref_logp)
+    stats["ratio/frac_tokens_masked"] = _frac(~kept, mask)
+    stats.update(_ratio_stats(l_tok.sum(-1), l_tok, mask))
+    return loss, stats
+
+
+def seq_mask_loss(logp, logp_behavior, mask, advantages, cfg: EstimatorConfig, ref_logp=None):
+    """Sequence-level masked IS: a response is dropped when its metric leaves
+    ``[seq_mask_low, seq_mask_high]``. ``seq_mask_metric="rho"``: the metric is the trajectory ratio
+    and a kept response is weighted by it (TRL ``vllm_importance_sampling_mode="sequence_mask"``,
+    verl ``rollout_is="sequence"`` with a ``lower_upper`` threshold); ``"geo_mean"``: the metric is
+    ``exp(L/|y|)`` and a kept response gets weight 1 (verl ``rollout_rs="seq_mean_k1"``, SkyRL
+    ``sequence_mask_metric``). Default aggregation ``token_mean``."""
+    _check_shapes(logp, logp_behavior, mask, advantages)
+    l_tok = token_log_ratios(logp, logp_behavior, mask)
+    L = l_tok.sum(-1)
+    lengths = mask.float().sum(-1).clamp(min=1.0)
+    log_low = math.log(cfg.seq_mask_low) if cfg.seq_mask_low > 0 else -math.inf
+    log_high = math.log(cfg.seq_mask_high)
+    stat = L if cfg.seq_mask_metric == "rho" else L / lengths
+    kept = (stat >= log_low) & (stat <= log_high)
+    if cfg.seq_mask_metric == "rho":
+        w = torch.where(kept, torch.exp(L.clamp(max=log_high)), torch.zeros_like(L))
+    else:
+        w = kept.float()
+    loss, stats = _pg_loss((w * advantages.float()).unsqueeze(-1), logp, mask, cfg, "token_mean", ref_logp)
+    stats["ratio/frac_seq_masked"] = float((~kept).float().mean())
+    stats.update(_weight_stats(w, L, shortfall=cfg.seq_mask_metric == "rho"))
+    stats.update(_ratio_stats(L, l_tok, mask))
+    return loss, stats
+
+
+def m2po_keep_mask(l_tok: Tensor, mask: Tensor, tau: float) -> Tensor:
+    """M2PO's token mask ``[B, G, T]`` over the whole batch: sort the valid tokens by ``(log r)^2``
+    descending and drop the first ``k``, the least for which the mean of the rest is ``< tau``; if
+    no ``k`` gets there, all but the smallest one are dropped (AReaL's ``_apply_m2po_masking``).
+    Ties keep their order (stable sort)."""
+    m = mask.bool()
+    m2 = l_tok.float().pow(2)[m]
+    if m2.numel() == 0:
+        return m
+    sorted_m2, order = torch.sort(m2, descending=True, stable=True)
+    n = sorted_m2.numel()
+    counts = torch.arange(n, 0, -1, dtype=sorted_m2.dtype, device=m2.device)
+    suffix_mean = sorted_m2.flip(0).cumsum(0).flip(0) / counts
+    below = torch.nonzero(suffix_mean < tau)
+    k = int(below[0]) if below.numel() else n - 1
+    keep_sorted = torch.arange(n, device=m2.device) >= k
+    keep = torch.empty_like(keep_sorted)
+    keep[order] = keep_sorted
+    out = torch.zeros_like(m)
+    out[m] = keep
+    return out
+
+
+def m2po_loss(logp, logp_behavior, mask, advantages, cfg: EstimatorConfig, ref_logp=None):
+    """M2PO (arXiv 2510.01161): ``r A`` on the tokens :func:`m2po_keep_mask` keeps (threshold
+    ``m2po_tau``, AReaL ``actor.m2_threshold``), no clip. AReaL measures ``(log r)^2`` between the
+    behaviour and the proximal policy; with one update per batch the proximal policy is the current
+    one. Default aggregation ``token_mean``."""
+    _check_shapes(logp, logp_behavior, mask, advantages)
+    l_tok = token_log_ratios(logp, logp_behavior, mask)
+    kept = m2po_keep_mask(l_tok, mask, cfg.m2po_tau)
+    r = _token_ratio(l_tok)
+    coef = torch.where(kept, r, torch.zeros_like(r)) * advantages.float().unsqueeze(-1)
+    loss, stats = _pg_loss(coef, logp, mask, cfg, "token_mean", ref_logp)
+    m = mask.bool()
+    stats["ratio/frac_tokens_masked"] = _frac(~kept, mask)
+    stats["ratio/m2"] = float(l_tok.pow(2)[m].mean()) if m.any() else 0.0
+    stats.update(_ratio_stats(l_tok.sum(-1), l_tok, mask))
+    return loss, stats
+
+
+def gmpo_loss(logp, logp_behavior, mask, advantages, cfg: EstimatorConfig, ref_logp=None):
+    """GMPO (arXiv 2507.20673): ``-A exp(mean_t clip(l_t))`` with each token's log-ratio clipped
+    sign-aware before the geometric mean (to at most ``gmpo_clip_high`` for ``A > 0``, at least
+    ``-gmpo_clip_low`` for ``A < 0``); unlike ``gspo``, which clips the geometric mean itself.
+    verl ``loss_mode=geo_mean`` (``clip_ratio_low``, ``clip_ratio_high``). Gradient ``A s / |y|`` on
+    every unclipped token; default aggregation ``seq_mean`` (verl takes the mean over sequences)."""
+    _check_shapes(logp, logp_behavior, mask, advantages)
+    l_tok = token_log_ratios(logp, logp_behavior, mask)
+    A = advantages.float().unsqueeze(-1).expand_as(l_tok)
+    clipped = ((A > 0) & (l_tok > cfg.gmpo_clip_high)) | ((A < 0) & (l_tok < -cfg.gmpo_clip_low))
+    l_clip = torch.where(clipped, l_tok.clamp(-cfg.gmpo_clip_low, cfg.gmpo_clip_high), l_tok)
+    lengths = mask.float().sum(-1).clamp(min=1.0)
+    s = torch.exp((l_clip.sum(-1) / lengths).clamp(max=50.0))
+    coef = torch.where(clipped, torch.zeros_like(A), A * s.unsqueeze(-1))
+    loss, stats = _pg_loss(coef, logp, mask, cfg, "seq_mean", ref_logp)
+    stats["ratio/frac_tokens_clipped"] = _frac(clipped, mask)
+    stats.update(_ratio_stats(l_tok.sum(-1), l_tok, mask))
+    return loss, stats
+
+
+def dppo_loss(logp, logp_behavior, mask, advantages, cfg: EstimatorConfig, ref_logp=None):
+    """DPPO, total-variation form (arXiv 2602.04879): mask a token whose probability moved more
+    than ``dppo_delta_high`` up (``A > 0``) or ``dppo_delta_low`` down (``A <= 0``); the rest get
+    ``min(r, dppo_ratio_cap) A``. verl ``loss_mode=dppo_tv`` (``clip_ratio_low``,
+    ``clip_ratio_high``, ``clip_ratio_c``), prime-rl's default loss. Default aggregation
+    ``token_mean``."""
+    _check_shapes(logp, logp_behavior, mask, advantages)
+    l_tok = token_log_ratios(logp, logp_behavior, mask)
+    m = mask.bool()
+    zeros = torch.zeros_like(l_tok)
+    dp = torch.where(m, torch.exp(logp.detach().float()) - torch.exp(logp_behavior.float()), zeros)
+    A = advantages.float().unsqueeze(-1).expand_as(l_tok)
+    valid = torch.where(A > 0, dp <= cfg.dppo_delta_high, dp >= -cfg.dppo_delta_low)
+    coef = torch.where(valid, _token_ratio(l_tok).clamp(max=cfg.dppo_ratio_cap) * A, zeros)
+    loss, stats = _pg_loss(coef, logp, mask, cfg, "token_mean", ref_logp)
+    stats["ratio/frac_tokens_masked"] = _frac(~valid, mask)
+    stats.update(_ratio_stats(l_tok.sum(-1), l_tok, mask))
+    return loss, stats
+
+
 LossFn = Callable[..., tuple[Tensor, dict[str, float]]]
 
 
@@ -307,6 +464,12 @@ ESTIMATORS: dict[str, LossFn] = {
     "none": none_loss,
     "gspo": gspo_loss,
     "tis": tis_loss,
+    "cispo": cispo_loss,
+    "icepop": icepop_loss,
+    "seq_mask": seq_mask_loss,
+    "m2po": m2po_loss,
+    "gmpo": gmpo_loss,
+    "dppo": dppo_loss,
 }
 """The loss of every estimator; labels, colours and diagnostics are in :mod:`gmc.estimator_info`."""
 

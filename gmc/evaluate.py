@@ -24,7 +24,7 @@ from pydantic import Field
 from tqdm import tqdm
 
 from gmc.data import BENCHMARKS, benchmark_specs, format_prompt, load_dataset
-from gmc.engines import ENGINES, SamplingConfig, VLLMConfig, make_engine
+from gmc.engines import ENGINES, HFConfig, SamplingConfig, VLLMConfig, make_engine
 from gmc.io import atomic_path, write_json
 from gmc.rewards import Grader
 from gmc.settings import Fraction, NonNegativeInt, PositiveInt, registered, settings, to_dict
@@ -67,6 +67,8 @@ class EvalConfig:
     """Registered benchmarks: read the local copy or the Hugging Face hub."""
     engine: registered(lambda: ENGINES, "rollout engine") = "hf"
     """Decoding engine, a key of :data:`gmc.engines.ENGINES`: ``hf`` (any machine) or ``vllm`` (GPU)."""
+    hf: HFConfig = field(default_factory=HFConfig)
+    """Settings of the HF engine (a per-token wall-clock cost for benchmarks)."""
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
     """Settings of the vLLM engine (``engine: vllm``), as in training."""
     device: str = "auto"

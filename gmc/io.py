@@ -97,9 +97,9 @@ def read_jsonl(path: str | Path) -> list[dict]:
     return rows
 
 
-def truncate_jsonl(path: Path, step: int) -> None:
-    """Keep the lines with ``step < step`` (what a checkpoint at ``step`` had seen)."""
-    rows = [r for r in read_jsonl(path) if r["step"] < step]
+def truncate_jsonl(path: Path, step: int, key: str = "step") -> None:
+    """Keep the lines whose ``key`` is below ``step`` (what a checkpoint at ``step`` had seen)."""
+    rows = [r for r in read_jsonl(path) if r[key] < step]
     with atomic_path(path) as tmp:
         tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
 

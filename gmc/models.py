@@ -59,15 +59,16 @@ def train_tokenizer(texts: list[str], vocab_size: int, special_tokens: tuple[str
 
 def qwen3_model(shape: Qwen3Shape, vocab_rows: int, **config: Any):
     """A randomly initialised ``Qwen3ForCausalLM`` of ``shape`` with ``vocab_rows`` embedding rows
-    (tied to the LM head), seeded by ``shape.seed``; ``config`` sets further ``Qwen3Config``
-    fields (token ids, positions, rope)."""
+    (tied to the LM head unless ``config`` says otherwise), seeded by ``shape.seed``; ``config``
+    sets further ``Qwen3Config`` fields (token ids, positions, rope)."""
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    mcfg = Qwen3Config(vocab_size=vocab_rows, hidden_size=shape.hidden_size, intermediate_size=shape.intermediate_size,
-                       num_hidden_layers=shape.num_layers, num_attention_heads=shape.num_heads,
-                       num_key_value_heads=shape.num_kv_heads, head_dim=shape.hidden_size // shape.num_heads,
-                       tie_word_embeddings=True, **config)
+    mcfg = Qwen3Config(**{
+        "vocab_size": vocab_rows, "hidden_size": shape.hidden_size, "intermediate_size": shape.intermediate_size,
+        "num_hidden_layers": shape.num_layers, "num_attention_heads": shape.num_heads,
+        "num_key_value_heads": shape.num_kv_heads, "head_dim": shape.hidden_size // shape.num_heads,
+        "tie_word_embeddings": True, **config})
     torch.manual_seed(shape.seed)
     return Qwen3ForCausalLM(mcfg)
 

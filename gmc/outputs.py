@@ -38,6 +38,9 @@ TABLES: dict[str, Output] = {
                           "Staleness and each estimator's clip, cap and weight statistics."),
     "paired": Output("gmc.analysis:paired_table",
                      "Paired differences between estimators and each one's cost of staleness."),
+    "league": Output("gmc.analysis:league_table",
+                     "Every estimator at the largest delay ranked by final Pass@1 (95% intervals), its paired "
+                     "difference to GMC and cost of staleness with sign counts, and its own statistics."),
 }
 """Every table of a sweep by name, in the order they are written."""
 
@@ -58,6 +61,9 @@ FIGURES: dict[str, Output] = {
                                   "Staleness against the group's longest response under the named delay modes: "
                                   "under the latency model the delay depends on the trajectory (the paper's "
                                   "Assumption 3 fails)."),
+    "staleness_distribution": Output("gmc.plots:staleness_distribution",
+                                     "The distribution of consumed staleness under the latency model, real "
+                                     "asynchrony on Ray and replayed traces, side by side."),
 }
 """Every figure of a sweep by name, in the order they are drawn."""
 

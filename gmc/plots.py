@@ -18,11 +18,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from gmc.analysis import delay_order, delay_title  # noqa: E402
 from gmc.estimator_info import REGISTRY  # noqa: E402
 from gmc.io import save_figure  # noqa: E402
 from gmc.outputs import FIGURES  # noqa: E402
 from gmc.stats import mean_interval  # noqa: E402
+from gmc.sweep import delay_order, delay_title  # noqa: E402
 
 METHOD_COLORS = {name: e.color for name, e in REGISTRY.items()}
 
@@ -101,6 +101,36 @@ def run_figures(results: str | Path, out: str | Path | None = None) -> list[Path
     out = Path(out or results / "figures")
     frame = collect(results)
     return [p for entry in FIGURES.values() for p in entry.resolve()(frame.copy(), out)]
+
+
+def league_figure(regimes: dict[str, str | Path], out: Path) -> list[Path]:
+    """Final score against the fixed delay per estimator, one panel per regime: ``regimes`` maps a
+    panel's title to its results folder (largest group size of each; delays evenly spaced, as
+    categories; bars: 95% interval over seeds). Written to ``out/league.{png,pdf}``."""
+    from gmc.analysis import collect
+
+    fig, axes = panel_row(len(regimes), 5.5)
+    for ax, (name, results) in zip(axes, regimes.items()):
+        G, frame = _largest_group(collect(results))
+        score, score_label = _score_column(frame)
+        numeric = _numeric_delays(frame)
+        delays = sorted(numeric["delay"].unique())
+        algorithms = [a for a in REGISTRY if a in set(numeric["algorithm"])]
+        # delays as categories; each estimator a little apart, so that the bars do not hide each other
+        offset = {a: 0.3 * (i / max(len(algorithms) - 1, 1) - 0.5) for i, a in enumerate(algorithms)}
+        numeric["x"] = [delays.index(d) + offset[a] for d, a in zip(numeric["delay"], numeric["algorithm"])]
+        _line_by_algorithm(ax, numeric, "x", score, "score_se")
+        ax.set_xticks(range(len(delays)), [str(d) for d in delays])
+        ax.set_xlabel("delay d (optimizer steps)")
+        seeds = int(numeric.groupby(["algorithm", "delay"])["seed"].nunique().min())
+        ax.set_title(f"{name}: G = {G}, {seeds} seeds")
+        ax.set_ylabel(score_label)
+    legend = {}  # one legend for every panel's estimators
+    for ax in axes:
+        legend.update(zip(*reversed(ax.get_legend_handles_labels())))
+    fig.legend(list(legend.values()), list(legend), loc="outside right upper", fontsize=8)
+    fig.suptitle("Final score vs delay per estimator; bars: 95% interval over seeds")
+    return save_both(fig, Path(out), "league")
 
 
 def _largest_group(frame: pd.DataFrame) -> tuple[int, pd.DataFrame]:
@@ -223,3 +253,31 @@ def staleness_vs_length(frame: pd.DataFrame, out: Path) -> list[Path]:
     modes = ", ".join(delay_title(d) for d in sorted(named["delay"].unique(), key=delay_order))
     ax.set_title(f"{modes[:1].upper() + modes[1:]}: staleness by answer length" if modes else "Staleness by answer length")
     return save_both(fig, out, "staleness_vs_length")
+
+
+def staleness_distribution(frame: pd.DataFrame, out: Path) -> list[Path]:
+    """The distribution of consumed staleness per delay that is not a fixed number (the latency
+    model, real asynchrony, replayed traces), runs and seeds pooled: simulated against real lags."""
+    import numpy as np
+
+    from gmc.io import read_jsonl
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.6), layout="constrained")
+    named = frame[~frame["delay"].str.isdigit()]
+    delays = sorted(named["delay"].unique(), key=delay_order)
+    width = 0.8 / max(1, len(delays))
+    for i, delay in enumerate(delays):
+        runs = named[named["delay"] == delay]
+        lags = np.array([r["staleness"] for d in runs["run_dir"] for r in read_jsonl(Path(d) / "groups.jsonl")])
+        values, counts = np.unique(lags, return_counts=True)
+        ax.bar(values + (i - (len(delays) - 1) / 2) * width, counts / counts.sum(), width=width,
+               label=f"{delay_title(delay)} ({runs['seed'].nunique()} seeds, mean {lags.mean():.2f})")
+    if named.empty:
+        ax.text(0.5, 0.5, "no runs of a named delay mode or trace in this sweep", ha="center", va="center",
+                transform=ax.transAxes)
+    else:
+        ax.legend(fontsize=8)
+    ax.set_xlabel("staleness of a consumed group (optimizer steps)")
+    ax.set_ylabel("fraction of consumed groups")
+    ax.set_title("Staleness distribution: simulated and real asynchrony")
+    return save_both(fig, out, "staleness_distribution")

@@ -16,6 +16,7 @@ import math
 import multiprocessing as mp
 import os
 import re
+import signal
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -104,7 +105,19 @@ def _verify_worker(args: tuple[str, str, int]) -> tuple[bool, Reason]:
         return False, "parse_error"
 
 
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGUSR1}
+"""Blocked while the pool forks: a worker forked while a run waits for a stop signal
+(:class:`gmc.rundir.StopRequests`) would inherit the run's handlers and swallow the pool's
+terminate(), hanging its join."""
+
+
 def _warm_worker() -> None:
+    # SIGTERM (the pool's terminate) ends a worker; SLURM's warning (SIGUSR1, sent to every
+    # process of the job) is the run's to act on. A signal that came since the fork is pending
+    # until here, and then meets these dispositions.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     import math_verify  # noqa: F401  (import once per worker, not per item)
 
     # answers reach a worker at most MAX_ANSWER_CHARS long, and the pool bounds each item's time:
@@ -125,7 +138,12 @@ class Grader:
             # fork: workers run pure-Python sympy code, start in milliseconds and need no
             # importable __main__ (spawn and forkserver re-run unguarded scripts)
             ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-            self._pool = ctx.Pool(self.workers, initializer=_warm_worker)
+            # the pool's threads keep the mask, so the workers they start later are forked blocked too
+            blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+            try:
+                self._pool = ctx.Pool(self.workers, initializer=_warm_worker)
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         return self._pool
 
     def close(self) -> None:

@@ -9,6 +9,7 @@ stream (:func:`stream_keys`), and answers end at every end-of-turn id (:func:`en
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -16,7 +17,7 @@ import torch
 from torch import Tensor
 
 from gmc.decoding import make_decoder
-from gmc.engines import SamplingConfig, VLLMConfig
+from gmc.engines import HFConfig, SamplingConfig, VLLMConfig
 
 
 @dataclass
@@ -166,10 +167,12 @@ class _Streams:
 class HFEngine(_Streams):
     """Sampling with a Hugging Face causal LM and a KV cache, on any device; ``batch_size``
     answers (prompts x samples) are decoded together. The samples of a call do not depend on
-    ``batch_size``: each draws from its own stream."""
+    ``batch_size``: each draws from its own stream. ``token_seconds`` of wall clock are added to
+    every decoding step (:class:`gmc.engines.HFConfig`)."""
 
-    def __init__(self, model, tokenizer, seed: int = 0, batch_size: int = 256):
+    def __init__(self, model, tokenizer, seed: int = 0, batch_size: int = 256, token_seconds: float = 0.0):
         self.model = model
+        self.token_seconds = token_seconds
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.device = next(model.parameters()).device
@@ -239,6 +242,8 @@ class HFEngine(_Streams):
                 decoder.keep(keep)
                 rows, done, tok, keys = rows[keep], done[keep], tok[keep], keys[keep]
             logits = decoder.step(tok)
+            if self.token_seconds:
+                time.sleep(self.token_seconds)
         return tokens, logps, lengths
 
 
@@ -316,9 +321,9 @@ class VLLMEngine(_Streams):
             self.asleep -= wake
 
 
-def hf_engine(model, tokenizer, model_path, seed, settings, dtype) -> HFEngine:
+def hf_engine(model, tokenizer, model_path, seed, settings: HFConfig, dtype) -> HFEngine:
     """The ``hf`` entry of :data:`gmc.engines.ENGINES`: sampling with the trainer's own module."""
-    return HFEngine(model, tokenizer, seed=seed)
+    return HFEngine(model, tokenizer, seed=seed, token_seconds=settings.token_seconds)
 
 
 def vllm_engine(model, tokenizer, model_path, seed, settings: VLLMConfig, dtype) -> VLLMEngine:

@@ -27,8 +27,10 @@ import logging
 import os
 import platform
 import shutil
+import signal
 import socket
 import subprocess
+import threading
 import time
 import uuid
 import zipfile
@@ -49,7 +51,7 @@ PREVIOUS = "checkpoint.prev.pt"
 REJECTED = "checkpoint.rejected.pt"
 SUMMARY = "summary.json"
 MODEL = "model"
-LOGS = ("metrics.jsonl", "groups.jsonl")
+LOGS = ("metrics.jsonl", "groups.jsonl", "staleness_trace.jsonl")
 RUN_FILES = (CONFIG, "run.json", *LOGS, CHECKPOINT, PREVIOUS, REJECTED, SUMMARY, MODEL)
 """Everything a run writes into its directory (besides the lock)."""
 
@@ -297,6 +299,42 @@ def _describe(owner: dict) -> str:
     if not owner:
         return "another process"
     return f"pid {owner.get('pid')} on {owner.get('host')} (since {owner.get('since')})"
+
+
+# ---------------------------------------------------------------------------------------------
+# stopping at a step boundary
+
+
+class StopRequests:
+    """The stop signals this process received (SLURM's warning before a time limit, the limit's
+    SIGTERM, a preemption): recorded, never acted on at once, so that a run can finish its step
+    and checkpoint. ``gmc train`` installs it before its heavy imports, so a signal that arrives
+    while the run starts is not lost either."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+    def __init__(self):
+        self.received: list[int] = []
+        self.previous: dict = {}
+
+    def install(self) -> None:
+        if not self.previous and threading.current_thread() is threading.main_thread():
+            self.previous = {s: signal.signal(s, lambda signum, frame: self.received.append(signum))
+                             for s in self.SIGNALS}
+
+    def restore(self) -> None:
+        """The handlers as they were, and nothing received (the run that acted on it has ended)."""
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
+        self.previous, self.received = {}, []
+
+    @property
+    def name(self) -> str | None:
+        return signal.Signals(self.received[0]).name if self.received else None
+
+
+STOP = StopRequests()
+"""The process's record of stop signals."""
 
 
 # ---------------------------------------------------------------------------------------------

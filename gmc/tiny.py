@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from dataclasses import field
 from pathlib import Path
 from typing import Annotated
 
@@ -17,6 +18,7 @@ from pydantic import Field
 
 from gmc.models import Qwen3Shape, count_parameters, qwen3_model, save_model, train_tokenizer
 from gmc.settings import Positive, PositiveInt, settings, to_dict
+from gmc.synthetic import SyntheticTask
 
 log = logging.getLogger(__name__)
 
@@ -45,10 +47,12 @@ class TinyModelConfig(Qwen3Shape):
     """Warm-start steps between two checks of the held-out greedy accuracy."""
     eval_problems: PositiveInt = 128
     """Held-out problems of each accuracy check."""
+    synthetic: SyntheticTask = field(default_factory=SyntheticTask)
+    """The synthetic task whose worked solutions the warm start teaches (the workflow's
+    ``synthetic`` section)."""
 
 
-def build_tiny_model(out: str | Path, cfg: TinyModelConfig = TinyModelConfig(), task=None,
-                     progress: bool = True) -> dict:
+def build_tiny_model(out: str | Path, cfg: TinyModelConfig = TinyModelConfig(), progress: bool = True) -> dict:
     """Build, warm-start and save the tiny policy under ``out``; returns a summary dict."""
     import torch
     from tqdm import tqdm
@@ -59,10 +63,10 @@ def build_tiny_model(out: str | Path, cfg: TinyModelConfig = TinyModelConfig(), 
     from gmc.policy import position_ids_from_mask
     from gmc.rewards import fast_verdict
     from gmc.rollout import HFEngine
-    from gmc.synthetic import SyntheticTask, solution_steps
+    from gmc.synthetic import solution_steps
 
     start = time.time()
-    task = task or SyntheticTask()
+    task = cfg.synthetic
     train = task.generate("train", 5000, seed=cfg.seed)
     held_out = task.generate("test", cfg.eval_problems, seed=cfg.seed + 1)
     prompts = [PLAIN_TEMPLATE.format(problem=r.problem) for r in train]
@@ -75,7 +79,9 @@ def build_tiny_model(out: str | Path, cfg: TinyModelConfig = TinyModelConfig(), 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 50))
     eos = tokenizer.eos_token
     engine = HFEngine(model, tokenizer, seed=cfg.seed)
-    greedy = SamplingConfig(temperature=0.0, max_new_tokens=48)
+    # room for the longest worked solution of the training set and its end token
+    longest = max(len(ids) for ids in tokenizer(targets)["input_ids"])
+    greedy = SamplingConfig(temperature=0.0, max_new_tokens=max(48, longest + 8))
 
     def accuracy() -> float:
         model.eval()
@@ -118,6 +124,6 @@ def build_tiny_model(out: str | Path, cfg: TinyModelConfig = TinyModelConfig(), 
     model.eval()
     summary = {"steps": step, "greedy_accuracy": acc, "seconds": round(time.time() - start, 1),
                "parameters": count_parameters(model), "history": history,
-               "config": to_dict(cfg), "task": to_dict(task)}
+               "config": to_dict(cfg)}
     save_model(out, model, tokenizer, summary)
     return summary

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -18,12 +19,12 @@ from torch import Tensor
 from gmc.estimators import EstimatorConfig, advantages_for
 from gmc.policy import token_logprobs_from_hidden
 
-MIN_QUANTUM = 16
+MIN_QUANTUM = 8
 
 
 def canonical_length(n: int) -> int:
     """The padded length of a row of ``n`` tokens: ``n`` rounded up to a multiple of
-    ``max(16, 2**floor(log2 n) / 8)``, a function of ``n`` alone (at most 12.5% padding).
+    ``max(8, 2**floor(log2 n) / 8)``, a function of ``n`` alone (at most 12.5% padding, or 7 tokens).
 
     A row is its prompt and response from position 0, right-padded to this length; rows of one
     length are forwarded together. So a row meets the same tensor shape, code path and kernels
@@ -81,19 +82,30 @@ class Rows:
         return micro_batches([len(s) for s in self.sequences], budget)
 
 
-def _forward(model, rows: Rows, idx: list[int], pad_id: int, temperature: float, chunk_size: int) -> Tensor:
+Attention = Literal["causal", "masked"]
+"""How a canonical micro-batch attends [choice, ``attention``]. ``causal``: the right-padded rows
+go through the model with no attention mask, so attention is plain causal attention (SDPA's
+flash path, no ``[rows, 1, T, T]`` mask built); a real token attends only to the real tokens
+before it, and the padding after a row never reaches it, so its log-probs are those of the
+masked forward up to kernel rounding. ``masked``: an explicit padding mask (transformers builds
+the 4-D mask; SDPA computes the full square), kept as the reference."""
+
+
+def _forward(model, rows: Rows, idx: list[int], pad_id: int, temperature: float, chunk_size: int,
+             attention: Attention = "causal") -> Tensor:
     """Response log-probs ``[len(idx), max response length]`` (float32; zero past each end) of
     one canonical micro-batch; differentiable when grad is enabled."""
     device = next(model.parameters()).device
     width = canonical_length(len(rows.sequences[idx[0]]))
     ids = torch.full((len(idx), width), pad_id, dtype=torch.long, device=device)
-    attn = torch.zeros((len(idx), width), dtype=torch.long, device=device)
+    attn = torch.zeros((len(idx), width), dtype=torch.long, device=device) if attention == "masked" else None
     T = max(1, max(rows.lengths[i] for i in idx))
     start = torch.tensor([rows.prompt_lengths[i] for i in idx], device=device)
     for k, i in enumerate(idx):
         seq = rows.sequences[i]
         ids[k, : len(seq)] = seq
-        attn[k, : len(seq)] = 1
+        if attn is not None:
+            attn[k, : len(seq)] = 1
     # the hidden state at position p - 1 predicts token p: response token t of row k sits at
     # start_k + t (clamped into the row; positions past the response end are masked by callers)
     pos = (start.unsqueeze(1) + torch.arange(T, device=device).unsqueeze(0)).clamp(max=width - 1)
@@ -129,14 +141,15 @@ def training_mode(model):
 
 
 def sequence_logprobs(model, rows: Rows, budget: int, pad_id: int, temperature: float = 1.0,
-                      chunk_size: int = 4096, compute_dtype: torch.dtype | None = None) -> Tensor:
+                      chunk_size: int = 4096, compute_dtype: torch.dtype | None = None,
+                      attention: Attention = "causal") -> Tensor:
     """No-grad response log-probs ``[N, T]`` (float32, on the model's device, zero past each
     end; ``T`` the longest response, at least 1) in canonical micro-batches."""
     device = next(model.parameters()).device
     out = torch.zeros(len(rows), max(1, max(rows.lengths, default=1)), device=device)
     with torch.no_grad(), training_mode(model), precision(model, compute_dtype):
         for idx in rows.plan(budget):
-            lp = _forward(model, rows, idx, pad_id, temperature, chunk_size)
+            lp = _forward(model, rows, idx, pad_id, temperature, chunk_size, attention)
             out[torch.tensor(idx, device=device), : lp.shape[1]] = lp
     return out
 
@@ -159,17 +172,29 @@ class Update:
 
     def __init__(self, model, loss_fn: Callable, est_cfg: EstimatorConfig, budget: int, pad_id: int,
                  temperature: float = 1.0, chunk_size: int = 4096, reference=None,
-                 compute_dtype: torch.dtype | None = None):
+                 compute_dtype: torch.dtype | None = None, attention: Attention = "causal"):
         if est_cfg.kl_coef > 0 and reference is None:
             raise ValueError("kl_coef > 0 needs a reference model")
         self.model, self.loss_fn, self.cfg = model, loss_fn, est_cfg
         self.budget, self.pad_id, self.temperature, self.chunk_size = budget, pad_id, temperature, chunk_size
         self.reference = reference if est_cfg.kl_coef > 0 else None
-        self.compute_dtype = compute_dtype
+        self.compute_dtype, self.attention = compute_dtype, attention
+
+    @classmethod
+    def from_config(cls, cfg, model, pad_id: int, reference=None) -> Update:
+        """The update of :class:`gmc.config.TrainConfig` ``cfg`` for ``model``: its estimator, budget,
+        temperature, LM-head chunk, compute dtype and attention; every pass over rollouts of a run
+        (the trainer's, a rollout worker's behaviour pass) goes through one of these."""
+        from gmc.estimators import get_estimator
+        from gmc.policy import DTYPES
+
+        return cls(model, get_estimator(cfg.algorithm), cfg.estimator, cfg.micro_batch_tokens, pad_id,
+                   temperature=cfg.sampling.temperature, chunk_size=cfg.logprob_chunk_size, reference=reference,
+                   compute_dtype=DTYPES[cfg.model_dtype], attention=cfg.attention)
 
     def logprobs(self, model, rows: Rows) -> Tensor:
         return sequence_logprobs(model, rows, self.budget, self.pad_id, self.temperature, self.chunk_size,
-                                 self.compute_dtype)
+                                 self.compute_dtype, self.attention)
 
     def backward(self, groups, on_policy: bool) -> tuple[Tensor, dict[str, float], Tensor]:
         """Back-propagate the estimator's loss on ``groups``; returns ``(loss, stats, rewards)``.
@@ -202,7 +227,7 @@ class Update:
         coef = coef.view(B * G, T)
         for idx in rows.plan(self.budget):
             with precision(self.model, self.compute_dtype):
-                lp = _forward(self.model, rows, idx, self.pad_id, self.temperature, self.chunk_size)
+                lp = _forward(self.model, rows, idx, self.pad_id, self.temperature, self.chunk_size, self.attention)
             at = torch.tensor(idx, device=device)
             (lp * coef[at, : lp.shape[1]]).sum().backward()
         return loss.detach(), stats, rewards
@@ -219,7 +244,7 @@ class Update:
         pieces, order = [], []
         for idx in rows.plan(0):
             with precision(self.model, self.compute_dtype):
-                lp = _forward(self.model, rows, idx, self.pad_id, self.temperature, self.chunk_size)
+                lp = _forward(self.model, rows, idx, self.pad_id, self.temperature, self.chunk_size, self.attention)
             pieces.append(torch.nn.functional.pad(lp, (0, T - lp.shape[1])))
             order += idx
         device = pieces[0].device

@@ -23,6 +23,7 @@ from gmc.estimator_info import REGISTRY
 from gmc.evaluate import EvalConfig
 from gmc.random_model import RandomModelConfig
 from gmc.settings import ConfigError, from_dict, json_schema
+from gmc.synthetic import SyntheticTask
 from gmc.tiny import TinyModelConfig
 
 SET_PER_JOB: dict[str, str] = {
@@ -32,11 +33,12 @@ SET_PER_JOB: dict[str, str] = {
     "data_source": "data.source", "data_root": "data.root",
     "experiment": "mlflow.experiment", "tracking_uri": "mlflow.tracking_uri (live logging)",
     "estimator.max_new_tokens": "sampling.max_new_tokens",
+    "synthetic": "the synthetic section",
 }
 """TrainConfig keys that the ``train`` section does not hold, and where each comes from."""
 
-EVAL_SET_PER_JOB = ("data_source", "data_root")
-"""EvalConfig keys that come from the ``data`` section."""
+EVAL_SET_PER_JOB = ("data_source", "data_root", "synthetic")
+"""EvalConfig keys that come from the ``data`` and ``synthetic`` sections."""
 
 
 def generated_defs() -> dict[str, Any]:
@@ -44,7 +46,8 @@ def generated_defs() -> dict[str, Any]:
     return {
         "train": json_schema(TrainConfig, drop=SET_PER_JOB),
         "evaluate": json_schema(EvalConfig, drop=EVAL_SET_PER_JOB),
-        "tiny_model": json_schema(TinyModelConfig),
+        "synthetic": json_schema(SyntheticTask),
+        "tiny_model": json_schema(TinyModelConfig, drop={"synthetic": "the synthetic section"}),
         "random_model": json_schema(RandomModelConfig),
         "named_delay_settings": json_schema(DelayConfig, drop=("mode", "d")),
         "estimator": {"type": "string", "enum": list(REGISTRY), "description": "A registered estimator."},

@@ -89,12 +89,13 @@ def snakemake():
 
 
 @pytest.fixture(scope="session")
-def load_rules():
-    """``load_rules(folder, overwrite_resources=None)``: the workflow's rules as Snakemake builds them
-    in-process for the default config copied into ``folder`` (name -> rule), set-resources applied."""
+def load_workflow():
+    """``load_workflow(folder, overwrite_resources=None, configfiles=())``: the workflow as Snakemake
+    builds it in-process in ``folder`` (the default config.yaml copied there unless ``configfiles``
+    are given), set-resources applied."""
     import shutil
 
-    def load(tmp_path, overwrite_resources=None) -> dict:
+    def load(folder, overwrite_resources=None, configfiles=()):
         from snakemake.api import SnakemakeApi
         from snakemake.settings.types import (
             ConfigSettings,
@@ -103,20 +104,27 @@ def load_rules():
             StorageSettings,
         )
 
-        tmp_path.mkdir(exist_ok=True)
-        shutil.copy(REPO / "config.yaml", tmp_path / "config.yaml")
+        folder.mkdir(exist_ok=True)
+        if not (folder / "config.yaml").exists():
+            shutil.copy(REPO / "config.yaml", folder / "config.yaml")
         cwd = os.getcwd()
-        os.chdir(tmp_path)
+        os.chdir(folder)
         try:
             with SnakemakeApi(OutputSettings()) as api:
                 wf = api.workflow(resource_settings=ResourceSettings(overwrite_resources=overwrite_resources or {}),
-                                  config_settings=ConfigSettings(), storage_settings=StorageSettings(),
-                                  snakefile=REPO / "Snakefile", workdir=tmp_path)
-                return {r.name: r for r in wf._workflow.rules}
+                                  config_settings=ConfigSettings(configfiles=[Path(f) for f in configfiles]),
+                                  storage_settings=StorageSettings(), snakefile=REPO / "Snakefile", workdir=folder)
+                return wf._workflow
         finally:
             os.chdir(cwd)
 
     return load
+
+
+@pytest.fixture(scope="session")
+def load_rules(load_workflow):
+    """``load_rules(folder, overwrite_resources=None)``: the default workflow's rules by name."""
+    return lambda folder, overwrite_resources=None: {r.name: r for r in load_workflow(folder, overwrite_resources).rules}
 
 
 @pytest.fixture

@@ -1,5 +1,7 @@
 """The delay queue and the latency model, driven by a deterministic group generator."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -128,7 +130,7 @@ def test_fixed_state_round_trip_and_queue_bytes():
 
 
 def test_delay_config_validation():
-    with pytest.raises(ValueError, match=r"delay.mode: unknown delay mode 'async'; known: \['sync', 'fixed', 'latency'\]"):
+    with pytest.raises(ValueError, match=r"delay.mode: unknown delay mode 'async'; known: \['sync', 'fixed', 'latency', 'ray', 'trace'\]"):
         DelayConfig(mode="async")
     with pytest.raises(ValueError, match="delay.d: must be greater than or equal to 0"):
         DelayConfig(d=-1)
@@ -166,3 +168,76 @@ def test_a_batch_carries_the_measurements_of_every_collector_call_made_for_it():
     lat = LatencySource(Generator(), 2, DelayConfig(mode="latency", slots=4, alpha=1.0, beta=0.1))
     batches = [lat.next_batch(t) for t in range(6)]
     assert sum(len(b.collected) for b in batches) == len(lat.rollouts.calls)
+
+
+# ---------------------------------------------------------------------------------------------
+# the staleness bound of real asynchrony, and the replay of a recorded trace
+
+
+def test_the_staleness_bound_admits_by_capacity_and_drops_what_is_too_old():
+    from gmc.distributed.admission import StalenessBound
+
+    bound = StalenessBound(max_staleness=2, batch=4)
+    assert bound.capacity(0) == 12  # (S + v + 1) B before anything started
+    bound.started(12)
+    assert bound.capacity(0) == 0 and bound.capacity(1) == 4
+    assert all(bound.finished(0, 0) for _ in range(10)) and bound.accepted == 10
+    assert bound.finished(0, 3) is False and bound.dropped == 1  # arrived 3 versions after its weights
+    bound.lost(1)  # its worker died
+    assert bound.in_flight == 0 and bound.capacity(0) == 2
+    assert bound.too_old(0, 3) and not bound.too_old(1, 3)
+    bound.discard()  # a buffered group dropped at consumption frees its slot
+    assert bound.accepted == 9 and bound.dropped == 2 and bound.capacity(0) == 3
+    state = bound.state_dict()
+    resumed = StalenessBound(2, 4)
+    resumed.load_state_dict(state)
+    assert (resumed.accepted, resumed.dropped, resumed.in_flight) == (9, 2, 0)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_under_the_capacity_rule_no_group_is_consumed_beyond_the_bound(seed):
+    """A simulation of admission, out-of-order completion and consumption: every consumed group is
+    at most S versions old, every batch is full, and what is dropped was too old."""
+    from gmc.distributed.admission import StalenessBound
+
+    rng = np.random.default_rng(seed)
+    S, B, workers = 2, 4, 3
+    bound, buffer, running, consumed = StalenessBound(S, B), [], [], []
+    for v in range(40):
+        while True:
+            while len(running) < workers and bound.capacity(v) > 0:
+                bound.started(1)
+                running.append((v, rng.integers(1, 30)))  # (weights, time to finish)
+            buffer = [g for g in buffer if not (bound.too_old(g, v) and (bound.discard() or True))]
+            if len(buffer) >= B:
+                break
+            k = int(np.argmin([t for _, t in running]))
+            made, _ = running.pop(k)
+            running = [(m, t - 1) for m, t in running]
+            if bound.finished(made, v):
+                buffer.append(made)
+        batch, buffer = buffer[:B], buffer[B:]
+        consumed += [v - m for m in batch]
+        assert len(batch) == B
+    assert max(consumed) <= S and bound.accepted - len(buffer) == len(consumed)
+
+
+def test_a_trace_is_replayed_with_its_recorded_versions_and_steps(tmp_path):
+    from gmc.asynchrony import TraceSource, check_trace
+
+    trace = tmp_path / "staleness_trace.jsonl"
+    rows = [(7, -1, 0), (3, 0, 0), (5, 0, 1), (1, 1, 1), (2, 1, 2), (9, 0, 2)]
+    trace.write_text("".join(json.dumps({"prompt_index": p, "version": v, "consumed_version": c}) + "\n"
+                             for p, v, c in rows))
+    gen = Generator()
+    src = TraceSource(gen, 2, DelayConfig(mode="trace", trace=str(trace)))
+    got = [[(g.prompt_index, g.version, g.staleness) for g in src.next_batch(t).groups] for t in range(3)]
+    assert got == [[(7, -1, 1), (3, 0, 0)], [(5, 0, 1), (1, 1, 0)], [(2, 1, 1), (9, 0, 2)]]
+    assert gen.calls == [(1, -1), (3, 0), (2, 1)]  # one call per recorded version, at that version
+    check_trace(DelayConfig(mode="trace", trace=str(trace)), 3, 2)
+    with pytest.raises(ValueError, match=r"^steps: the trace .* records 3 steps, the run has 4"):
+        check_trace(DelayConfig(mode="trace", trace=str(trace)), 4, 2)
+    with pytest.raises(ValueError, match=r"^prompts_per_step: .* records \[2\] groups per step, the run consumes 3"):
+        check_trace(DelayConfig(mode="trace", trace=str(trace)), 3, 3)
+    with pytest.raises(ValueError, match="delay.trace: .*no such staleness trace"):
+        check_trace(DelayConfig(mode="trace", trace=str(tmp_path / "nope.jsonl")), 3, 2)

@@ -7,18 +7,21 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gmc.estimator_info import REGISTRY
 from gmc.estimators import (
     ESTIMATORS,
     EstimatorConfig,
     advantages_for,
     get_estimator,
     group_advantages,
+    m2po_keep_mask,
     trajectory_log_ratios,
     trajectory_weights,
 )
 from gmc.settings import ConfigError
 
-DEFAULT_AGG = {"grpo": "seq_mean", "gspo": "seq_mean", "tis": "seq_mean"}
+DEFAULT_AGG = {"grpo": "seq_mean", "gspo": "seq_mean", "tis": "seq_mean", "gmpo": "seq_mean",
+               **dict.fromkeys(["cispo", "icepop", "seq_mask", "m2po", "dppo"], "token_mean")}
 
 
 def random_batch(B=3, G=4, T=6, scale=0.3, seed=0):
@@ -41,6 +44,7 @@ def naive_coefficients(name, logp, logp_b, mask, adv, cfg):
     lp, lb = logp.double().tolist(), logp_b.double().tolist()
     mk, A = mask.tolist(), adv.double().tolist()
     coef = [[[0.0] * T for _ in range(G)] for _ in range(B)]
+    m2po_dropped = naive_m2po_dropped(lp, lb, mk, cfg.m2po_tau)
     for b in range(B):
         Ls = [sum(lp[b][g][t] - lb[b][g][t] for t in range(T) if mk[b][g][t]) for g in range(G)]
         rhos = [math.exp(L) for L in Ls]
@@ -72,8 +76,43 @@ def naive_coefficients(name, logp, logp_b, mask, adv, cfg):
                     s = math.exp(Ls[g] / n)
                     clipped = (a > 0 and s > 1 + cfg.gspo_eps_high) or (a < 0 and s < 1 - cfg.gspo_eps_low)
                     c = 0.0 if clipped else s * a
+                elif name == "cispo":
+                    c = min(max(r, 1 - cfg.cispo_eps_low), 1 + cfg.cispo_eps_high) * a
+                elif name == "icepop":
+                    c = r * a if cfg.icepop_low <= r <= cfg.icepop_high else 0.0
+                elif name == "seq_mask":
+                    metric = rho if cfg.seq_mask_metric == "rho" else math.exp(Ls[g] / n)
+                    kept = cfg.seq_mask_low <= metric <= cfg.seq_mask_high
+                    c = (rho if cfg.seq_mask_metric == "rho" else 1.0) * a if kept else 0.0
+                elif name == "m2po":
+                    c = 0.0 if (b, g, t) in m2po_dropped else r * a
+                elif name == "gmpo":
+                    def clipped(u, a=a):
+                        return (a > 0 and u > cfg.gmpo_clip_high) or (a < 0 and u < -cfg.gmpo_clip_low)
+                    ls = [lp[b][g][u] - lb[b][g][u] for u in range(T) if mk[b][g][u]]
+                    s = math.exp(sum(min(max(u, -cfg.gmpo_clip_low), cfg.gmpo_clip_high) if clipped(u) else u
+                                     for u in ls) / n)
+                    c = 0.0 if clipped(lp[b][g][t] - lb[b][g][t]) else s * a
+                elif name == "dppo":
+                    dp = math.exp(lp[b][g][t]) - math.exp(lb[b][g][t])
+                    valid = dp <= cfg.dppo_delta_high if a > 0 else dp >= -cfg.dppo_delta_low
+                    c = min(r, cfg.dppo_ratio_cap) * a if valid else 0.0
                 coef[b][g][t] = c
     return coef
+
+
+def naive_m2po_dropped(lp, lb, mk, tau):
+    """The (b, g, t) M2PO drops: the largest (log r)^2 first, until the mean of the rest is < tau."""
+    tokens = [((lp[b][g][t] - lb[b][g][t]) ** 2, (b, g, t))
+              for b in range(len(lp)) for g in range(len(lp[b])) for t in range(len(lp[b][g])) if mk[b][g][t]]
+    tokens.sort(key=lambda x: -x[0])  # stable: ties keep their order
+    for k in range(len(tokens)):
+        rest = [v for v, _ in tokens[k:]]
+        if sum(rest) / len(rest) < tau:
+            break
+    else:
+        k = len(tokens) - 1
+    return {idx for _, idx in tokens[:k]}
 
 
 def naive_loss_and_grad(name, logp, logp_b, mask, adv, cfg):
@@ -113,6 +152,41 @@ def test_estimator_matches_naive_loop(name, aggregation, seed):
     assert float(loss.detach()) == pytest.approx(ref_loss, rel=1e-4, abs=1e-6)
     torch.testing.assert_close(logp.grad.double(), ref_grad, rtol=1e-4, atol=1e-7)
     assert all(isinstance(v, float) and "/" in k for k, v in stats.items())
+
+
+TIGHT = dict(cispo_eps_low=0.1, cispo_eps_high=0.1, icepop_low=0.9, icepop_high=1.1, seq_mask_low=0.8,
+             seq_mask_high=1.25, m2po_tau=0.01, gmpo_clip_low=0.1, gmpo_clip_high=0.1, dppo_delta_low=0.03,
+             dppo_delta_high=0.03, dppo_ratio_cap=1.2)
+
+
+@pytest.mark.parametrize("name,metric", [("cispo", "rho"), ("icepop", "rho"), ("seq_mask", "rho"),
+                                         ("seq_mask", "geo_mean"), ("m2po", "rho"), ("gmpo", "rho"),
+                                         ("dppo", "rho")])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_corrections_match_naive_loop_where_their_clips_and_masks_fire(name, metric, seed):
+    """Bounds tight enough that every correction clips or masks part of the batch, not all of it."""
+    logp, logp_b, mask, rewards = random_batch(B=4, G=4, T=8, seed=seed, scale=0.3)
+    adv = group_advantages(rewards)
+    cfg = EstimatorConfig(**TIGHT, seq_mask_metric=metric)
+    logp = logp.clone().requires_grad_(True)
+    loss, stats = ESTIMATORS[name](logp, logp_b, mask, adv, cfg)
+    loss.backward()
+    ref_loss, ref_grad = naive_loss_and_grad(name, logp.detach(), logp_b, mask, adv, cfg)
+    assert float(loss.detach()) == pytest.approx(ref_loss, rel=1e-4, abs=1e-6)
+    torch.testing.assert_close(logp.grad.double(), ref_grad, rtol=1e-4, atol=1e-7)
+    (key,) = REGISTRY[name].diagnostics
+    assert 0 < stats[key] < 1, (key, stats[key])
+
+
+def test_m2po_mask_reaches_the_threshold_and_keeps_one_token_at_least():
+    l_tok = torch.tensor([[[0.5, -0.1, 0.0, 0.3]]])
+    mask = torch.tensor([[[True, True, True, False]]])
+    # (log r)^2 = 0.25, 0.01, 0: dropping 0.25 leaves mean 0.005 < 0.05
+    assert m2po_keep_mask(l_tok, mask, 0.05).tolist() == [[[False, True, True, False]]]
+    # nothing meets 1e-9 strictly but the last token (0 < 1e-9): all but it are dropped
+    assert m2po_keep_mask(l_tok, mask, 1e-9).tolist() == [[[False, False, True, False]]]
+    assert m2po_keep_mask(l_tok.abs() + 1, mask, 1e-9).tolist() == [[[False, False, True, False]]]
+    assert m2po_keep_mask(l_tok, mask, 1.0).tolist() == mask.tolist()
 
 
 def test_tic_ppo_min_matches_naive_loop():

@@ -15,6 +15,7 @@ import torch
 import yaml
 
 from gmc.io import flatten
+from gmc.outputs import FIGURES
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -150,7 +151,7 @@ def test_tables_figures_and_mlflow():
     for t in ("main", "diagnostics"):
         assert Path(RESULTS, "tables", f"{t}.md").read_text().startswith("| algorithm")
         assert "\\begin{tabular}" in Path(RESULTS, "tables", f"{t}.tex").read_text()
-    for name in ("reward_vs_step", "score_vs_delay", "score_vs_group", "ratio_diagnostics", "staleness_vs_length"):
+    for name in FIGURES:
         assert Path(RESULTS, "figures", f"{name}.png").stat().st_size > 5000, name
         assert Path(RESULTS, "figures", f"{name}.pdf").exists(), name
     synced = json.loads(Path(RESULTS, "mlflow", "synced.json").read_text())

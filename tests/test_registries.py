@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gmc import analysis, asynchrony, estimator_info, plots
+from gmc import analysis, asynchrony, estimator_info, outputs, plots, sweep
 from gmc.asynchrony import (
     DELAY_MODES,
     DelayConfig,
@@ -49,7 +49,8 @@ def test_diagnostic_names_cover_every_estimator_once():
     names = diagnostic_names()
     assert len(names) == len(set(names))
     assert {"ratio/frac_groups_capped", "ratio/frac_traj_capped", "ratio/frac_tokens_clipped",
-            "ratio/frac_seq_clipped", "ratio/ess_frac", "ratio/shortfall"} == set(names)
+            "ratio/frac_seq_clipped", "ratio/frac_tokens_masked", "ratio/frac_seq_masked", "ratio/ess_frac",
+            "ratio/shortfall"} == set(names)
 
 
 def test_delay_modes_build_their_sources_and_bad_modes_list_the_registry():
@@ -58,11 +59,11 @@ def test_delay_modes_build_their_sources_and_bad_modes_list_the_registry():
         source = make_source(DelayConfig(mode=mode, d=2), None, 2)
         assert isinstance(source, asynchrony.SyncSource)
     assert isinstance(make_source(DelayConfig(mode="latency"), None, 2), LatencySource)
-    assert named_delays() == ["latency"]
+    assert named_delays() == ["latency", "ray"]
     # whether a run can train on-policy is the delay mode's answer alone
     assert [asynchrony.on_policy(DelayConfig(mode=m, d=d)) for m, d in
             (("sync", 0), ("fixed", 0), ("fixed", 1), ("latency", 0))] == [True, True, False, False]
-    with pytest.raises(ValueError, match=r"delay.mode: unknown delay mode 'bursty'; known: \['sync', 'fixed', 'latency'\]"):
+    with pytest.raises(ValueError, match=r"delay.mode: unknown delay mode 'bursty'; known: \['sync', 'fixed', 'latency', 'ray', 'trace'\]"):
         DelayConfig(mode="bursty")
 
 
@@ -106,14 +107,15 @@ def test_a_new_delay_mode_and_estimator_need_only_their_registry_entries(tmp_pat
     _fake_results(tmp_path, points)
     frame = analysis.collect(tmp_path)
     assert list(dict.fromkeys(frame["delay"])) == ["0", "8", "latency", "bursty"]
-    assert analysis.delay_title("bursty") == "bursty arrivals" and analysis.delay_title("8") == "delay d = 8"
+    assert sweep.delay_title("bursty") == "bursty arrivals" and sweep.delay_title("8") == "delay d = 8"
+    assert sweep.delay_title("trace-run7") == "replayed trace run7"
     tables = analysis.write_tables(tmp_path)
     assert "ratio/frac_new_capped:mean" in tables["diagnostics"].columns
     assert plots.method_label("newest") == "Newest-GRPO"
     paths = plots.run_figures(tmp_path)
-    assert len(paths) == 10 and all(p.stat().st_size > 0 for p in paths)
-    with pytest.raises(ValueError, match="neither a number nor a named delay mode"):
-        analysis.delay_order("sometimes")
+    assert len(paths) == 2 * len(outputs.FIGURES) and all(p.stat().st_size > 0 for p in paths)
+    with pytest.raises(ValueError, match="neither a number, a named delay mode"):
+        sweep.delay_order("sometimes")
 
 
 def test_staleness_stats_without_torch_are_exact():
@@ -185,3 +187,16 @@ def test_a_new_figure_and_table_need_only_their_registry_entries(tmp_path, monke
     rules = load_rules(tmp_path / "wf")
     assert {Path(f).name for f in rules["figures_from_results"].output} >= {"extra_figure.png", "extra_figure.pdf"}
     assert {Path(f).name for f in rules["tables"].output} >= {f"extra_table.{e}" for e in ("csv", "md", "tex")}
+
+
+def test_every_engine_with_settings_has_them_under_its_name_in_train_and_evaluate_configs():
+    import typing
+
+    from gmc.config import TrainConfig
+    from gmc.engines import ENGINES
+
+    for name, entry in ENGINES.items():
+        assert entry.label and entry.devices and entry.make.count(":") == 1
+        if entry.settings is not None:
+            for cls in (TrainConfig, EvalConfig):
+                assert typing.get_type_hints(cls)[name] is entry.settings, (name, cls.__name__)

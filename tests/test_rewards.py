@@ -1,5 +1,7 @@
 """Answer extraction and equivalence grading (math-verify in a process pool)."""
 
+import signal
+import threading
 import time
 
 import pytest
@@ -129,6 +131,28 @@ def test_pathological_answer_costs_at_most_the_timeout():
         assert elapsed < 6.0
         # the grader still works after a timeout
         assert g.grade_batch(["\\boxed{\\frac{1}{2}}"], ["0.5"])[0].correct
+
+
+def _worker_dispositions():
+    return signal.getsignal(signal.SIGTERM) == signal.SIG_DFL, signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN
+
+
+def test_grading_workers_end_on_sigterm_whatever_handlers_the_run_installed():
+    """A worker forked under a run's stop-signal handlers (gmc.rundir) would swallow the pool's
+    terminate() and hang its join; workers take SIGTERM's default and ignore SLURM's SIGUSR1."""
+    received = []
+    previous = {s: signal.signal(s, lambda signum, frame: received.append(signum))
+                for s in (signal.SIGTERM, signal.SIGUSR1)}
+    try:
+        g = Grader(workers=2)
+        assert g._ensure_pool().apply(_worker_dispositions) == (True, True)
+        closer = threading.Thread(target=g.close, daemon=True)
+        closer.start()
+        closer.join(timeout=30)
+        assert not closer.is_alive() and received == []
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def test_grade_batch_length_mismatch():

@@ -94,6 +94,46 @@ def test_resume_after_hard_kill_reproduces_the_uninterrupted_run(tmp_path, small
     assert read_jsonl(killed / "groups.jsonl") == read_jsonl(tmp_path / "straight" / "groups.jsonl")
 
 
+@pytest.mark.parametrize("signum", [signal.SIGUSR1, signal.SIGTERM], ids=["SIGUSR1", "SIGTERM"])
+def test_a_stop_signal_checkpoints_at_the_step_boundary_and_the_resume_equals_the_uninterrupted_run(
+        tmp_path, small_config, signum):
+    """SLURM's warning before a time limit (SIGUSR1) or the limit itself (SIGTERM): the run ends at
+    the next step boundary with a checkpoint there and exit status 75, and --resume continues it."""
+    config = tmp_path / "train.yaml"
+    config.write_text(yaml.safe_dump(to_dict(small_config(steps=8, checkpoint_every=0, **{"delay.d": 1}))))
+    cmd = [sys.executable, "-m", "gmc", "train", "--config", str(config)]
+    env = {**os.environ, "TQDM_DISABLE": "1"}
+    subprocess.run([*cmd, "--out", str(tmp_path / "straight")], check=True, env=env, capture_output=True)
+    stopped = tmp_path / "stopped"
+    proc = subprocess.Popen([*cmd, "--out", str(stopped)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.time() + 120
+    while len(read_jsonl(stopped / "metrics.jsonl")) < 2 and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.02)
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 75, err
+    step = torch.load(stopped / "checkpoint.pt", weights_only=False)["step"]
+    assert 2 <= step < 8 and len(read_jsonl(stopped / "metrics.jsonl")) == step
+    assert f"stopped by {signal.Signals(signum).name} after step {step} of 8" in err
+    subprocess.run([*cmd, "--out", str(stopped), "--resume"], check=True, env=env, capture_output=True)
+    assert without_time(read_jsonl(stopped / "metrics.jsonl")) == without_time(
+        read_jsonl(tmp_path / "straight" / "metrics.jsonl"))
+
+
+def test_checkpoints_by_wall_clock(tmp_path, train_small, monkeypatch):
+    """checkpoint_minutes: a checkpoint whenever that much wall clock passed since the last."""
+    from gmc import trainer
+
+    clock = iter(range(0, 10_000, 45))  # every call of the trainer's monotonic clock: 45 s later
+    monkeypatch.setattr(trainer.time, "monotonic", lambda: next(clock))
+    saved = []
+    real = trainer.Trainer.save_checkpoint
+    monkeypatch.setattr(trainer.Trainer, "save_checkpoint", lambda self: (saved.append(self.step), real(self)))
+    train_small(tmp_path / "run", steps=5, checkpoint_every=0, checkpoint_minutes=1.0)
+    assert saved == [2, 4, 5]  # 90 s after the start, 90 s after that, and the end
+
+
 def test_existing_run_needs_resume(tmp_path, train_small, small_config):
     out = train(tmp_path, "done", train_small, steps=1)
     cfg = small_config(steps=1)

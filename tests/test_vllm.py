@@ -47,7 +47,7 @@ def policy(tiny_model_dir):
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir, policy):
     model, tok = policy
-    return make_engine("vllm", model, tok, model_path=str(tiny_model_dir), seed=0, vllm=VLLM_SETTINGS)
+    return make_engine("vllm", model, tok, model_path=str(tiny_model_dir), seed=0, settings=VLLM_SETTINGS)
 
 
 def flat(groups):

@@ -10,6 +10,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from gmc import outputs
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -36,14 +38,88 @@ def test_default_config_dry_run_plans_the_sweep(tmp_path, snakemake):
 
 
 def test_paper_preset_dry_run_plans_the_full_sweep(tmp_path, snakemake):
-    out = snakemake(["-n", "--cores", "2"], cwd=workdir(tmp_path, REPO / "workflow" / "presets" / "paper.yaml"))
+    """The preset alone: the default config.yaml beside it (with its reference rows) does not leak in."""
+    shutil.copy(REPO / "config.yaml", tmp_path / "config.yaml")
+    out = snakemake(["-n", "--cores", "2", "--configfile", str(REPO / "workflow" / "presets" / "paper.yaml")],
+                    cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     text = out.stdout + out.stderr
     train_jobs = [line for line in text.splitlines() if line.strip().startswith("train ")]
     n_train = int(train_jobs[0].split()[-1]) if train_jobs else 0
-    assert n_train == (3 * 5 * 3 + 3) * 3 >= 135  # (algorithms x delays x G + latency) x 3 seeds
-    assert "seed~2/summary.json" in text
+    assert n_train == (3 * 5 * 3 + 3) * 3 == 144  # (algorithms x delays x G + latency) x 3 seeds
+    assert "seed~2/summary.json" in text and "algo~is" not in text and "algo~none" not in text
     assert "fetch_model" in text and "delay~128/group~32" in text
+
+
+@pytest.mark.parametrize("preset,n_train,corrections", [
+    ("corrections.yaml", 3 * 3 * 3 + 10 * 2 * 3, ["cispo", "icepop", "seq_mask", "m2po", "gmpo", "dppo"]),
+    ("corrections_long.yaml", 3 * 2 * 3 + 2 * 2 * 3, ["is", "cispo"]),
+])
+def test_the_league_presets_plan_every_correction_and_their_table(tmp_path, snakemake, preset, n_train, corrections):
+    shutil.copy(REPO / "config.yaml", tmp_path / "config.yaml")
+    out = snakemake(["-n", "-p", "--cores", "2", "--configfile", str(REPO / "workflow" / "presets" / preset)],
+                    cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    text = out.stdout + out.stderr
+    train_jobs = [line for line in text.splitlines() if line.strip().startswith("train ")]
+    assert int(train_jobs[0].split()[-1]) == n_train
+    for name in corrections:
+        assert f"algo~{name}/delay~0/group~8/seed~2" in text and f"algo~{name}/delay~128/group~8/seed~2" in text
+    assert "tables/league.md" in text
+    if preset == "corrections_long.yaml":  # the warm start learns the long task's format
+        assert "build-tiny-model" in text and "--set synthetic.min_operands=11" in text
+
+
+def test_the_real_asynchrony_preset_plans_ray_points_beside_the_simulated_ones(tmp_path, snakemake):
+    out = snakemake(["-n", "-p", "--cores", "2", "--configfile", str(REPO / "workflow/presets/real_async.yaml")],
+                    cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    text = out.stdout + out.stderr
+    assert "delay~ray/group~8/seed~2/summary.json" in text and "delay~latency/group~8" in text
+    assert "--set delay.mode=ray --set delay.workers=2 --set delay.max_staleness=4" in text
+    train_jobs = [line for line in text.splitlines() if line.strip().startswith("train ")]
+    assert int(train_jobs[0].split()[-1]) == (3 * 2 + 3 + 3) * 3
+
+
+def test_a_trace_is_a_sweep_point(tmp_path, snakemake):
+    trace = tmp_path / "staleness_trace.jsonl"
+    trace.write_text('{"prompt_index": 1, "version": 0, "consumed_version": 0}\n')
+    extra = tmp_path / "traces.yaml"
+    extra.write_text(f"traces: {{run7: {{file: {trace}, algorithms: [gmc, tic], group_sizes: [8]}}}}\n")
+    out = snakemake(["-n", "-p", "--cores", "2", "--configfile", "config.yaml", str(extra)],
+                    cwd=workdir(tmp_path, REPO / "config.yaml"))
+    assert out.returncode == 0, out.stderr
+    text = out.stdout + out.stderr
+    assert "algo~tic/delay~trace-run7/group~8/seed~2/summary.json" in text
+    assert f"--set delay.mode=trace --set delay.trace={trace}" in text
+
+
+PRESETS = sorted((REPO / "workflow" / "presets").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("preset", [None, *PRESETS], ids=lambda p: p.name if p else "config.yaml")
+def test_a_preset_is_the_whole_science(tmp_path, load_workflow, preset):
+    """The configuration the workflow uses is the preset's file completed by the schema's defaults,
+    key by key, whatever config.yaml says (config.yaml is that file without --configfile); its
+    train section is the TrainConfig the jobs build."""
+    import yaml
+
+    from gmc import workflow
+    from gmc.config import TrainConfig
+    from gmc.io import flatten
+    from gmc.settings import from_dict
+
+    stand_in = tmp_path / "config.yaml"
+    stand_in.write_text("sweep: {algorithms: [none], delays: [3], group_sizes: [2], seeds: [9], "
+                        "references: {algorithms: [is], delays: [3]}}\ntrain: {lr: 0.5}\n")
+    used = load_workflow(tmp_path, configfiles=[preset] if preset else []).config
+    expected = yaml.safe_load((preset or stand_in).read_text())
+    schema = workflow.schema(yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text()))
+    workflow.fill_defaults(expected, schema)
+    assert flatten(used) == flatten(expected)
+    assert from_dict(TrainConfig, used["train"]) == from_dict(TrainConfig, expected["train"])
+    if preset is not None and "paper" in preset.name:
+        assert used["train"]["behaviour_logprobs"] == "trainer"  # the trainer's numerics, stated
 
 
 def test_bad_config_value_names_key_and_allowed_values(tmp_path, snakemake):
@@ -81,7 +157,7 @@ def test_end_to_end_tiny_sweep(tmp_path, snakemake):
                            "gmc: stale − on-policy": {"2", "latency"}}
     assert "Differences whose interval excludes zero" in (results / "tables" / "paired.md").read_text()
     assert len(pd.read_csv(results / "theory" / "claims.csv")) > 0
-    for name in ("reward_vs_step", "score_vs_delay", "score_vs_group", "ratio_diagnostics", "staleness_vs_length"):
+    for name in outputs.FIGURES:
         assert (results / "figures" / f"{name}.png").stat().st_size > 5000
         assert (results / "figures" / f"{name}.pdf").exists()
     synced = json.loads((results / "mlflow" / "synced.json").read_text())
@@ -120,6 +196,41 @@ def test_end_to_end_tiny_sweep(tmp_path, snakemake):
     assert (tmp_path / "report.html").stat().st_size > 10_000
 
 
+@pytest.mark.slow
+def test_a_local_weights_folder_is_used_where_it_is(tmp_path, snakemake, shared_data):
+    """model.name may be a local folder of HF weights: checked before any job (what is missing is
+    named), used in place (nothing fetched, no copy), end to end through training and evaluation."""
+    import yaml
+
+    weights = tmp_path / "shared-storage" / "random-qwen3"
+    subprocess.run([sys.executable, "-m", "gmc", "build-random-model", "--out", str(weights), "--set",
+                    "hidden_size=32", "--set", "intermediate_size=64", "--set", "num_layers=1",
+                    "--data-root", str(shared_data)], check=True, capture_output=True)
+    config = yaml.safe_load((REPO / "tests" / "data" / "workflow_config.yaml").read_text())
+    config["model"] = {"name": str(weights)}
+    config["train"].update(steps=2, prompts_per_step=1, **{"sampling": {"max_new_tokens": 8}})
+    config["sweep"].update(algorithms=["gmc"], delays=[1], seeds=[0], references={})
+    config["latency"]["enabled"] = False
+    config["evaluate"].update(synthetic_problems=2, max_new_tokens=8)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "preset.yaml").write_text(yaml.safe_dump(config))
+    offline = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    args = ["--cores", "2", "--configfile=preset.yaml", "train_all", "eval_all"]
+    plan = snakemake(["-n", *args], cwd=run_dir, env=offline)
+    assert plan.returncode == 0, plan.stderr[-3000:]
+    assert "fetch_model" not in plan.stdout + plan.stderr and "build_random_model" not in plan.stdout
+    out = snakemake(args, cwd=run_dir, env=offline, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    trained = yaml.safe_load((run_dir / "results/train/algo~gmc/delay~1/group~4/seed~0/config.yaml").read_text())
+    assert trained["model"] == str(weights) and not (run_dir / "results" / "models").exists()
+    assert (run_dir / "results/eval/base/synthetic.json").exists()
+    # a folder lacking its weights stops the plan naming what is missing
+    (weights / "model.safetensors").rename(weights / "moved.safetensors")
+    bad = snakemake(["-n", *args], cwd=run_dir, env=offline)
+    assert bad.returncode != 0 and "lacks weights" in bad.stdout + bad.stderr
+
+
 # -- machine settings: profiles, localrules, conda environments ------------------------------
 
 SLURM_PROFILE = REPO / "workflow" / "profiles" / "slurm" / "config.yaml"
@@ -146,7 +257,10 @@ def test_slurm_profile_takes_site_values_from_the_environment(monkeypatch):
             return ProfileConfigFileParser().parse(fh)
 
     unset = parse()
-    assert not any("slurm_" in v or "gpu_model" in v for v in unset["default-resources"] + unset["set-resources"])
+    site_keys = ("slurm_account", "slurm_partition", "gpu_model")
+    assert not any(k in v for k in site_keys for v in unset["default-resources"] + unset["set-resources"])
+    # the time-limit signal is the profile's own, site or not
+    assert any(v.startswith("train:slurm_extra=") and "--signal=TERM@" in v for v in unset["set-resources"])
     assert "train:gpu=1" in unset["set-resources"] and unset["executor"] == "slurm"
     site = parse(GMC_SLURM_ACCOUNT="lab", GMC_SLURM_PARTITION="cpu", GMC_SLURM_GPU_MODEL="a100")
     assert {"slurm_account=lab", "slurm_partition=cpu"} <= set(site["default-resources"])

@@ -6,7 +6,9 @@ goes through `sbatch` with the project's own profile (the tiny model is built on
 runs); at the same time the same config runs locally. One training job is cancelled with `scancel` after its first checkpoint: Snakemake's
 retry resubmits it and the trainer resumes. Checked: every SLURM job COMPLETED (the cancelled
 one CANCELLED), the resumed run kept the rows written before its checkpoint, and every metric
-and evaluation equals the local run's, wall-clock times aside.
+and evaluation equals the local run's, wall-clock times aside. A second sweep gives its
+training job a one-minute runtime with the profile's early SIGTERM: the trainer checkpoints at a
+step boundary, the job requeues itself until the run is done, and it equals the local run.
 """
 
 import json
@@ -158,3 +160,70 @@ def test_sweep_through_slurm_equals_local_and_survives_a_cancelled_job(tmp_path)
         a, b = (results[n] / rel for n in ("local", "slurm"))
         read = rows if rel.suffix == ".jsonl" else (lambda p: json.loads(p.read_text()))
         assert timeless(read(a)) == timeless(read(b)), rel
+
+
+LONG_STEPS = 90
+
+
+def test_a_training_job_past_its_time_limit_is_signalled_requeued_and_resumed(tmp_path):
+    """runtime 1 minute, SIGTERM 45 s before its end (the profile's mechanism, a shorter lead):
+    the run needs more than one job's time, checkpoints on the signal, requeues itself and ends
+    equal to an uninterrupted local run."""
+    assert os.environ.get("GMC_SLURM_ACCOUNT"), "start the cluster first: ci/slurm/run.sh"
+    earlier = {j["id"] for j in sacct()}
+    cfg = config()
+    cfg["train"].update(steps=LONG_STEPS, checkpoint_every=0)
+    cfg["sweep"].update(seeds=[0])
+    for name in ("local", "slurm"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.yaml").write_text(yaml.safe_dump(cfg))
+    build = subprocess.run([*SNAKEMAKE, "results/models/tiny", "--cores", "2", *THREADS], cwd=tmp_path / "local",
+                           env=env(), capture_output=True, text=True, timeout=TIMEOUT)
+    assert build.returncode == 0, build.stderr[-3000:]
+    shutil.copytree(tmp_path / "local" / "results", tmp_path / "slurm" / "results")
+    local = subprocess.run([*SNAKEMAKE, "train_all", "--cores", "2", *THREADS], cwd=tmp_path / "local", env=env(),
+                           capture_output=True, text=True, timeout=TIMEOUT)
+    assert local.returncode == 0, local.stderr[-3000:]
+    slurm = subprocess.run(
+        ["timeout", str(TIMEOUT), *SNAKEMAKE, "train_all", "--workflow-profile", str(PROFILE), *THREADS,
+         "--set-resources", "train:runtime=1", "train:slurm_extra='--signal=TERM@45'",
+         "--slurm-init-seconds-before-status-checks", "2", "--seconds-between-status-checks", "3"],
+        cwd=tmp_path / "slurm", env=env(), capture_output=True, text=True)
+    assert slurm.returncode == 0, (slurm.stdout + slurm.stderr)[-6000:]
+    run = "train/algo~gmc/delay~0/group~4/seed~0"
+    # the job requeued itself (a signal that lands after the last step makes the job step's snakemake
+    # report a failure instead, and Snakemake's retry finishes the run)
+    jobs = sorted({j["id"] for j in sacct() if j["id"] not in earlier and j["comment"].startswith("rule_train")})
+    history = subprocess.run(["sacct", "-j", ",".join(jobs), "-D", "-X", "-n", "-P", "-o", "JobID,State"], check=True,
+                             capture_output=True, text=True).stdout.split()
+    assert any("REQUEUED" in h for h in history), history  # it ran more than once
+    runs = {n: rows(tmp_path / n / "results" / run / "metrics.jsonl") for n in ("local", "slurm")}
+    assert len(runs["slurm"]) == LONG_STEPS and timeless(runs["slurm"]) == timeless(runs["local"])
+    print(f"jobs {jobs}: {history}")
+
+
+def test_a_ray_training_job_inside_a_slurm_allocation(tmp_path):
+    """workflow/profiles/slurm/ray_cluster.sh starts Ray in the allocation; gmc train joins it with
+    delay.ray_address auto; two rollout workers train within the bound."""
+    assert os.environ.get("GMC_SLURM_ACCOUNT"), "start the cluster first: ci/slurm/run.sh"
+    cfg = config()
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    build = subprocess.run([*SNAKEMAKE, "results/models/tiny", "--cores", "2", *THREADS], cwd=tmp_path, env=env(),
+                           capture_output=True, text=True, timeout=TIMEOUT)
+    assert build.returncode == 0, build.stderr[-3000:]
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "gmc", "train", "--set", f"model={tmp_path / 'results/models/tiny'}", "--set",
+           "device=cpu", "--set", "steps=4", "--set", "prompts_per_step=4", "--set", "group_size=4", "--set",
+           "delay.mode=ray", "--set", "delay.workers=2", "--set", "delay.max_staleness=2", "--set",
+           "delay.ray_address=auto", "--out", str(out)]
+    job = subprocess.run(["sbatch", "--wait", "--parsable", "-A", os.environ["GMC_SLURM_ACCOUNT"], "-p",
+                          os.environ["GMC_SLURM_PARTITION"], "--nodes=1", "--cpus-per-task=2", "--time=10",
+                          "-o", str(tmp_path / "ray-%j.log"), str(PROFILE / "ray_cluster.sh"), *cmd],
+                         cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=TIMEOUT)
+    log = "".join(p.read_text() for p in tmp_path.glob("ray-*.log"))
+    assert job.returncode == 0, job.stderr + log[-4000:]
+    (state,) = {j["state"] for j in sacct() if j["id"] == job.stdout.strip().split(";")[0]}
+    assert state == "COMPLETED"
+    groups = rows(out / "groups.jsonl")
+    assert len(groups) == 16 and {g["worker"] for g in groups} <= {0, 1} and max(g["staleness"] for g in groups) <= 2
+    assert (out / "summary.json").exists() and "Started a local Ray instance" not in log  # it joined the allocation's

@@ -6,8 +6,19 @@ import shlex
 from pathlib import Path
 
 from gmc.asynchrony import named_delays
+from gmc.config import TrainConfig
+from gmc.evaluate import EvalConfig
+from gmc.preflight import check_model_dir, looks_local
 from gmc.outputs import FIGURES, TABLES, THEORY_FILES, figure_files, table_files
-from gmc.sweep import POINT, point_path
+from gmc.settings import from_dict
+from gmc.sweep import (
+    ALGO_WILDCARD,
+    POINT,
+    TRACE_PREFIX,
+    delay_settings,
+    delay_wildcard,
+    point_path,
+)
 
 RESULTS = config["results"]
 # conda environments for --sdm conda: envs/cpu.yaml for every job except those given GPUs, which
@@ -28,12 +39,17 @@ def conda_env(rule, config_gpus):
 SWEEP = config["sweep"]
 # delay modes swept by name (delay~latency), each with its config section (gmc.asynchrony.DELAY_MODES)
 NAMED_DELAYS = {m: config[m] for m in named_delays() if config[m]["enabled"]}
-BENCHMARKS = config["evaluate"]["benchmarks"]
+TRACES = config[
+    "traces"
+]  # name -> {file, algorithms, group_sizes}: points delay~trace-<name>
+# the train and evaluate sections as the jobs read them (the settings classes fill their defaults)
+TRAIN = from_dict(TrainConfig, config["train"])
+BENCHMARKS = list(from_dict(EvalConfig, config["evaluate"]).benchmarks)
 
 
 wildcard_constraints:
-    algo="[a-z]+",
-    delay="|".join([r"\d+", *named_delays()]),
+    algo=ALGO_WILDCARD,
+    delay=delay_wildcard(),
     group=r"\d+",
     seed=r"\d+",
 
@@ -48,9 +64,10 @@ def _run_dirs():
     points += itertools.product(
         refs["algorithms"], refs["delays"], SWEEP["group_sizes"], SWEEP["seeds"]
     )
-    for mode, section in NAMED_DELAYS.items():
+    sections = {**NAMED_DELAYS, **{f"{TRACE_PREFIX}{n}": t for n, t in TRACES.items()}}
+    for delay, section in sections.items():
         points += [
-            (a, mode, g, s)
+            (a, delay, g, s)
             for a, g, s in itertools.product(
                 section["algorithms"], section["group_sizes"], SWEEP["seeds"]
             )
@@ -58,11 +75,21 @@ def _run_dirs():
     return list(dict.fromkeys(f"{RESULTS}/train/{point_path(*p)}" for p in points))
 
 
+BUILT_MODELS = ("tiny", "random-qwen3")  # built locally by a rule of model.smk
+MODEL_NAME = config["model"]["name"]
+# a local folder of weights is used where it is (checked now, before any job: config, weights,
+# tokenizer); a hub id is fetched once into the results folder
+LOCAL_MODEL = MODEL_NAME not in BUILT_MODELS and looks_local(MODEL_NAME)
+if LOCAL_MODEL:
+    check_model_dir(MODEL_NAME)
+
+
 def _model_dir():
-    name = config["model"]["name"]
-    if name == "tiny":
-        return f"{RESULTS}/models/tiny"
-    return f"{RESULTS}/models/{'--'.join(Path(name).parts)}"
+    if LOCAL_MODEL:
+        return MODEL_NAME
+    if MODEL_NAME in BUILT_MODELS:
+        return f"{RESULTS}/models/{MODEL_NAME}"
+    return f"{RESULTS}/models/{'--'.join(Path(MODEL_NAME).parts)}"
 
 
 RUN_DIRS = _run_dirs()
@@ -89,15 +116,18 @@ def train_values():
         data_source=config["data"]["source"],
         data_root=config["data"]["root"],
         experiment=config["mlflow"]["experiment"],
+        synthetic=config["synthetic"],
     )
 
 
 def eval_values():
-    """The EvalConfig of every evaluation job: the evaluate section with the data settings."""
+    """The EvalConfig of every evaluation job: the evaluate section with the data and synthetic
+    task settings."""
     return dict(
         config["evaluate"],
         data_source=config["data"]["source"],
         data_root=config["data"]["root"],
+        synthetic=config["synthetic"],
     )
 
 
@@ -118,12 +148,5 @@ def train_overrides(wildcards):
         "group_size": wildcards.group,
         "seed": wildcards.seed,
     }
-    if wildcards.delay in NAMED_DELAYS:
-        sets["delay.mode"] = wildcards.delay
-        sets.update(
-            {f"delay.{k}": v for k, v in NAMED_DELAYS[wildcards.delay]["delay"].items()}
-        )
-    else:
-        sets["delay.mode"] = "fixed"
-        sets["delay.d"] = wildcards.delay
+    sets.update(delay_settings(wildcards.delay, NAMED_DELAYS, TRACES))
     return settings_overrides(sets)

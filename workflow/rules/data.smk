@@ -7,7 +7,7 @@ rule prepare_data:
     conda:
         CONDA_ENV
     params:
-        train=config["train"].get("train_data", "synthetic"),
+        train=TRAIN.train_data,
         source=config["data"]["source"],
         root=f"--data-root {config['data']['root']}" if config["data"]["root"] else "",
         benchmarks=" ".join(BENCHMARKS),

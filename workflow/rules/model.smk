@@ -1,4 +1,4 @@
-if config["model"]["name"] == "tiny":
+if MODEL_NAME == "tiny":
 
     rule build_tiny_model:
         """Build and warm-start the tiny Qwen3-architecture policy on the synthetic task."""
@@ -10,12 +10,14 @@ if config["model"]["name"] == "tiny":
             CONDA_ENV
         threads: 2
         params:
-            sets=settings_overrides(config["model"]["tiny"]),
+            sets=settings_overrides(
+                dict(config["model"]["tiny"], synthetic=config["synthetic"])
+            ),
         shell:
             "OMP_NUM_THREADS={threads} python -m gmc build-tiny-model --out {output} {params.sets} "
             "> {log} 2>&1"
 
-elif config["model"]["name"] == "random-qwen3":
+elif MODEL_NAME == "random-qwen3":
 
     rule build_random_model:
         """A random-init Qwen3-architecture model with Qwen3's vocabulary width and chat format, built locally."""
@@ -38,7 +40,7 @@ elif config["model"]["name"] == "random-qwen3":
             "OMP_NUM_THREADS={threads} python -m gmc build-random-model --out {output} {params.sets} "
             "--source {params.source} {params.root} > {log} 2>&1"
 
-else:
+elif not LOCAL_MODEL:
 
     rule fetch_model:
         """Download the base model from the Hugging Face hub once (on the submitting machine)."""

@@ -1,0 +1,171 @@
+"""The off-policy corrections against the peers' own loss code on identical inputs: verl's
+``core_algos`` policy losses and rollout-correction helpers, TRL's ``GRPOTrainer._compute_loss``.
+
+``make test-peers`` installs the peers (TRL from the ``bench`` extra, verl without its
+dependencies, which pin another transformers) and runs this file; elsewhere each test skips where
+its peer does not import. Both sides see the same float32 tensors; the gradients with respect to
+the policy's log-probs must agree.
+"""
+
+import types
+from collections import defaultdict
+
+import pytest
+import torch
+
+from gmc.estimators import ESTIMATORS, EstimatorConfig, group_advantages
+
+B, G, T = 4, 4, 10
+
+
+def stale_batch(seed, scale=0.4):
+    """Log-probs ``[B, G, T]`` far enough from the behaviour's that every clip and mask fires."""
+    g = torch.Generator().manual_seed(seed)
+    logp_b = -torch.rand(B, G, T, generator=g) * 2 - 0.05
+    logp = (logp_b + scale * torch.randn(B, G, T, generator=g)).clamp(max=-1e-3)
+    lengths = torch.randint(2, T + 1, (B, G), generator=g)
+    mask = torch.arange(T).expand(B, G, T) < lengths.unsqueeze(-1)
+    adv = group_advantages(torch.randint(0, 2, (B, G), generator=g).float())
+    return logp, logp_b, mask, adv
+
+
+def ours(name, logp, logp_b, mask, adv, cfg):
+    """The gradient ``[B*G, T]`` of our loss with respect to the log-probs."""
+    x = logp.clone().requires_grad_(True)
+    loss, stats = ESTIMATORS[name](x, logp_b, mask, adv, cfg)
+    loss.backward()
+    return x.grad.reshape(B * G, T), stats
+
+
+def flat(logp, logp_b, mask, adv):
+    """The peers' layout: rows ``[B*G, T]``, a float mask, the advantage on every token."""
+    return (logp.reshape(B * G, T), logp_b.reshape(B * G, T), mask.reshape(B * G, T).float(),
+            adv.reshape(B * G, 1).expand(B * G, T).contiguous())
+
+
+# ---------------------------------------------------------------------------------------------
+# verl
+
+
+@pytest.fixture(scope="module")
+def verl():
+    core_algos = pytest.importorskip("verl.trainer.ppo.core_algos", reason="verl is not installed (make test-peers)")
+    from verl.trainer.ppo import rollout_corr_helper
+    from verl.workers.config.actor import ActorConfig
+
+    return types.SimpleNamespace(core_algos=core_algos, corr=rollout_corr_helper, ActorConfig=ActorConfig)
+
+
+def verl_grad(verl, loss_mode, batch, agg, **actor):
+    logp, logp_b, mask, adv = flat(*batch)
+    x = logp.clone().requires_grad_(True)
+    config = verl.ActorConfig(strategy="fsdp", rollout_n=G, ppo_micro_batch_size_per_gpu=1, **actor)
+    loss, _ = verl.core_algos.get_policy_loss_fn(loss_mode)(
+        old_log_prob=logp_b, log_prob=x, advantages=adv, response_mask=mask, loss_agg_mode=agg, config=config)
+    loss.backward()
+    return x.grad
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_cispo_equals_verl(verl, seed):
+    batch = stale_batch(seed)
+    cfg = EstimatorConfig(cispo_eps_low=0.3, cispo_eps_high=0.2)
+    grad, stats = ours("cispo", *batch, cfg)
+    assert 0 < stats["ratio/frac_tokens_clipped"] < 1
+    ref = verl_grad(verl, "cispo", batch, "token-mean", clip_ratio_low=0.3, clip_ratio_high=0.2)
+    torch.testing.assert_close(grad, ref, rtol=1e-5, atol=1e-7)
+    # the defaults: verl's CISPO recipe
+    ref = verl_grad(verl, "cispo", batch, "token-mean", clip_ratio_low=10.0, clip_ratio_high=0.2)
+    torch.testing.assert_close(ours("cispo", *batch, EstimatorConfig())[0], ref, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_gmpo_equals_verl_geo_mean(verl, seed):
+    batch = stale_batch(seed)
+    grad, stats = ours("gmpo", *batch, EstimatorConfig())
+    assert 0 < stats["ratio/frac_tokens_clipped"] < 1
+    ref = verl_grad(verl, "geo_mean", batch, "seq-mean-token-mean", clip_ratio_low=0.4, clip_ratio_high=0.4)
+    torch.testing.assert_close(grad, ref, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_dppo_equals_verl_dppo_tv(verl, seed):
+    batch = stale_batch(seed)
+    cfg = EstimatorConfig(dppo_delta_low=0.05, dppo_delta_high=0.05, dppo_ratio_cap=1.5)
+    grad, stats = ours("dppo", *batch, cfg)
+    assert 0 < stats["ratio/frac_tokens_masked"] < 1
+    ref = verl_grad(verl, "dppo_tv", batch, "token-mean", clip_ratio_low=0.05, clip_ratio_high=0.05,
+                    clip_ratio_c=1.5)
+    torch.testing.assert_close(grad, ref, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_icepop_weights_equal_verl_token_is_with_a_band(verl, seed):
+    batch = stale_batch(seed, scale=0.8)
+    logp, logp_b, mask, _ = flat(*batch)
+    weights, _ = verl.corr.compute_rollout_correction_weights(
+        log_ratio=logp - logp_b, response_mask=mask, rollout_is="token", rollout_is_threshold="0.5_5.0")
+    grad, stats = ours("icepop", *batch[:3], torch.ones(B, G), EstimatorConfig())
+    assert 0 < stats["ratio/frac_tokens_masked"] < 1
+    torch.testing.assert_close(-grad * mask.sum(), weights * mask, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_seq_mask_weights_equal_verl_sequence_is_with_a_band(verl, seed):
+    batch = stale_batch(seed, scale=0.3)
+    logp, logp_b, mask, _ = flat(*batch)
+    weights, _ = verl.corr.compute_rollout_correction_weights(
+        log_ratio=logp - logp_b, response_mask=mask, rollout_is="sequence", rollout_is_threshold="0.5_3.0")
+    grad, stats = ours("seq_mask", *batch[:3], torch.ones(B, G), EstimatorConfig(seq_mask_low=0.5))
+    assert 0 < stats["ratio/frac_seq_masked"] < 1
+    torch.testing.assert_close(-grad * mask.sum(), weights * mask, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_seq_mask_geo_mean_equals_verl_seq_mean_k1_rejection(verl, seed):
+    batch = stale_batch(seed, scale=0.3)
+    logp, logp_b, mask, _ = flat(*batch)
+    kept, _ = verl.corr.compute_rollout_rejection_mask(
+        log_ratio=logp - logp_b, response_mask=mask, rollout_rs="seq_mean_k1", rollout_rs_threshold="0.9_1.1")
+    # verl bounds exp(mean_t -log r), the reciprocal of our geometric mean
+    cfg = EstimatorConfig(seq_mask_metric="geo_mean", seq_mask_low=1 / 1.1, seq_mask_high=1 / 0.9)
+    grad, stats = ours("seq_mask", *batch[:3], torch.ones(B, G), cfg)
+    assert 0 < stats["ratio/frac_seq_masked"] < 1
+    torch.testing.assert_close(-grad * mask.sum(), kept.float() * mask, rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------
+# TRL
+
+
+def trl_grad(loss_type, batch, **attrs):
+    """``GRPOTrainer._compute_loss`` on a stand-in trainer whose model returns ``logp``."""
+    grpo_trainer = pytest.importorskip("trl.trainer.grpo_trainer", reason="TRL is not installed (make test-peers)")
+    logp, logp_b, mask, adv = flat(*batch)
+    x = logp.clone().requires_grad_(True)
+    accelerator = types.SimpleNamespace(num_processes=1, sync_gradients=True, gather=lambda t: t,
+                                        gather_for_metrics=lambda t: t, reduce=lambda t, reduction="sum": t)
+    settings = {"epsilon_low": 0.2, "epsilon_high": 0.2, **attrs}
+    trainer = types.SimpleNamespace(
+        loss_type=loss_type, beta=0.0, importance_sampling_level="token",
+        top_entropy_quantile=1.0, off_policy_mask_threshold=None, use_vllm=False, aux_loss_enabled=False,
+        _entropy_bonus_enabled=False, current_gradient_accumulation_steps=1, accelerator=accelerator,
+        model=types.SimpleNamespace(training=True), _metrics={"train": defaultdict(list)},
+        args=types.SimpleNamespace(steps_per_generation=1, delta=None, use_bias_correction_kl=False),
+        _get_per_token_logps_and_entropies=lambda *a, **k: (x, torch.zeros_like(x), None), **settings)
+    inputs = {"prompt_ids": torch.zeros(B * G, 1, dtype=torch.long), "prompt_mask": torch.ones(B * G, 1),
+              "completion_ids": torch.zeros(B * G, T, dtype=torch.long), "completion_mask": mask,
+              "advantages": adv[:, 0], "old_per_token_logps": logp_b, "num_items_in_batch": mask.sum()}
+    grpo_trainer.GRPOTrainer._compute_loss(trainer, None, inputs).backward()
+    return x.grad
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_cispo_equals_trl(seed):
+    batch = stale_batch(seed)
+    cfg = EstimatorConfig(cispo_eps_high=0.3)
+    grad, stats = ours("cispo", *batch, cfg)
+    assert 0 < stats["ratio/frac_tokens_clipped"] < 1
+    # TRL's CISPO clips from above only, at the absolute bound epsilon_high
+    ref = trl_grad("cispo", batch, epsilon_high=1.3)
+    torch.testing.assert_close(grad, ref, rtol=1e-5, atol=1e-7)

@@ -1,0 +1,167 @@
+"""Real asynchrony on Ray (delay mode ``ray``), on the tiny model with a real Ray runtime: bound 0
+with one worker equals the synchronous loop; two workers train within the bound and record
+every group; the trace of a run replays with its lags; a killed worker and a killed driver end
+in finished runs with nothing trained twice; a worker that raises fails the run with its error;
+the collective weight transport (gloo) trains too."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gmc.io import read_jsonl
+from gmc.trainer import Trainer, without_time
+
+ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.ray
+
+REAL = {"delay.mode": "ray", "sampling.max_new_tokens": 24}
+
+
+def consumed(out):
+    return read_jsonl(out / "groups.jsonl")
+
+
+def check_records(out, steps, per_step, bound):
+    """Every step's batch is full, no prompt is trained twice, every lag is within the bound and
+    every group carries its worker, versions and wall-clock times."""
+    groups = consumed(out)
+    assert len(groups) == steps * per_step
+    assert [sum(g["step"] == s for g in groups) for s in range(steps)] == [per_step] * steps
+    assert len({g["prompt_index"] for g in groups}) == len(groups)  # nothing trained twice
+    for g in groups:
+        assert g["staleness"] == g["consumed_version"] - g["version"] <= bound
+        assert g["worker"] is not None and g["submit_wall"] <= g["finish_wall"] <= g["consume_wall"]
+        assert g["generation_seconds"] > 0
+    trace = read_jsonl(out / "staleness_trace.jsonl")
+    assert trace == [{k: g[k] for k in ("prompt_index", "version", "consumed_version")} for g in groups]
+    return groups
+
+
+def test_bound_zero_with_one_worker_equals_the_synchronous_loop(tmp_path, train_small):
+    sync = train_small(tmp_path / "sync", steps=3, **{"delay.mode": "sync", "sampling.max_new_tokens": 24})
+    real = train_small(tmp_path / "ray", steps=3, **REAL, **{"delay.workers": 1, "delay.max_staleness": 0})
+    for a, b in zip(without_time(sync), without_time(real)):
+        for key in ("train/loss", "train/grad_norm", "train/reward_mean", "rollout/reward_mean"):
+            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), key  # float32 rounding
+    check_records(tmp_path / "ray", 3, 3, bound=0)
+    assert {r["async/dropped"] for r in real} == {0.0}
+
+
+def test_two_workers_train_within_the_bound_and_the_trace_replays(tmp_path, train_small):
+    metrics = train_small(tmp_path / "ray", steps=5, prompts_per_step=4, **REAL,
+                          **{"delay.workers": 2, "delay.max_staleness": 2})
+    groups = check_records(tmp_path / "ray", 5, 4, bound=2)
+    assert max(g["staleness"] for g in groups) >= 1  # the workers ran ahead
+    assert all(r["async/weight_sync_bytes"] > 0 and r["async/weight_sync_seconds"] >= 0 for r in metrics)
+    assert all(sum(v for k, v in r.items() if k.startswith("async/staleness_hist/")) == 4 for r in metrics)
+    assert {"async/trainer_idle_seconds", "async/worker_idle_seconds", "async/buffer_groups"} <= set(metrics[0])
+    # the recorded pattern, replayed in one process with another estimator: the same lags, group by group
+    trace = tmp_path / "ray" / "staleness_trace.jsonl"
+    train_small(tmp_path / "replay", steps=5, prompts_per_step=4, algorithm="tic",
+                **{"delay.mode": "trace", "delay.trace": str(trace), "sampling.max_new_tokens": 24})
+    replay = consumed(tmp_path / "replay")
+    assert [(g["prompt_index"], g["version"], g["consumed_version"]) for g in replay] == \
+        [(g["prompt_index"], g["version"], g["consumed_version"]) for g in groups]
+    with pytest.raises(ValueError, match="^prompts_per_step: the trace"):
+        train_small(tmp_path / "wrong", steps=5, prompts_per_step=3, **{"delay.mode": "trace", "delay.trace": str(trace)})
+
+
+def test_a_killed_worker_is_restarted_and_nothing_is_lost_or_trained_twice(tmp_path, small_config):
+    # decoding slowed to 0.05 s per token, so that the kill lands while a task is generating
+    trainer = Trainer(small_config(steps=5, prompts_per_step=4, **REAL, **{"delay.workers": 2, "delay.max_staleness": 1,
+                                                                           "hf.token_seconds": 0.05}),
+                      tmp_path / "run", progress=False)
+    source = trainer.source
+    killed = []
+    real_step = trainer.train_step
+
+    def step_then_kill():
+        out = real_step()
+        if trainer.step == 1:  # the next tasks are in flight: kill a worker's process under one
+            (k, *_), *_ = source.pending.values()
+            pid = ray.get(source.workers[k].pid.remote())
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        return out
+
+    trainer.train_step = step_then_kill
+    trainer.run()
+    assert killed
+    metrics = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert metrics[-1]["async/lost_tasks"] >= 1
+    check_records(tmp_path / "run", 5, 4, bound=1)
+
+
+def test_a_killed_driver_resumes_with_the_bound_holding(tmp_path, small_config):
+    import yaml
+
+    from gmc.config import to_dict
+
+    config = tmp_path / "train.yaml"
+    config.write_text(yaml.safe_dump(to_dict(small_config(steps=6, prompts_per_step=4, checkpoint_every=2, **REAL,
+                                                          **{"delay.workers": 2, "delay.max_staleness": 2}))))
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "gmc", "train", "--config", str(config), "--out", str(out)]
+    env = {**os.environ, "TQDM_DISABLE": "1"}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 300
+    while not (out / "checkpoint.pt").exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)  # the driver and the Ray processes it started
+    proc.wait()
+    ray_cli = str(Path(sys.executable).parent / "ray")
+    subprocess.run([ray_cli, "stop", "--force"], capture_output=True)  # what a killed Ray leaves behind
+    assert (out / "checkpoint.pt").exists() and not (out / "summary.json").exists()
+    done = subprocess.run([*cmd, "--resume"], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    check_records(out, 6, 4, bound=2)
+
+
+@ray.remote(max_restarts=-1, max_task_retries=0)
+class Faulty:
+    """Stands in for a rollout worker: raises on a bad prompt, or dies whenever it generates."""
+
+    def __init__(self, how):
+        self.how = how
+
+    def pid(self):
+        return os.getpid()
+
+    def generate(self, prompts, version, task, weights):
+        if self.how == "raise":
+            raise ValueError(f"bad prompt {prompts[0]}")
+        os._exit(1)
+
+
+@pytest.mark.parametrize("how, message", [("raise", r"rollout worker 0 failed: ValueError\('bad prompt \d+'\)"),
+                                          ("die", r"rollout worker 0 died 3 times generating prompts \[")])
+def test_a_worker_that_raises_or_keeps_dying_fails_the_run_with_its_error(tmp_path, small_config, how, message):
+    from gmc.distributed.source import RolloutWorkerError
+
+    trainer = Trainer(small_config(steps=2, **REAL, **{"delay.workers": 1}), tmp_path / "run", progress=False)
+    for worker in trainer.source.workers:
+        ray.kill(worker)
+    trainer.source.workers = [Faulty.remote(how)]
+    with pytest.raises(RolloutWorkerError, match=message):
+        trainer.run()
+
+
+def test_a_worker_that_cannot_start_is_not_restarted_forever(tmp_path, small_config):
+    from gmc.distributed.source import RolloutWorkerError
+
+    with pytest.raises(RolloutWorkerError, match="rollout worker 0 could not start"):
+        Trainer(small_config(steps=2, **REAL, **{"delay.worker_device": "xpu"}), tmp_path / "run",
+                progress=False).run()
+    with pytest.raises(RolloutWorkerError, match="asks Ray for a GPU per worker: 1 workers, 0 GPUs"):
+        Trainer(small_config(steps=2, **REAL, **{"delay.worker_device": "cuda"}), tmp_path / "run2", progress=False)
+
+
+def test_the_collective_transport_trains_too(tmp_path, train_small):
+    metrics = train_small(tmp_path / "run", steps=3, **REAL, **{"delay.workers": 2, "delay.transport": "collective"})
+    check_records(tmp_path / "run", 3, 3, bound=4)
+    assert all(r["async/weight_sync_bytes"] > 0 for r in metrics)
