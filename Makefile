@@ -9,7 +9,7 @@ CORES ?= all
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run figures report test test-slurm test-vllm test-peers test-paper-smoke lint clean
+.PHONY: install run unlock figures report test test-slurm test-vllm test-peers test-paper-smoke lint clean
 
 install: $(STAMP)
 
@@ -24,6 +24,11 @@ $(STAMP): pyproject.toml
 # MLflow, tables, figures and the theory lab
 run: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" snakemake --cores $(CORES)
+
+# after a hard kill of `make run` (power loss, out of memory, kill -9): release Snakemake's lock on
+# the working directory; the next `make run` then resumes (killed training runs from their last checkpoint)
+unlock: $(STAMP)
+	PATH="$(abspath $(BIN)):$$PATH" snakemake --unlock
 
 # every table and figure again from the run directories in results/ (no training)
 figures: $(STAMP)

@@ -80,6 +80,29 @@ def _score_column(frame: pd.DataFrame) -> tuple[str, str]:
     return "score", "final training reward (last 20 steps)"
 
 
+CATEGORICAL_DELAYS = 4
+"""Up to this many fixed delays are drawn as evenly spaced categories; more on a symlog axis
+ticked at the delays."""
+
+
+def _delay_axis(ax, frame: pd.DataFrame) -> pd.DataFrame:
+    """Sets ``ax``'s x axis for the fixed delays of ``frame`` and returns ``frame`` with ``x``,
+    the position of each row's delay on it."""
+    delays = sorted(frame["delay"].unique())
+    frame = frame.copy()
+    if len(delays) <= CATEGORICAL_DELAYS:
+        frame["x"] = frame["delay"].map({d: i for i, d in enumerate(delays)})
+        ax.set_xticks(range(len(delays)), [str(d) for d in delays])
+        ax.set_xlim(-0.5, len(delays) - 0.5)
+    else:
+        frame["x"] = frame["delay"]
+        ax.set_xscale("symlog", linthresh=1)
+        ax.set_xticks(delays, [str(d) for d in delays])
+        ax.set_xlim(-0.5, 1.5 * max(max(delays), 1))
+    ax.set_xlabel("delay d (optimizer steps)")
+    return frame
+
+
 def _line_by_algorithm(ax, frame, x, y, se=None):
     """Mean over seeds per ``x``, one line per algorithm, error bars = 95% interval
     (:func:`gmc.stats.mean_interval`, evaluation noise ``se`` folded in; none with one seed)."""
@@ -89,7 +112,10 @@ def _line_by_algorithm(ax, frame, x, y, se=None):
             iv = mean_interval(g[y], g[se] if se else None)
             points.append((xv, iv.mean, 0.0 if pd.isna(iv.half) else iv.half))
         xs, ms, hs = zip(*sorted(points))
-        ax.errorbar(xs, ms, yerr=hs, marker="o", ms=4, capsize=2, color=METHOD_COLORS.get(algo), label=method_label(algo))
+        seeds = grp.groupby(x)["seed"].nunique()
+        n = f"n = {seeds.min()}" if seeds.min() == seeds.max() else f"n = {seeds.min()}-{seeds.max()}"
+        ax.errorbar(xs, ms, yerr=hs, marker="o", ms=4, capsize=2, color=METHOD_COLORS.get(algo),
+                    label=f"{method_label(algo)} ({n})")
 
 
 def run_figures(results: str | Path, out: str | Path | None = None) -> list[Path]:
@@ -160,8 +186,8 @@ def reward_vs_step(frame: pd.DataFrame, out: Path) -> list[Path]:
                                 color=METHOD_COLORS.get(algo), alpha=0.2, lw=0)
         ax.set_title(delay_title(delay))
         ax.set_xlabel("optimizer step")
+        ax.legend(fontsize=7)
     axes[0].set_ylabel("rollout reward (10-step mean)")
-    axes[-1].legend()
     fig.suptitle(f"Training reward of fresh rollouts, G = {G}; bands: 95% interval over seeds")
     return save_both(fig, out, "reward_vs_step")
 
@@ -173,17 +199,14 @@ def score_vs_delay(frame: pd.DataFrame, out: Path) -> list[Path]:
     groups = sorted(frame["group"].unique())
     fig, axes = panel_row(len(groups), 4, sharey=True)
     for ax, g in zip(axes, groups):
-        _line_by_algorithm(ax, numeric[numeric["group"] == g], "delay", score, "score_se")
+        _line_by_algorithm(ax, _delay_axis(ax, numeric[numeric["group"] == g]), "x", score, "score_se")
         lat = frame[~frame["delay"].str.isdigit() & (frame["group"] == g)]
         for algo, grp in lat.groupby("algorithm"):
             ax.axhline(grp[score].mean(), color=METHOD_COLORS.get(algo), ls=":", lw=1)
-        ax.set_xscale("symlog", linthresh=1)
-        ax.set_xlim(-0.5, 1.5 * max(numeric["delay"].max(), 1))
-        ax.set_xlabel("delay d (optimizer steps)")
         named = ", ".join(delay_title(d) for d in sorted(lat["delay"].unique(), key=delay_order))
         ax.set_title(f"G = {g}" + (f" (dotted: {named})" if len(lat) else ""))
+        ax.legend(fontsize=7)
     axes[0].set_ylabel(score_label)
-    axes[-1].legend()
     fig.suptitle("Final score vs delay; bars: 95% interval over seeds")
     return save_both(fig, out, "score_vs_delay")
 
@@ -191,15 +214,23 @@ def score_vs_delay(frame: pd.DataFrame, out: Path) -> list[Path]:
 def score_vs_group(frame: pd.DataFrame, out: Path) -> list[Path]:
     """Final score vs group size, one panel per delay."""
     score, score_label = _score_column(frame)
+    groups = sorted(frame["group"].unique())
+    if len(groups) < 2:  # nothing varies along G: say so instead of drawing one point per panel
+        fig, ax = plt.subplots(figsize=(5, 2), layout="constrained")
+        ax.text(0.5, 0.5, f"This sweep has one group size (G = {groups[0]}):\nno score against G to draw.",
+                ha="center", va="center", transform=ax.transAxes)
+        ax.set_axis_off()
+        return save_both(fig, out, "score_vs_group")
     delays = sorted(frame["delay"].unique(), key=delay_order)
     fig, axes = panel_row(len(delays), 4, sharey=True)
     for ax, delay in zip(axes, delays):
         _line_by_algorithm(ax, frame[frame["delay"] == delay], "group", score, "score_se")
         ax.set_xscale("log", base=2)
+        ax.set_xticks(groups, [str(g) for g in groups])
         ax.set_xlabel("group size G")
         ax.set_title(delay_title(delay))
+        ax.legend(fontsize=7)
     axes[0].set_ylabel(score_label)
-    axes[-1].legend()
     fig.suptitle("Final score vs group size; bars: 95% interval over seeds")
     return save_both(fig, out, "score_vs_group")
 
@@ -217,11 +248,9 @@ def ratio_diagnostics(frame: pd.DataFrame, out: Path) -> list[Path]:
     numeric["capped"] = numeric[capped_cols].bfill(axis=1).iloc[:, 0] if capped_cols else np.nan
     fig, axes = panel_row(3)
     for ax, (col, label) in zip(axes, panels):
+        at = _delay_axis(ax, numeric[numeric["group"] == G])
         if col in numeric.columns:
-            _line_by_algorithm(ax, numeric[numeric["group"] == G], "delay", col)
-        ax.set_xscale("symlog", linthresh=1)
-        ax.set_xlim(-0.5, 1.5 * max(numeric["delay"].max(), 1))
-        ax.set_xlabel("delay d")
+            _line_by_algorithm(ax, at, "x", col)
         ax.set_ylabel(label)
     axes[0].legend(fontsize=8)
     fig.suptitle(f"Ratio diagnostics vs delay (G = {G}; capped: each estimator's own fraction, "

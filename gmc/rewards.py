@@ -106,16 +106,30 @@ def _verify_worker(args: tuple[str, str, int]) -> tuple[bool, Reason]:
 
 
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGUSR1}
-"""Blocked while the pool forks: a worker forked while a run waits for a stop signal
-(:class:`gmc.rundir.StopRequests`) would inherit the run's handlers and swallow the pool's
-terminate(), hanging its join."""
+"""A job's stop signals (SLURM sends them to every process of the job; :class:`gmc.rundir.StopRequests`
+turns them into a checkpoint at the step boundary). Grading workers ignore them, so that the step
+in progress can finish its grading, and they are blocked while the pool forks, so that no worker
+ever runs the run's handlers."""
+
+# fork: workers run pure-Python sympy code, start in milliseconds and need no importable __main__
+# (spawn and forkserver re-run unguarded scripts)
+_BASE_CONTEXT = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+
+
+class _Worker(_BASE_CONTEXT.Process):
+    """A grading process: it ignores SIGTERM, so the pool's terminate() ends it with SIGKILL."""
+
+    def terminate(self) -> None:
+        self.kill()
+
+
+class _Context(type(_BASE_CONTEXT)):
+    Process = _Worker
 
 
 def _warm_worker() -> None:
-    # SIGTERM (the pool's terminate) ends a worker; SLURM's warning (SIGUSR1, sent to every
-    # process of the job) is the run's to act on. A signal that came since the fork is pending
-    # until here, and then meets these dispositions.
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # a stop signal that came since the fork is pending until here, and is then ignored
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     import math_verify  # noqa: F401  (import once per worker, not per item)
@@ -135,13 +149,10 @@ class Grader:
 
     def _ensure_pool(self):
         if self._pool is None:
-            # fork: workers run pure-Python sympy code, start in milliseconds and need no
-            # importable __main__ (spawn and forkserver re-run unguarded scripts)
-            ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
             # the pool's threads keep the mask, so the workers they start later are forked blocked too
             blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
             try:
-                self._pool = ctx.Pool(self.workers, initializer=_warm_worker)
+                self._pool = _Context().Pool(self.workers, initializer=_warm_worker)
             finally:
                 signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         return self._pool

@@ -1,5 +1,6 @@
 """Answer extraction and equivalence grading (math-verify in a process pool)."""
 
+import os
 import signal
 import threading
 import time
@@ -134,22 +135,37 @@ def test_pathological_answer_costs_at_most_the_timeout():
 
 
 def _worker_dispositions():
-    return signal.getsignal(signal.SIGTERM) == signal.SIG_DFL, signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN
+    return signal.getsignal(signal.SIGTERM) == signal.SIG_IGN, signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN
 
 
-def test_grading_workers_end_on_sigterm_whatever_handlers_the_run_installed():
-    """A worker forked under a run's stop-signal handlers (gmc.rundir) would swallow the pool's
-    terminate() and hang its join; workers take SIGTERM's default and ignore SLURM's SIGUSR1."""
+def _pid():
+    return os.getpid()
+
+
+def test_grading_goes_on_through_a_jobs_stop_signal_and_the_pool_still_closes():
+    """SLURM signals every process of a job: the grading workers ignore SIGTERM and SIGUSR1 (and
+    never run the handlers of the run that forked them), so the step in progress finishes its
+    grading; the pool's terminate() still ends them."""
     received = []
     previous = {s: signal.signal(s, lambda signum, frame: received.append(signum))
                 for s in (signal.SIGTERM, signal.SIGUSR1)}
     try:
         g = Grader(workers=2)
-        assert g._ensure_pool().apply(_worker_dispositions) == (True, True)
+        pool = g._ensure_pool()
+        assert pool.apply(_worker_dispositions) == (True, True)
+        pids = {pool.apply(_pid) for _ in range(8)}
+        for pid in pids:  # what the job's stop signal does to them
+            os.kill(pid, signal.SIGTERM)
+            os.kill(pid, signal.SIGUSR1)
+        assert all(x.correct for x in g.grade_batch(["\\boxed{\\frac{1}{2}}"] * 4, ["0.5"] * 4))
         closer = threading.Thread(target=g.close, daemon=True)
         closer.start()
         closer.join(timeout=30)
-        assert not closer.is_alive() and received == []
+        assert not closer.is_alive(), "Grader.close() hangs"
+        assert received == []
+        for pid in pids:
+            with pytest.raises(ProcessLookupError):
+                os.kill(pid, 0)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)

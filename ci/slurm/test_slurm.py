@@ -37,7 +37,9 @@ TIMEOUT = 900  # the executor plugin can hang (workflow/profiles/slurm): never w
 def config() -> dict:
     cfg = yaml.safe_load((REPO / "tests" / "data" / "workflow_config.yaml").read_text())
     cfg["model"]["tiny"]["max_steps"] = 30  # enough to earn some reward, so that training moves
-    cfg["train"].update(steps=STEPS, checkpoint_every=CHECKPOINT_EVERY)
+    # 20 ms of wall clock per decoding step (no CPU), about half a second a step: a job can be
+    # cancelled mid-run on a fast machine too; the numbers are those of the same runs without it
+    cfg["train"].update(steps=STEPS, checkpoint_every=CHECKPOINT_EVERY, hf={"token_seconds": 0.02})
     cfg["sweep"].update(algorithms=["gmc"], delays=[0], group_sizes=[4], seeds=[0, 1])
     cfg["sweep"].pop("references")  # the reduced sweep is the grid only
     cfg["latency"]["enabled"] = False
@@ -162,7 +164,7 @@ def test_sweep_through_slurm_equals_local_and_survives_a_cancelled_job(tmp_path)
         assert timeless(read(a)) == timeless(read(b)), rel
 
 
-LONG_STEPS = 90
+LONG_STEPS = 60
 
 
 def test_a_training_job_past_its_time_limit_is_signalled_requeued_and_resumed(tmp_path):
@@ -172,7 +174,10 @@ def test_a_training_job_past_its_time_limit_is_signalled_requeued_and_resumed(tm
     assert os.environ.get("GMC_SLURM_ACCOUNT"), "start the cluster first: ci/slurm/run.sh"
     earlier = {j["id"] for j in sacct()}
     cfg = config()
-    cfg["train"].update(steps=LONG_STEPS, checkpoint_every=0)
+    # 5 ms per decoding step instead, about 0.1 s a step: the run outlasts the ~10 s of steps
+    # before the signal on a fast machine too and needs two or three jobs (each requeue waits
+    # SLURM's two minutes)
+    cfg["train"].update(steps=LONG_STEPS, checkpoint_every=0, hf={"token_seconds": 0.005})
     cfg["sweep"].update(seeds=[0])
     for name in ("local", "slurm"):
         (tmp_path / name).mkdir()
