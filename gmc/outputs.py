@@ -51,8 +51,8 @@ FIGURES: dict[str, Output] = {
                              "Reward of the fresh rollouts against the optimizer step, one panel per delay, "
                              "10-step moving average, largest group size."),
     "score_vs_delay": Output("gmc.plots:score_vs_delay",
-                             "Final score against the fixed delay, one panel per group size; dotted lines: the "
-                             "named delay modes."),
+                             "Final score against the fixed delay, one panel per group size; horizontal lines: "
+                             "the named delay modes, one line style each."),
     "score_vs_group": Output("gmc.plots:score_vs_group", "Final score against the group size G, one panel per delay."),
     "ratio_diagnostics": Output("gmc.plots:ratio_diagnostics",
                                 "Each estimator's capped or clipped fraction, ESS / G and the shortfall "

@@ -193,18 +193,23 @@ def reward_vs_step(frame: pd.DataFrame, out: Path) -> list[Path]:
 
 
 def score_vs_delay(frame: pd.DataFrame, out: Path) -> list[Path]:
-    """Final score vs delay, one panel per group size; named delay modes as dotted lines."""
+    """Final score vs delay, one panel per group size; each named delay mode as a horizontal line
+    of its own style (the mean over seeds), in its estimator's colour."""
     score, score_label = _score_column(frame)
     numeric = _numeric_delays(frame)
     groups = sorted(frame["group"].unique())
     fig, axes = panel_row(len(groups), 4, sharey=True)
+    styles = [":", "--", "-.", (0, (1, 3)), (0, (5, 1))]
     for ax, g in zip(axes, groups):
         _line_by_algorithm(ax, _delay_axis(ax, numeric[numeric["group"] == g]), "x", score, "score_se")
         lat = frame[~frame["delay"].str.isdigit() & (frame["group"] == g)]
-        for algo, grp in lat.groupby("algorithm"):
-            ax.axhline(grp[score].mean(), color=METHOD_COLORS.get(algo), ls=":", lw=1)
-        named = ", ".join(delay_title(d) for d in sorted(lat["delay"].unique(), key=delay_order))
-        ax.set_title(f"G = {g}" + (f" (dotted: {named})" if len(lat) else ""))
+        modes = sorted(lat["delay"].unique(), key=delay_order)
+        for (algo, delay), grp in lat.groupby(["algorithm", "delay"]):
+            ax.axhline(grp[score].mean(), color=METHOD_COLORS.get(algo), lw=1,
+                       ls=styles[modes.index(delay) % len(styles)])
+        for i, delay in enumerate(modes):  # one legend entry per line style
+            ax.plot([], [], color="gray", lw=1, ls=styles[i % len(styles)], label=delay_title(delay))
+        ax.set_title(f"G = {g}")
         ax.legend(fontsize=7)
     axes[0].set_ylabel(score_label)
     fig.suptitle("Final score vs delay; bars: 95% interval over seeds")
