@@ -196,6 +196,12 @@ def _weight_stats(w: Tensor, log_ratio: Tensor, shortfall: bool = True) -> dict[
     return stats
 
 
+def _frac(flags: Tensor, mask: Tensor) -> float:
+    """Fraction of the valid tokens where ``flags`` holds."""
+    m = mask.bool()
+    return float((flags & m).sum() / m.sum().clamp(min=1))
+
+
 def _check_shapes(logp: Tensor, logp_behavior: Tensor, mask: Tensor, advantages: Tensor) -> None:
     if logp.dim() != 3:
         raise ValueError(f"logp must be [B, G, T], got shape {tuple(logp.shape)}")
@@ -221,8 +227,7 @@ def grpo_loss(logp, logp_behavior, mask, advantages, cfg: EstimatorConfig, ref_l
     clipped = ((A > 0) & (r > 1 + cfg.eps_high)) | ((A < 0) & (r < 1 - cfg.eps_low))
     coef = torch.where(clipped, torch.zeros_like(r), r * A)
     loss, stats = _pg_loss(coef, logp, mask, cfg, "seq_mean", ref_logp)
-    m = mask.bool()
-    stats["ratio/frac_tokens_clipped"] = float((clipped & m).sum() / m.sum().clamp(min=1))
+    stats["ratio/frac_tokens_clipped"] = _frac(clipped, mask)
     stats.update(_ratio_stats(l_tok.sum(-1), l_tok, mask))
     return loss, stats
 
@@ -293,8 +298,7 @@ def tis_loss(logp, logp_behavior, mask, advantages, cfg: EstimatorConfig, ref_lo
     w_tok = torch.exp(l_tok.clamp(max=log_cap))
     coef = w_tok * advantages.float().unsqueeze(-1)
     loss, stats = _pg_loss(coef, logp, mask, cfg, "seq_mean", ref_logp)
-    m = mask.bool()
-    stats["ratio/frac_tokens_clipped"] = float(((l_tok > log_cap) & m).sum() / m.sum().clamp(min=1))
+    stats["ratio/frac_tokens_clipped"] = _frac(l_tok > log_cap, mask)
     stats.update(_ratio_stats(l_tok.sum(-1), l_tok, mask))
     return loss, stats
 
@@ -303,12 +307,6 @@ def tis_loss(logp, logp_behavior, mask, advantages, cfg: EstimatorConfig, ref_lo
 # Corrections the field's RL systems ship (each with its peers' config keys). This trainer makes
 # one update per batch from the policy that scores it, so a proximal policy equals the current
 # one: decoupled PPO's proximal ratio is 1 and only the behaviour ratio ``r`` remains.
-
-
-def _frac(flags: Tensor, mask: Tensor) -> float:
-    """Fraction of the valid tokens where ``flags`` holds."""
-    m = mask.bool()
-    return float((flags & m).sum() / m.sum().clamp(min=1))
 
 
 def _token_ratio(l_tok: Tensor) -> Tensor:

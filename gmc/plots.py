@@ -131,30 +131,24 @@ def run_figures(results: str | Path, out: str | Path | None = None) -> list[Path
 
 def league_figure(regimes: dict[str, str | Path], out: Path) -> list[Path]:
     """Final score against the fixed delay per estimator, one panel per regime: ``regimes`` maps a
-    panel's title to its results folder (largest group size of each; delays evenly spaced, as
-    categories; bars: 95% interval over seeds). Written to ``out/league.{png,pdf}``."""
+    panel's title to its results folder (largest group size of each; delays as :func:`_delay_axis`
+    places them; bars: 95% interval over seeds). Written to ``out/league.{png,pdf}``."""
     from gmc.analysis import collect
 
     fig, axes = panel_row(len(regimes), 5.5)
     for ax, (name, results) in zip(axes, regimes.items()):
         G, frame = _largest_group(collect(results))
         score, score_label = _score_column(frame)
-        numeric = _numeric_delays(frame)
-        delays = sorted(numeric["delay"].unique())
+        numeric = _delay_axis(ax, _numeric_delays(frame))
         algorithms = [a for a in REGISTRY if a in set(numeric["algorithm"])]
-        # delays as categories; each estimator a little apart, so that the bars do not hide each other
+        # each estimator a little apart, so that the bars do not hide each other
         offset = {a: 0.3 * (i / max(len(algorithms) - 1, 1) - 0.5) for i, a in enumerate(algorithms)}
-        numeric["x"] = [delays.index(d) + offset[a] for d, a in zip(numeric["delay"], numeric["algorithm"])]
+        numeric["x"] += numeric["algorithm"].map(offset)
         _line_by_algorithm(ax, numeric, "x", score, "score_se")
-        ax.set_xticks(range(len(delays)), [str(d) for d in delays])
-        ax.set_xlabel("delay d (optimizer steps)")
         seeds = int(numeric.groupby(["algorithm", "delay"])["seed"].nunique().min())
         ax.set_title(f"{name}: G = {G}, {seeds} seeds")
         ax.set_ylabel(score_label)
-    legend = {}  # one legend for every panel's estimators
-    for ax in axes:
-        legend.update(zip(*reversed(ax.get_legend_handles_labels())))
-    fig.legend(list(legend.values()), list(legend), loc="outside right upper", fontsize=8)
+        ax.legend(fontsize=7, ncol=2)  # per panel: its estimators and seeds
     fig.suptitle("Final score vs delay per estimator; bars: 95% interval over seeds")
     return save_both(fig, Path(out), "league")
 

@@ -138,6 +138,17 @@ def naive_loss_and_grad(name, logp, logp_b, mask, adv, cfg):
     return loss, grad
 
 
+def assert_matches_naive_loop(name, logp, logp_b, mask, adv, cfg):
+    """The estimator's loss and gradient equal the naive loop's; returns its stats."""
+    logp = logp.clone().requires_grad_(True)
+    loss, stats = ESTIMATORS[name](logp, logp_b, mask, adv, cfg)
+    loss.backward()
+    ref_loss, ref_grad = naive_loss_and_grad(name, logp.detach(), logp_b, mask, adv, cfg)
+    assert float(loss.detach()) == pytest.approx(ref_loss, rel=1e-4, abs=1e-6)
+    torch.testing.assert_close(logp.grad.double(), ref_grad, rtol=1e-4, atol=1e-7)
+    return stats
+
+
 @pytest.mark.parametrize("name", sorted(ESTIMATORS))
 @pytest.mark.parametrize("aggregation", [None, "token_mean", "seq_mean", "seq_sum_const"])
 @pytest.mark.parametrize("seed", [0, 1])
@@ -145,12 +156,7 @@ def test_estimator_matches_naive_loop(name, aggregation, seed):
     logp, logp_b, mask, rewards = random_batch(seed=seed, scale=0.3 if seed == 0 else 0.05)
     adv = group_advantages(rewards)
     cfg = EstimatorConfig(aggregation=aggregation, max_new_tokens=8, eps=0.2, gspo_eps_high=0.05, gspo_eps_low=0.05)
-    logp = logp.clone().requires_grad_(True)
-    loss, stats = ESTIMATORS[name](logp, logp_b, mask, adv, cfg)
-    loss.backward()
-    ref_loss, ref_grad = naive_loss_and_grad(name, logp.detach(), logp_b, mask, adv, cfg)
-    assert float(loss.detach()) == pytest.approx(ref_loss, rel=1e-4, abs=1e-6)
-    torch.testing.assert_close(logp.grad.double(), ref_grad, rtol=1e-4, atol=1e-7)
+    stats = assert_matches_naive_loop(name, logp, logp_b, mask, adv, cfg)
     assert all(isinstance(v, float) and "/" in k for k, v in stats.items())
 
 
@@ -168,12 +174,7 @@ def test_corrections_match_naive_loop_where_their_clips_and_masks_fire(name, met
     logp, logp_b, mask, rewards = random_batch(B=4, G=4, T=8, seed=seed, scale=0.3)
     adv = group_advantages(rewards)
     cfg = EstimatorConfig(**TIGHT, seq_mask_metric=metric)
-    logp = logp.clone().requires_grad_(True)
-    loss, stats = ESTIMATORS[name](logp, logp_b, mask, adv, cfg)
-    loss.backward()
-    ref_loss, ref_grad = naive_loss_and_grad(name, logp.detach(), logp_b, mask, adv, cfg)
-    assert float(loss.detach()) == pytest.approx(ref_loss, rel=1e-4, abs=1e-6)
-    torch.testing.assert_close(logp.grad.double(), ref_grad, rtol=1e-4, atol=1e-7)
+    stats = assert_matches_naive_loop(name, logp, logp_b, mask, adv, cfg)
     (key,) = REGISTRY[name].diagnostics
     assert 0 < stats[key] < 1, (key, stats[key])
 

@@ -70,12 +70,19 @@ def test_latency_mode_runs(tmp_path, train_small):
     assert all(g["completed_at"] >= g["submitted_at"] for g in groups)
 
 
-def test_resume_after_hard_kill_reproduces_the_uninterrupted_run(tmp_path, small_config):
+def cli_run_and_uninterrupted_twin(tmp_path, cfg):
+    """``gmc train`` on ``cfg`` as a subprocess: its command (without ``--out``) and environment,
+    after running it once uninterrupted into ``tmp_path/straight``."""
     config = tmp_path / "train.yaml"
-    config.write_text(yaml.safe_dump(to_dict(small_config(steps=6, checkpoint_every=3, **{"delay.d": 2}))))
+    config.write_text(yaml.safe_dump(to_dict(cfg)))
     cmd = [sys.executable, "-m", "gmc", "train", "--config", str(config)]
     env = {**os.environ, "TQDM_DISABLE": "1"}
     subprocess.run([*cmd, "--out", str(tmp_path / "straight")], check=True, env=env, capture_output=True)
+    return cmd, env
+
+
+def test_resume_after_hard_kill_reproduces_the_uninterrupted_run(tmp_path, small_config):
+    cmd, env = cli_run_and_uninterrupted_twin(tmp_path, small_config(steps=6, checkpoint_every=3, **{"delay.d": 2}))
 
     killed = tmp_path / "killed"
     proc = subprocess.Popen([*cmd, "--out", str(killed)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -99,11 +106,7 @@ def test_a_stop_signal_checkpoints_at_the_step_boundary_and_the_resume_equals_th
         tmp_path, small_config, signum):
     """SLURM's warning before a time limit (SIGUSR1) or the limit itself (SIGTERM): the run ends at
     the next step boundary with a checkpoint there and exit status 75, and --resume continues it."""
-    config = tmp_path / "train.yaml"
-    config.write_text(yaml.safe_dump(to_dict(small_config(steps=8, checkpoint_every=0, **{"delay.d": 1}))))
-    cmd = [sys.executable, "-m", "gmc", "train", "--config", str(config)]
-    env = {**os.environ, "TQDM_DISABLE": "1"}
-    subprocess.run([*cmd, "--out", str(tmp_path / "straight")], check=True, env=env, capture_output=True)
+    cmd, env = cli_run_and_uninterrupted_twin(tmp_path, small_config(steps=8, checkpoint_every=0, **{"delay.d": 1}))
     stopped = tmp_path / "stopped"
     proc = subprocess.Popen([*cmd, "--out", str(stopped)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True)
