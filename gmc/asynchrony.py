@@ -448,7 +448,7 @@ class DelayMode:
 def _ray_source(cfg: DelayConfig, rollouts: Rollouts, batch_prompts: int, seed: int) -> SyncSource:
     from gmc.distributed.source import RaySource  # Ray is an extra: imported only for this mode
 
-    return RaySource(cfg, rollouts, batch_prompts, seed)
+    return RaySource(cfg, rollouts, batch_prompts)
 
 
 def _check_trace_mode(cfg: DelayConfig, steps: int, prompts_per_step: int) -> None:

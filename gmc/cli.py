@@ -135,25 +135,22 @@ def _settings_arguments(p: argparse.ArgumentParser, what: str) -> None:
 
 
 def _plan_memory(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     import yaml
 
     from gmc.config import TrainConfig
-    from gmc.memory import GIB, plan
+    from gmc.memory import device_limit, plan
     from gmc.settings import apply_overrides, from_dict, load_config
 
     if args.preset:
-        preset = yaml.safe_load(open(args.preset))
+        preset = yaml.safe_load(Path(args.preset).read_text())
         values = apply_overrides({**preset.get("train", {}), "model": preset.get("model", {}).get("name", "tiny")},
                                  args.overrides)
         cfg = from_dict(TrainConfig, values)
     else:
         cfg = load_config(TrainConfig, args.config, args.overrides)
-    limit = args.gpu_gib or cfg.memory_limit_gib
-    if limit is None:
-        import torch
-
-        limit = torch.cuda.get_device_properties(0).total_memory / GIB if torch.cuda.is_available() else None
-    p = plan(cfg, int(limit * GIB) if limit else None)
+    p = plan(cfg, device_limit(cfg, args.gpu_gib))
     print(f"memory plan of {cfg.model}: budget {cfg.micro_batch_tokens} tokens, {cfg.model_dtype}"
           f"{' over float32 masters' if cfg.master_weights and cfg.model_dtype != 'float32' else ''}, "
           f"{cfg.optimizer}, engine {cfg.engine}"

@@ -145,10 +145,25 @@ class Plan:
                          if name in self.keys and b[phase] > 0)
 
 
-def plan(cfg, device_bytes: int | None = None) -> Plan:
+def device_limit(cfg, gib: float | None = None) -> int | None:
+    """The bytes the plan of :class:`gmc.config.TrainConfig` ``cfg`` must fit: ``gib`` when given,
+    else its ``memory_limit_gib``, else the total memory of its CUDA device; None on a CPU without
+    either."""
+    gib = gib or cfg.memory_limit_gib
+    if gib:
+        return int(gib * GIB)
+    import torch
+
+    from gmc.policy import resolve_device
+
+    device = resolve_device(cfg.device)
+    return torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
+
+
+def plan(cfg, device_bytes: int | None = None, shape: ModelShape | None = None) -> Plan:
     """The memory plan of :class:`gmc.config.TrainConfig` ``cfg`` against ``device_bytes`` (the
-    limit; None: no limit)."""
-    shape = ModelShape.of(cfg.model)
+    limit; None: no limit), for ``shape`` (default: read from ``cfg.model``)."""
+    shape = shape or ModelShape.of(cfg.model)
     P = shape.parameters
     param_bytes = 4 if (cfg.model_dtype == "float32" or cfg.master_weights) else 2
     below = cfg.model_dtype != "float32"

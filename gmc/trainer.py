@@ -341,21 +341,17 @@ class Trainer:
 def check_memory(cfg: TrainConfig) -> None:
     """Refuse a run whose memory plan exceeds its device (``memory_limit_gib``, else the CUDA
     device's memory; no check on a CPU without a limit)."""
-    from gmc.memory import GIB, ModelShape, check_fits, plan
-    from gmc.policy import resolve_device
+    from gmc.memory import GIB, ModelShape, check_fits, device_limit, plan
 
-    device = resolve_device(cfg.device)
-    limit = cfg.memory_limit_gib * GIB if cfg.memory_limit_gib else None
-    if limit is None and device.type == "cuda":
-        limit = torch.cuda.get_device_properties(device).total_memory
+    limit = device_limit(cfg)
     if limit is None:
         return
     try:
-        ModelShape.of(cfg.model)
+        shape = ModelShape.of(cfg.model)
     except (ValueError, OSError, KeyError) as e:
         log.warning("no memory plan: %s", e)
         return
-    p = plan(cfg, int(limit))
+    p = plan(cfg, limit, shape)
     log.info("memory plan (peak %.1f of %.1f GiB):\n%s", p.peak / GIB, limit / GIB, p.table())
     check_fits(p)
 

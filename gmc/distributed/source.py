@@ -39,7 +39,7 @@ whoever generates it is not retried forever)."""
 
 
 class RaySource(SyncSource):
-    def __init__(self, cfg: DelayConfig, rollouts: Rollouts, batch_prompts: int, seed: int = 0):
+    def __init__(self, cfg: DelayConfig, rollouts: Rollouts, batch_prompts: int):
         super().__init__(rollouts, batch_prompts)
         self.cfg = cfg
         self.bound = StalenessBound(cfg.max_staleness, batch_prompts)
@@ -48,6 +48,7 @@ class RaySource(SyncSource):
         self.retry: list[int] = []  # prompts of lost tasks and of tasks in flight at a checkpoint
         self.pending: dict = {}  # task reference -> (worker, prompts, version, submit_wall)
         self.idle_since: dict[int, float] = {}
+        self.worker_idle: dict[int, float] = {}  # this step's idle seconds per worker
         self.tasks = 0  # tasks dispatched since the start: each task's random streams
         self.lost_tasks = 0  # tasks whose worker died under them
         self.losses: dict[tuple, int] = {}  # prompts -> how often a worker died generating them
@@ -168,7 +169,7 @@ class RaySource(SyncSource):
             raise RolloutWorkerError(f"rollout worker {k} could not restart: {e}") from None
 
     def next_batch(self, version: int) -> Batch:
-        self.worker_idle: dict[int, float] = {}
+        self.worker_idle = {}
         return super().next_batch(version)
 
     def _next(self, version: int) -> list[Group]:
@@ -194,13 +195,13 @@ class RaySource(SyncSource):
             g.consume_wall = now
         self._dispatch()  # the workers go on while the trainer computes
         lags = Counter(version - g.version for g in batch)
-        self.step_stats = ({
+        self.step_stats = {
             "async/dropped": float(self.bound.dropped), "async/buffer_groups": float(len(self.buffer)),
             "async/in_flight": float(self.bound.in_flight), "async/trainer_idle_seconds": waited,
             "async/worker_idle_seconds": sum(self.worker_idle.values()), "async/lost_tasks": float(self.lost_tasks),
             "async/wait_seconds": time.perf_counter() - t,
             **{f"async/staleness_hist/{lag}": float(n) for lag, n in sorted(lags.items())},
-        })
+        }
         return batch
 
     def queued_groups(self) -> list[Group]:

@@ -15,17 +15,10 @@ import time
 
 import torch
 
-from gmc.engines import Dtype
 
-
-def published_state(model, dtype: Dtype | None = None) -> dict[str, torch.Tensor]:
-    """The model's weights as the workers load them: detached, on the CPU for the object store
-    (the device for a broadcast), in ``dtype`` when given."""
-    out = {}
-    for name, t in model.state_dict().items():
-        t = t.detach()
-        out[name] = t.to(getattr(torch, dtype)) if dtype and t.is_floating_point() else t
-    return out
+def published_state(model) -> dict[str, torch.Tensor]:
+    """The model's weights as the workers load them, detached, on the model's device."""
+    return {name: t.detach() for name, t in model.state_dict().items()}
 
 
 def nbytes(state: dict[str, torch.Tensor]) -> int:
