@@ -56,24 +56,23 @@ def matmul_tflops(device, dtype=torch.bfloat16, n: int = 8192) -> float:
 
 def measure(gpu: bool = False, micro_batches_timed: int = 4, rounds: int = 5) -> dict:
     """The comparison of the module docstring; returns what ``main`` writes."""
-    args = argparse.Namespace(gpu=gpu, micro_batches=micro_batches_timed, rounds=rounds)
     torch.manual_seed(0)
-    if args.gpu:
+    if gpu:
         shape = ModelShape.of("Qwen/Qwen3-4B")
         cfg = Qwen3Shape(hidden_size=shape.hidden_size, intermediate_size=shape.intermediate_size,
                          num_layers=shape.num_hidden_layers, num_heads=shape.num_attention_heads,
                          num_kv_heads=shape.num_key_value_heads)
         vocab, dtype, budget, device = shape.vocab_size, torch.bfloat16, 16384, "cuda"
         per = budget // 4608  # rows of 64 + 4,096 tokens pad to 4,608: three per micro-batch
-        batch = groups(vocab, 1, per * args.micro_batches, [[4096] * (per * args.micro_batches)], 64)
+        batch = groups(vocab, 1, per * micro_batches_timed, [[4096] * (per * micro_batches_timed)], 64)
     else:
         cfg = Qwen3Shape(hidden_size=256, intermediate_size=768, num_layers=4, num_heads=4, num_kv_heads=2)
         vocab, dtype, budget, device = 4096, None, 4096, "cpu"
         lengths = torch.randint(250, 950, (4, 4), generator=torch.Generator().manual_seed(1)).tolist()
         batch = groups(vocab, 4, 4, lengths, 50)
-    head_dim = shape.head_dim if args.gpu else cfg.hidden_size // cfg.num_heads
+    head_dim = shape.head_dim if gpu else cfg.hidden_size // cfg.num_heads
     model = qwen3_model(cfg, vocab, head_dim=head_dim).to(device).train()
-    if args.gpu:
+    if gpu:
         model.gradient_checkpointing_enable()
         model.config.use_cache = False
     params = sum(p.numel() for p in model.parameters())
@@ -86,11 +85,11 @@ def measure(gpu: bool = False, micro_batches_timed: int = 4, rounds: int = 5) ->
         def run():
             updates[att].backward(batch, on_policy=False)
             model.zero_grad(set_to_none=True)
-            if args.gpu:
+            if gpu:
                 torch.cuda.synchronize()
         return run
 
-    timed = interleaved({att: step(att) for att in updates}, rounds=args.rounds)
+    timed = interleaved({att: step(att) for att in updates}, rounds=rounds)
     with torch.no_grad():
         a = sequence_logprobs(model, rows, budget, 0, compute_dtype=dtype, attention="masked")
         b = sequence_logprobs(model, rows, budget, 0, compute_dtype=dtype, attention="causal")
@@ -102,7 +101,7 @@ def measure(gpu: bool = False, micro_batches_timed: int = 4, rounds: int = 5) ->
     for idx in micro_batches([len(s) for s in rows.sequences], budget):
         with precision(model, dtype):
             _forward(model, rows, idx, 0, 1.0, 1024, "causal").sum().backward()
-    if args.gpu:
+    if gpu:
         torch.cuda.synchronize()
     t2 = time.perf_counter()
     model.zero_grad(set_to_none=True)
@@ -113,7 +112,7 @@ def measure(gpu: bool = False, micro_batches_timed: int = 4, rounds: int = 5) ->
               "speedup_causal_over_masked": timed["masked"]["median_s"] / timed["causal"]["median_s"],
               "max_logprob_diff": float((a - b).abs()[live].max()),
               "share_no_grad_pass": (t1 - t0) / (t2 - t0), "share_forward_backward": (t2 - t1) / (t2 - t0)}
-    if args.gpu:
+    if gpu:
         peak = matmul_tflops(device)
         result.update(matmul_tflops=peak, mfu_causal=6 * params * result["tokens_per_s_causal"] / 1e12 / peak,
                       mfu_masked=6 * params * result["tokens_per_s_masked"] / 1e12 / peak,
