@@ -91,8 +91,8 @@ def snakemake():
 @pytest.fixture(scope="session")
 def load_workflow():
     """``load_workflow(folder, overwrite_resources=None, configfiles=())``: the workflow as Snakemake
-    builds it in-process in ``folder`` (the default config.yaml copied there unless ``configfiles``
-    are given), set-resources applied."""
+    builds it in-process in ``folder`` (the default config.yaml copied there if it has none;
+    ``configfiles`` given as with ``--configfile``), set-resources applied."""
     import shutil
 
     def load(folder, overwrite_resources=None, configfiles=()):
