@@ -15,6 +15,24 @@ import torch
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
+def random_qwen3(shape, device: str, checkpointing: bool = False):
+    """A randomly initialised Qwen3 of ``shape`` (a :class:`gmc.memory.ModelShape`), built on
+    ``device`` in float32 (no weights travel), in training mode; with ``checkpointing``, gradient
+    checkpointing on and no KV cache."""
+    from gmc.models import Qwen3Shape, qwen3_model
+
+    cfg = Qwen3Shape(hidden_size=shape.hidden_size, intermediate_size=shape.intermediate_size,
+                     num_layers=shape.num_hidden_layers, num_heads=shape.num_attention_heads,
+                     num_kv_heads=shape.num_key_value_heads)
+    with torch.device(device):
+        model = qwen3_model(cfg, shape.vocab_size, head_dim=shape.head_dim,
+                            tie_word_embeddings=shape.tie_word_embeddings)
+    if checkpointing:
+        model.gradient_checkpointing_enable()
+        model.config.use_cache = False
+    return model.train()
+
+
 def interleaved(fns: dict, rounds: int = 9, warmup: int = 1) -> dict[str, dict]:
     """Median and min wall time of each ``fn()``, run in alternation (one call of each per round,
     in rotating order) so that every variant sees the same machine state."""

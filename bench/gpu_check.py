@@ -50,20 +50,12 @@ def peak_gb() -> float | None:
 def qwen3_4b():
     """Qwen3-4B's shape (36 layers, hidden 2,560, GQA 32/8, head 128, vocabulary 151,936) with random
     weights, built on the device in float32 (the masters), with gradient checkpointing."""
-    from gmc.memory import ModelShape
-    from gmc.models import Qwen3Shape, qwen3_model
+    from common import random_qwen3
 
-    shape = ModelShape.of("Qwen/Qwen3-4B")
-    if SMALL:
-        shape = ModelShape(64, 128, 2, 4, 2, 16, 1000, True)
-    cfg = Qwen3Shape(hidden_size=shape.hidden_size, intermediate_size=shape.intermediate_size,
-                     num_layers=shape.num_hidden_layers, num_heads=shape.num_attention_heads,
-                     num_kv_heads=shape.num_key_value_heads)
-    with torch.device(DEVICE):
-        model = qwen3_model(cfg, shape.vocab_size, head_dim=shape.head_dim)
-    model.gradient_checkpointing_enable()
-    model.config.use_cache = False
-    return model.train(), shape
+    from gmc.memory import ModelShape
+
+    shape = ModelShape(64, 128, 2, 4, 2, 16, 1000, True) if SMALL else ModelShape.of("Qwen/Qwen3-4B")
+    return random_qwen3(shape, DEVICE, checkpointing=True), shape
 
 
 def rows_for(budget: int, micro_batches: int, vocab: int):
@@ -121,8 +113,7 @@ def memory_4b() -> dict:
 
 def mfu_4b() -> dict:
     """bench/update.py on the GPU: causal against masked attention, model-FLOPs utilisation."""
-    sys.path.insert(0, str(Path(__file__).parent))
-    from update import measure
+    from update import measure  # bench/, the script's folder, is on the path
 
     return measure(gpu=CUDA and not SMALL, micro_batches_timed=2, rounds=3)
 

@@ -19,12 +19,11 @@ import argparse
 import time
 
 import torch
-from common import interleaved, write_result
+from common import interleaved, random_qwen3, write_result
 
 from gmc.asynchrony import Group
 from gmc.estimators import ESTIMATORS, EstimatorConfig
 from gmc.memory import ModelShape
-from gmc.models import Qwen3Shape, qwen3_model
 from gmc.update import Rows, Update, _forward, micro_batches, precision, sequence_logprobs
 
 
@@ -59,22 +58,16 @@ def measure(gpu: bool = False, micro_batches_timed: int = 4, rounds: int = 5) ->
     torch.manual_seed(0)
     if gpu:
         shape = ModelShape.of("Qwen/Qwen3-4B")
-        cfg = Qwen3Shape(hidden_size=shape.hidden_size, intermediate_size=shape.intermediate_size,
-                         num_layers=shape.num_hidden_layers, num_heads=shape.num_attention_heads,
-                         num_kv_heads=shape.num_key_value_heads)
-        vocab, dtype, budget, device = shape.vocab_size, torch.bfloat16, 16384, "cuda"
+        dtype, budget, device = torch.bfloat16, 16384, "cuda"
         per = budget // 4608  # rows of 64 + 4,096 tokens pad to 4,608: three per micro-batch
-        batch = groups(vocab, 1, per * micro_batches_timed, [[4096] * (per * micro_batches_timed)], 64)
+        batch = groups(shape.vocab_size, 1, per * micro_batches_timed, [[4096] * (per * micro_batches_timed)], 64)
     else:
-        cfg = Qwen3Shape(hidden_size=256, intermediate_size=768, num_layers=4, num_heads=4, num_kv_heads=2)
-        vocab, dtype, budget, device = 4096, None, 4096, "cpu"
+        shape = ModelShape(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
+                           num_key_value_heads=2, head_dim=64, vocab_size=4096, tie_word_embeddings=True)
+        dtype, budget, device = None, 4096, "cpu"
         lengths = torch.randint(250, 950, (4, 4), generator=torch.Generator().manual_seed(1)).tolist()
-        batch = groups(vocab, 4, 4, lengths, 50)
-    head_dim = shape.head_dim if gpu else cfg.hidden_size // cfg.num_heads
-    model = qwen3_model(cfg, vocab, head_dim=head_dim).to(device).train()
-    if gpu:
-        model.gradient_checkpointing_enable()
-        model.config.use_cache = False
+        batch = groups(shape.vocab_size, 4, 4, lengths, 50)
+    model = random_qwen3(shape, device, checkpointing=gpu)
     params = sum(p.numel() for p in model.parameters())
     rows = Rows.from_groups(batch)
     tokens = sum(len(s) for s in rows.sequences)
