@@ -81,6 +81,11 @@ class Step:
 class Trainer:
     """One training run in ``out``; :meth:`run` trains (or resumes) to ``cfg.steps``."""
 
+    clock = staticmethod(time.monotonic)
+    """Seconds of the wall clock that ``checkpoint_minutes`` counts. The trainer's own, so that a
+    test replaces it on the class or an instance, never ``time.monotonic`` for the whole process
+    (the pools' helper threads read that too)."""
+
     def __init__(self, cfg: TrainConfig, out: str | os.PathLike, resume: bool = False, progress: bool = True):
         self.cfg = cfg
         self.out = Path(out)
@@ -287,7 +292,7 @@ class Trainer:
         bar = tqdm(total=cfg.steps, initial=self.step, desc=f"train {cfg.algorithm}", disable=not self.progress,
                    unit="step")
         STOP.install()
-        last_checkpoint = time.monotonic()
+        last_checkpoint = self.clock()
         try:
             with (self.out / "metrics.jsonl").open("a") as mfile, (self.out / "groups.jsonl").open("a") as gfile, \
                     (self.out / TRACE).open("a") as tfile:
@@ -307,11 +312,11 @@ class Trainer:
                     bar.set_postfix(reward=f"{record['train/reward_mean']:.3f}",
                                     stale=f"{record['async/staleness_mean']:.1f}")
                     self.step += 1
-                    due = cfg.checkpoint_minutes and time.monotonic() - last_checkpoint >= 60 * cfg.checkpoint_minutes
+                    due = cfg.checkpoint_minutes and self.clock() - last_checkpoint >= 60 * cfg.checkpoint_minutes
                     if (cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0) or self.step == cfg.steps \
                             or due or STOP.received:
                         self.save_checkpoint()
-                        last_checkpoint = time.monotonic()
+                        last_checkpoint = self.clock()
                     if STOP.received and self.step < cfg.steps:
                         name = STOP.name
                         log.warning("%s: stopped by %s after step %d; checkpoint written; resume with --resume",

@@ -144,8 +144,11 @@ def test_unreadable_checkpoints_name_the_files(straight, tmp_path, small, damage
 
 
 def test_checkpoint_write_is_durable_and_rotates(tmp_path, monkeypatch):
-    synced = []
-    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(os.readlink(f"/proc/self/fd/{fd}")))
+    from gmc import rundir
+
+    synced, real = [], rundir.fsync_path
+    # the run directory's fsync alone, not os.fsync for every thread of the process
+    monkeypatch.setattr(rundir, "fsync_path", lambda path: (synced.append(str(path)), real(path)))
     with RunDir(tmp_path) as rd:
         rd.open({"a": 1}, resume=False)
         rd.write_checkpoint({"step": 1})

@@ -128,8 +128,9 @@ def test_checkpoints_by_wall_clock(tmp_path, train_small, monkeypatch):
     """checkpoint_minutes: a checkpoint whenever that much wall clock passed since the last."""
     from gmc import trainer
 
-    clock = iter(range(0, 10_000, 45))  # every call of the trainer's monotonic clock: 45 s later
-    monkeypatch.setattr(trainer.time, "monotonic", lambda: next(clock))
+    clock = iter(range(0, 10_000, 45))  # every reading of the trainer's clock: 45 s later
+    # the trainer's clock alone: time.monotonic is every thread's (a pool's helper threads too)
+    monkeypatch.setattr(trainer.Trainer, "clock", staticmethod(lambda: next(clock)))
     saved = []
     real = trainer.Trainer.save_checkpoint
     monkeypatch.setattr(trainer.Trainer, "save_checkpoint", lambda self: (saved.append(self.step), real(self)))
