@@ -6,23 +6,30 @@ first), after a fast path for answers that are textually or numerically identica
 bounds its own work with ``signal.alarm``, which works only in a process's main thread, so
 grading runs in a pool of worker processes: each item is bounded by math-verify's alarm inside
 its worker and, as a backstop for work an alarm cannot interrupt (a huge integer power in C),
-by the pool, which kills and replaces a worker that overruns.
+by the pool, which kills and replaces a worker that overruns. Closing the pool is bounded too
+(:meth:`Grader.close`): past a grace period its workers are killed by pid.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
+import logging
 import math
 import multiprocessing as mp
 import os
 import re
 import signal
 import sys
+import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from gmc.answers import canonical_int, extract_answer, normalize_gold
+
+log = logging.getLogger(__name__)
 
 Reason = Literal["ok", "no_answer", "parse_error", "timeout", "too_long", "wrong"]
 
@@ -139,12 +146,77 @@ def _warm_worker() -> None:
     sys.set_int_max_str_digits(0)
 
 
+CLOSE_GRACE = 5.0
+"""Seconds :meth:`Grader.close` gives the pool's own ``terminate()`` (milliseconds when the pool
+is sound) before it kills the workers itself."""
+
+
+def _terminate(pool) -> None:
+    try:
+        pool.terminate()
+        pool.join()
+    except Exception:
+        log.exception("grading pool: terminate failed")
+
+
+def _free(lock) -> None:
+    """Leave a pool's inter-process lock free; a worker killed while holding it never releases it
+    (a lock of :mod:`multiprocessing` has no owner: any process may release it)."""
+    if lock is not None:
+        lock.acquire(False)
+        lock.release()
+
+
+def _end_pool(pool, grace: float) -> None:
+    """End ``pool`` within about ``2 * grace`` seconds, whatever state it is in.
+
+    First the pool's own terminate, in a thread of its own, for ``grace`` seconds. That one
+    waits without a timeout on the pool's helper threads and on the task queue's lock, which an
+    idle worker holds while it waits for a task; it never returns when a helper thread is gone
+    (nothing then tells the workers to leave) or a worker is stopped. Then every worker is
+    killed by pid (SIGKILL; workers ignore SIGTERM) and reaped for up to ``grace`` seconds, the
+    locks the dead may hold are freed and the task handler gets its end sentinel, so the
+    terminate thread can finish; it is waited for up to what is left of the second ``grace``
+    and otherwise left behind (a daemon thread: it keeps no process alive)."""
+    try:
+        ender = threading.Thread(target=_terminate, args=(pool,), name="gmc-grader-close", daemon=True)
+        ender.start()
+    except RuntimeError:  # at interpreter shutdown (Python 3.12+) no thread starts: kill only
+        pool._terminate.cancel()  # and at exit multiprocessing must not run it either
+        ender = None
+    else:
+        ender.join(grace)
+        if not ender.is_alive():
+            return
+        log.warning("grading pool: terminate() did not end within %.1f s; killing its workers", grace)
+    deadline = time.monotonic() + grace
+    workers = list(pool._pool)
+    for w in workers:
+        if w.exitcode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(w.pid, signal.SIGKILL)
+    for w in workers:
+        w.join(max(0.0, deadline - time.monotonic()))
+    alive = [w.pid for w in workers if w.exitcode is None]
+    if alive:
+        log.error("grading pool: workers %s survived SIGKILL for %.1f s", alive, grace)
+        return
+    if ender is not None:
+        _free(pool._inqueue._rlock)  # the task queue's, held by the worker that waited for a task
+        _free(pool._outqueue._wlock)  # the result queue's, held by a worker killed mid-send
+        pool._taskqueue.put(None)  # what the task handler waits for from the worker handler
+        ender.join(max(0.0, deadline - time.monotonic()))
+        if ender.is_alive():
+            log.warning("grading pool: its threads did not end; the workers are gone")
+
+
 class Grader:
     """A pool of grading processes. Use :meth:`grade_batch`; :meth:`close` when done."""
 
-    def __init__(self, workers: int | None = None, timeout: float = 5.0):
+    def __init__(self, workers: int | None = None, timeout: float = 5.0, close_grace: float = CLOSE_GRACE):
         self.workers = workers or max(1, min(os.cpu_count() or 1, 8))
         self.timeout = timeout
+        self.close_grace = close_grace
         self._pool = None
 
     def _ensure_pool(self):
@@ -158,10 +230,11 @@ class Grader:
         return self._pool
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.terminate()
-            self._pool.join()
-            self._pool = None
+        """End the pool and its workers, within about ``2 * close_grace`` seconds whatever its
+        state (see :func:`_end_pool`); the next :meth:`grade_batch` starts a new one."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            _end_pool(pool, self.close_grace)
 
     def __enter__(self) -> Grader:
         return self

@@ -171,6 +171,49 @@ def test_grading_goes_on_through_a_jobs_stop_signal_and_the_pool_still_closes():
             signal.signal(s, handler)
 
 
+def _kill_the_worker_handler(pool):
+    """The pool's worker-handler thread dies (as it did when a test's clock ran out under it):
+    a message it cannot read on the pipe that wakes it."""
+    pool._change_notifier._writer.send_bytes(b"not a pickle")
+    pool._worker_handler.join(timeout=10)
+    assert not pool._worker_handler.is_alive()
+
+
+def _stop_the_workers(pool):
+    """Every worker stopped (SIGSTOP), the idle one holding the task queue's lock."""
+    for w in pool._pool:
+        os.kill(w.pid, signal.SIGSTOP)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+@pytest.mark.parametrize("fault", [_kill_the_worker_handler, _stop_the_workers],
+                         ids=["worker_handler_gone", "workers_stopped"])
+def test_close_ends_within_its_bound_whatever_the_pools_state(fault, caplog):
+    """A pool whose terminate() never returns (it waits, without a timeout, for a lock an idle
+    worker holds): close() kills the workers after its grace period and returns within twice
+    that, with no worker left and the pool's threads ended."""
+    grace = 1.0
+    g = Grader(workers=2, close_grace=grace)
+    pool = g._ensure_pool()
+    assert all(x.correct for x in g.grade_batch(["\\boxed{\\frac{1}{2}}"] * 4, ["0.5"] * 4))
+    pids = [w.pid for w in pool._pool]
+    fault(pool)
+    closer = threading.Thread(target=g.close, daemon=True)
+    start = time.monotonic()
+    closer.start()
+    closer.join(timeout=30)
+    elapsed = time.monotonic() - start
+    assert not closer.is_alive(), "Grader.close() hangs"
+    assert elapsed < 2 * grace + 1.0, elapsed
+    assert "terminate() did not end within" in caplog.text  # the pool's own terminate was stuck
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    for thread in (pool._task_handler, pool._result_handler):
+        thread.join(timeout=5)
+        assert not thread.is_alive(), thread
+
+
 def test_grade_batch_length_mismatch():
     with pytest.raises(ValueError, match="2 completions but 1 gold"):
         grade_batch(["a", "b"], ["1"])
