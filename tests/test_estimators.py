@@ -261,7 +261,10 @@ def test_gmc_properties(G, B, eps, seed, spread):
     # shortfall: GMC's G (m - 1 - eps)_+ never exceeds truncation's sum (rho - 1 - eps)_+
     short_gmc = (rho - w).sum(-1)
     short_tic = (rho - trajectory_weights("tic", L, eps).double()).sum(-1)
-    torch.testing.assert_close(short_gmc, G * torch.clamp(m - 1 - eps, min=0), rtol=1e-4, atol=1e-6)
+    # relative to the mass sum(rho), as ratio/shortfall reports it: float32 weights resolve the
+    # difference of two sums of that size to ~1e-7 of it
+    mass = rho.sum(-1)
+    torch.testing.assert_close(short_gmc / mass, G * torch.clamp(m - 1 - eps, min=0) / mass, rtol=1e-4, atol=1e-6)
     assert torch.all(short_gmc <= short_tic * (1 + 1e-5) + 1e-6)
 
 
