@@ -74,7 +74,7 @@ def memory_4b() -> dict:
     """Peak of one update plus the optimizer step, steady state (the 8-bit states exist), per budget,
     with and without a 28 GiB allocation for vLLM, against the plan."""
     from gmc.config import load_train_config
-    from gmc.estimators import ESTIMATORS, EstimatorConfig
+    from gmc.estimators import EstimatorConfig, get_estimator
     from gmc.memory import GIB, plan
     from gmc.update import Update
 
@@ -89,7 +89,7 @@ def memory_4b() -> dict:
     for budget in (8192, 16384, 32768):
         for vllm in (False, True):
             block = torch.empty(standin, dtype=torch.uint8, device=DEVICE) if vllm else None
-            update = Update(model, ESTIMATORS["gmc"], EstimatorConfig(max_new_tokens=4096), budget, pad_id=0,
+            update = Update(model, get_estimator("gmc"), EstimatorConfig(max_new_tokens=4096), budget, pad_id=0,
                             chunk_size=1024, compute_dtype=torch.bfloat16)
             sync()
             reset_peak()
@@ -166,14 +166,14 @@ def profile_micro_batch() -> dict:
 def estimators() -> dict:
     """Three stale steps of every estimator on the tiny model, bfloat16 over float32 masters."""
     from gmc.config import load_train_config
-    from gmc.estimators import ESTIMATORS
+    from gmc.estimator_info import REGISTRY
     from gmc.io import read_jsonl
     from gmc.trainer import Trainer
 
     out = {}
     optimizer = "adamw8bit" if HAS_BNB else "adamw"
     with tempfile.TemporaryDirectory() as tmp:
-        for name in sorted(ESTIMATORS):
+        for name in sorted(REGISTRY):
             cfg = load_train_config(None, [f"model={TOKENIZER}", f"device={DEVICE}", "model_dtype=bfloat16",
                                            f"optimizer={optimizer}", "steps=3", "checkpoint_every=0", f"algorithm={name}",
                                            "delay.d=2", "gradient_checkpointing=true", "micro_batch_tokens=256"])

@@ -25,7 +25,7 @@ STEP = """
 import resource, torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 from gmc.asynchrony import Group
-from gmc.estimators import ESTIMATORS, EstimatorConfig
+from gmc.estimators import EstimatorConfig, get_estimator
 from gmc.update import Update
 torch.manual_seed(0)
 torch.set_num_threads(2)
@@ -48,7 +48,7 @@ def groups(rows, G=4):
     return out
 
 def step(rows):
-    update = Update(model, ESTIMATORS["gmc"], EstimatorConfig(max_new_tokens={response}), {budget}, pad_id=0,
+    update = Update(model, get_estimator("gmc"), EstimatorConfig(max_new_tokens={response}), {budget}, pad_id=0,
                     chunk_size=1024)
     update.backward(groups(rows, min(4, rows)), on_policy=False)
 

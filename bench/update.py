@@ -22,7 +22,7 @@ import torch
 from common import interleaved, random_qwen3, write_result
 
 from gmc.asynchrony import Group
-from gmc.estimators import ESTIMATORS, EstimatorConfig
+from gmc.estimators import EstimatorConfig, get_estimator
 from gmc.memory import ModelShape
 from gmc.update import Rows, Update, _forward, micro_batches, precision, sequence_logprobs
 
@@ -71,7 +71,7 @@ def measure(gpu: bool = False, micro_batches_timed: int = 4, rounds: int = 5) ->
     params = sum(p.numel() for p in model.parameters())
     rows = Rows.from_groups(batch)
     tokens = sum(len(s) for s in rows.sequences)
-    updates = {att: Update(model, ESTIMATORS["gmc"], EstimatorConfig(max_new_tokens=1024), budget, pad_id=0,
+    updates = {att: Update(model, get_estimator("gmc"), EstimatorConfig(max_new_tokens=1024), budget, pad_id=0,
                            chunk_size=1024, compute_dtype=dtype, attention=att) for att in ("masked", "causal")}
 
     def step(att):

@@ -70,7 +70,7 @@ class TrainConfig:
     thinking: bool = False
     """Qwen3 thinking mode in the chat template."""
     algorithm: registered(lambda: REGISTRY, "estimator") = "gmc"
-    """Estimator name, a key of :data:`gmc.estimators.ESTIMATORS`."""
+    """Estimator name, a key of :data:`gmc.estimator_info.REGISTRY`."""
     estimator: EstimatorConfig = field(default_factory=EstimatorConfig)
     """Estimator hyper-parameters; ``estimator.max_new_tokens`` is set from ``sampling.max_new_tokens``."""
     group_size: Annotated[int, Field(ge=2)] = 8

@@ -1,15 +1,19 @@
-"""What tables, figures and training summaries show of each estimator, by config name: its
-label, its colour and the names of its own diagnostics (method.md section 3).
+"""Every estimator by config name, in one entry: where its loss is, its default aggregation,
+what it reduces to on-policy, whether it needs batch statistics, and what tables, figures and
+training summaries show of it (label, colour, diagnostics) (method.md section 3).
 
-Kept apart from :mod:`gmc.estimators` so that reading results (``gmc tables``, ``gmc figures``)
-needs no torch. :data:`gmc.estimators.ESTIMATORS` maps the same names to the loss functions;
-``tests/test_registries.py`` keeps the two in step and checks that every estimator reports the
-diagnostics named here.
+The loss is named as ``module:function`` and imported only when it is needed
+(:meth:`Estimator.resolve`, :func:`gmc.estimators.get_estimator`), so that reading results
+(``gmc tables``, ``gmc figures``) needs no torch. ``tests/test_registries.py`` checks that every
+entry's loss resolves and reports the diagnostics the entry names; ``tests/test_estimators.py``
+that the declared on-policy classes and batch-statistics flags hold.
 """
 
 from __future__ import annotations
 
+import importlib
 import typing
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
@@ -49,9 +53,7 @@ class EstimatorConfig:
     aggregation: Aggregation | None = None
     """``token_mean`` (all tokens of the batch), ``seq_mean`` (mean per sequence, then over
     sequences) or ``seq_sum_const`` (sum per sequence / ``max_new_tokens``, then mean over
-    sequences). None: the estimator's default (``seq_mean`` for grpo, gspo, tis, gmpo;
-    ``seq_sum_const`` for tic, gmc, is, none; ``token_mean`` for cispo, icepop, seq_mask, m2po,
-    dppo, as their peers)."""
+    sequences). None: the estimator's default, the ``aggregation`` of its :data:`REGISTRY` entry."""
     max_new_tokens: PositiveInt = 512
     """The constant divisor of ``seq_sum_const``: the generation token limit (a training run
     sets it to its ``sampling.max_new_tokens``)."""
@@ -107,32 +109,71 @@ class EstimatorConfig:
 
 @dataclass(frozen=True)
 class Estimator:
-    """How results show one registered estimator."""
+    """A registered estimator: its loss, what it declares of itself, and how results show it."""
 
+    loss: str
+    """``module:function`` of its loss ``fn(logp, logp_behavior, mask, advantages, cfg,
+    ref_logp=None) -> (loss, stats)``, imported when the loss is needed (:meth:`resolve`)."""
     label: str
     """Name in figure legends and reports."""
-    diagnostics: tuple[str, ...]
-    """Its own clip/cap statistics among the stats its loss returns (tables and summaries report them)."""
     color: str
     """Matplotlib colour of its lines."""
+    diagnostics: tuple[str, ...]
+    """Its own clip/cap statistics among the stats its loss returns (tables and summaries report them)."""
+    aggregation: Aggregation
+    """Its default aggregation, which its loss reads here when ``EstimatorConfig.aggregation`` is None."""
+    on_policy: Hashable | None
+    """What its loss reduces to when every ratio is exactly 1 (default hyper-parameters):
+    ``("pg", aggregation)``, the plain policy gradient ``-aggregate(A grad log pi)``; None when
+    it does not reduce to a plain policy gradient. Estimators of one class give equal losses and
+    gradients on-policy under every aggregation (``tests/test_estimators.py``)."""
+    needs_batch_stats: bool
+    """Its weights need statistics of a group or of the batch before the backward pass (gmc's
+    group mass, m2po's batch second moment); False: every response's weights follow from its
+    own row, so a row's gradient does not depend on the rows batched with it."""
 
+    def resolve(self) -> Callable:
+        """The loss function named by :attr:`loss` (imports its module)."""
+        module, name = self.loss.split(":")
+        return getattr(importlib.import_module(module), name)
+
+
+PG_TOKEN_MEAN = ("pg", "token_mean")
+PG_SEQ_MEAN = ("pg", "seq_mean")
+PG_SEQ_SUM_CONST = ("pg", "seq_sum_const")
+"""The on-policy classes: the plain policy gradient ``-aggregate(A grad log pi)`` under one aggregation."""
 
 REGISTRY: dict[str, Estimator] = {
-    "grpo": Estimator("GRPO", ("ratio/frac_tokens_clipped",), "tab:blue"),
-    "tic": Estimator("TIC-GRPO", ("ratio/frac_traj_capped",), "tab:orange"),
-    "gmc": Estimator("GMC-GRPO", ("ratio/frac_groups_capped",), "tab:green"),
-    "is": Estimator("IS (uncapped)", (), "tab:red"),
-    "none": Estimator("no correction", (), "tab:gray"),
-    "gspo": Estimator("GSPO", ("ratio/frac_seq_clipped",), "tab:purple"),
-    "tis": Estimator("token TIS", ("ratio/frac_tokens_clipped",), "tab:brown"),
-    "cispo": Estimator("CISPO", ("ratio/frac_tokens_clipped",), "tab:pink"),
-    "icepop": Estimator("IcePop (token mask)", ("ratio/frac_tokens_masked",), "tab:olive"),
-    "seq_mask": Estimator("sequence mask", ("ratio/frac_seq_masked",), "tab:cyan"),
-    "m2po": Estimator("M2PO", ("ratio/frac_tokens_masked",), "goldenrod"),
-    "gmpo": Estimator("GMPO", ("ratio/frac_tokens_clipped",), "black"),
-    "dppo": Estimator("DPPO (TV)", ("ratio/frac_tokens_masked",), "teal"),
+    "grpo": Estimator("gmc.estimators:grpo_loss", "GRPO", "tab:blue", ("ratio/frac_tokens_clipped",),
+                      aggregation="seq_mean", on_policy=PG_SEQ_MEAN, needs_batch_stats=False),
+    "tic": Estimator("gmc.estimators:tic_loss", "TIC-GRPO", "tab:orange", ("ratio/frac_traj_capped",),
+                     aggregation="seq_sum_const", on_policy=PG_SEQ_SUM_CONST, needs_batch_stats=False),
+    "gmc": Estimator("gmc.estimators:gmc_loss", "GMC-GRPO", "tab:green", ("ratio/frac_groups_capped",),
+                     aggregation="seq_sum_const", on_policy=PG_SEQ_SUM_CONST, needs_batch_stats=True),
+    "is": Estimator("gmc.estimators:is_loss", "IS (uncapped)", "tab:red", (),
+                    aggregation="seq_sum_const", on_policy=PG_SEQ_SUM_CONST, needs_batch_stats=False),
+    "none": Estimator("gmc.estimators:none_loss", "no correction", "tab:gray", (),
+                      aggregation="seq_sum_const", on_policy=PG_SEQ_SUM_CONST, needs_batch_stats=False),
+    "gspo": Estimator("gmc.estimators:gspo_loss", "GSPO", "tab:purple", ("ratio/frac_seq_clipped",),
+                      aggregation="seq_mean", on_policy=PG_SEQ_MEAN, needs_batch_stats=False),
+    "tis": Estimator("gmc.estimators:tis_loss", "token TIS", "tab:brown", ("ratio/frac_tokens_clipped",),
+                     aggregation="seq_mean", on_policy=PG_SEQ_MEAN, needs_batch_stats=False),
+    "cispo": Estimator("gmc.estimators:cispo_loss", "CISPO", "tab:pink", ("ratio/frac_tokens_clipped",),
+                       aggregation="token_mean", on_policy=PG_TOKEN_MEAN, needs_batch_stats=False),
+    "icepop": Estimator("gmc.estimators:icepop_loss", "IcePop (token mask)", "tab:olive",
+                        ("ratio/frac_tokens_masked",),
+                        aggregation="token_mean", on_policy=PG_TOKEN_MEAN, needs_batch_stats=False),
+    "seq_mask": Estimator("gmc.estimators:seq_mask_loss", "sequence mask", "tab:cyan", ("ratio/frac_seq_masked",),
+                          aggregation="token_mean", on_policy=PG_TOKEN_MEAN, needs_batch_stats=False),
+    "m2po": Estimator("gmc.estimators:m2po_loss", "M2PO", "goldenrod", ("ratio/frac_tokens_masked",),
+                      aggregation="token_mean", on_policy=PG_TOKEN_MEAN, needs_batch_stats=True),
+    "gmpo": Estimator("gmc.estimators:gmpo_loss", "GMPO", "black", ("ratio/frac_tokens_clipped",),
+                      aggregation="seq_mean", on_policy=PG_SEQ_MEAN, needs_batch_stats=False),
+    "dppo": Estimator("gmc.estimators:dppo_loss", "DPPO (TV)", "teal", ("ratio/frac_tokens_masked",),
+                      aggregation="token_mean", on_policy=PG_TOKEN_MEAN, needs_batch_stats=False),
 }
-"""Every estimator by config name (``algorithm``), in the order tables and figures use."""
+"""Every estimator by config name (``algorithm``), in the order tables and figures use: the one
+place an estimator is registered."""
 
 SHARED_DIAGNOSTICS: tuple[str, ...] = ("ratio/ess_frac", "ratio/shortfall")
 """Statistics of the trajectory weights that the tables report for every estimator that has them."""

@@ -11,23 +11,23 @@ Each estimator is written as a *coefficient* on the per-token score: its gradien
 advantage (terms that a clip switches off contribute 0 instead of a constant) and its
 gradient is exactly the estimator's. Variants implemented:
 
-* ``grpo``: token ratio ``r = exp(l)``, PPO clip ``min(r A, clip(r, 1-eps_low, 1+eps_high) A)``;
-  default aggregation ``seq_mean``.
+* ``grpo``: token ratio ``r = exp(l)``, PPO clip ``min(r A, clip(r, 1-eps_low, 1+eps_high) A)``.
 * ``tic`` (TIC-GRPO, arXiv 2508.02833): trajectory ratio ``rho = exp(sum_t l)`` with an
   upper-only cap. ``truncate``: ``w = min(rho, 1+eps)`` detached. ``ppo_min``:
-  ``min(rho A, min(rho, 1+eps) A)`` differentiated through ``rho``. Default ``seq_sum_const``.
+  ``min(rho A, min(rho, 1+eps) A)`` differentiated through ``rho``.
 * ``gmc`` (GMC-GRPO): ``w_i = rho_i * min(1, (1+eps)/m)`` with ``m`` the group mean of ``rho``,
   computed as ``(1+eps) * G * softmax(L)`` when capped, so it is exact for any finite ``L``.
-  Default ``seq_sum_const``.
 * ``is``: uncapped trajectory importance sampling, ``w = exp(min(L, is_log_ratio_clamp))``.
 * ``none``: ``w = 1`` (REINFORCE on stale samples).
 * ``gspo`` (arXiv 2507.18071): length-normalised sequence ratio ``s = exp(L / |y|)``, clipped
-  to ``[1-gspo_eps_low, 1+gspo_eps_high]`` PPO-style; default ``seq_mean``.
-* ``tis``: token-level truncated importance sampling, ``w_t = min(r_t, 1+eps)`` detached;
-  default ``seq_mean``.
+  to ``[1-gspo_eps_low, 1+gspo_eps_high]`` PPO-style.
+* ``tis``: token-level truncated importance sampling, ``w_t = min(r_t, 1+eps)`` detached.
 * ``cispo``, ``icepop``, ``seq_mask``, ``m2po``, ``gmpo``, ``dppo``: the off-policy corrections
   verl, TRL, AReaL, SkyRL and prime-rl ship, in their single-update form (their docstrings name
   the peers' config keys; method.md section 3).
+
+Each is registered in :data:`gmc.estimator_info.REGISTRY` by the name its loss passes to
+:func:`_pg_loss`; the entry holds its default aggregation, which the loss reads there.
 
 All ratio arithmetic is float32 and in log space. KL to a reference policy (k3 estimator) is
 added when ``kl_coef > 0`` and ``ref_logp`` is given.
@@ -41,7 +41,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from gmc.estimator_info import AGGREGATIONS, EstimatorConfig
+from gmc.estimator_info import AGGREGATIONS, REGISTRY, EstimatorConfig
 
 TRAJECTORY_METHODS: tuple[str, ...] = ("tic", "gmc", "is", "none")
 ADV_EPS = 1e-6
@@ -135,11 +135,12 @@ def _pg_loss(
     logp: Tensor,
     mask: Tensor,
     cfg: EstimatorConfig,
-    default_agg: str,
+    name: str,
     ref_logp: Tensor | None,
 ) -> tuple[Tensor, dict[str, float]]:
-    """``aggregate(-coef * exp(logp - sg(logp)))`` (+ k3 KL); ``coef`` broadcasts to ``[B,G,T]``."""
-    how = cfg.aggregation or default_agg
+    """``aggregate(-coef * exp(logp - sg(logp)))`` (+ k3 KL); ``coef`` broadcasts to ``[B,G,T]``.
+    The aggregation is ``cfg.aggregation``, else the default of estimator ``name``'s registry entry."""
+    how = cfg.aggregation or REGISTRY[name].aggregation
     m = mask.bool()
     lp = torch.where(m, logp.float(), torch.zeros_like(logp, dtype=torch.float32))
     unit = torch.exp(lp - lp.detach())  # value 1, gradient grad logp; padding never reaches it
@@ -219,14 +220,14 @@ def _check_shapes(logp: Tensor, logp_behavior: Tensor, mask: Tensor, advantages:
 
 
 def grpo_loss(logp, logp_behavior, mask, advantages, cfg: EstimatorConfig, ref_logp=None):
-    """Vanilla GRPO: per-token PPO clip of ``r = exp(l)``; default aggregation ``seq_mean``."""
+    """Vanilla GRPO: per-token PPO clip of ``r = exp(l)``."""
     _check_shapes(logp, logp_behavior, mask, advantages)
     l_tok = token_log_ratios(logp, logp_behavior, mask)
     r = torch.exp(l_tok.clamp(max=50.0))
     A = advantages.float().unsqueeze(-1).expand_as(r)
     clipped = ((A > 0) & (r > 1 + cfg.eps_high)) | ((A < 0) & (r < 1 - cfg.eps_low))
     coef = torch.where(clipped, torch.zeros_like(r), r * A)
-    loss, stats = _pg_loss(coef, logp, mask, cfg, "seq_mean", ref_logp)
+    loss, stats = _pg_loss(coef, logp, mask, cfg, "grpo", ref_logp)
     stats["ratio/frac_tokens_clipped"] = _frac(clipped, mask)
     stats.update(_ratio_stats(l_tok.sum(-1), l_tok, mask))
     return loss, stats
@@ -251,7 +252,7 @@ def _trajectory_loss(method: str):
         elif method == "gmc":
             capped = log_group_mass(L) > math.log1p(cfg.eps)
             stats["ratio/frac_groups_capped"] = float(capped.float().mean())
-        loss, pg_stats = _pg_loss(coef.unsqueeze(-1), logp, mask, cfg, "seq_sum_const", ref_logp)
+        loss, pg_stats = _pg_loss(coef.unsqueeze(-1), logp, mask, cfg, method, ref_logp)
         stats.update(pg_stats)
         # unit weights (none) are no cap of rho: they have no shortfall
         stats.update(_weight_stats(w, L, shortfall=method != "none"))
@@ -261,7 +262,7 @@ def _trajectory_loss(method: str):
     loss_fn.__name__ = f"{method}_loss"
     loss_fn.__doc__ = (
         f"Trajectory estimator ``{method}``: detached weights from :func:`trajectory_weights`"
-        " times the advantage on every response token; default aggregation ``seq_sum_const``."
+        " times the advantage on every response token."
         + (" ``cfg.tic_mode`` picks ``truncate`` or ``ppo_min``." if method == "tic" else "")
     )
     return loss_fn
@@ -274,8 +275,8 @@ none_loss = _trajectory_loss("none")
 
 
 def gspo_loss(logp, logp_behavior, mask, advantages, cfg: EstimatorConfig, ref_logp=None):
-    """GSPO: ``s = exp(L/|y|)`` with PPO clip at sequence level; default aggregation ``seq_mean``
-    (which turns ``s A grad(L/|y|)`` into the per-token mean)."""
+    """GSPO: ``s = exp(L/|y|)`` with PPO clip at sequence level; under ``seq_mean`` (its registry
+    default) the coefficient ``s A`` on every token is GSPO's ``s A grad(L/|y|)``."""
     _check_shapes(logp, logp_behavior, mask, advantages)
     l_tok = token_log_ratios(logp, logp_behavior, mask)
     L = l_tok.sum(-1)
@@ -284,20 +285,20 @@ def gspo_loss(logp, logp_behavior, mask, advantages, cfg: EstimatorConfig, ref_l
     A = advantages.float()
     clipped = ((A > 0) & (s > 1 + cfg.gspo_eps_high)) | ((A < 0) & (s < 1 - cfg.gspo_eps_low))
     coef = torch.where(clipped, torch.zeros_like(s), s * A)
-    loss, stats = _pg_loss(coef.unsqueeze(-1), logp, mask, cfg, "seq_mean", ref_logp)
+    loss, stats = _pg_loss(coef.unsqueeze(-1), logp, mask, cfg, "gspo", ref_logp)
     stats["ratio/frac_seq_clipped"] = float(clipped.float().mean())
     stats.update(_ratio_stats(L, l_tok, mask))
     return loss, stats
 
 
 def tis_loss(logp, logp_behavior, mask, advantages, cfg: EstimatorConfig, ref_logp=None):
-    """Token-level truncated IS: ``min(r_t, 1+eps)`` detached times ``A``; default ``seq_mean``."""
+    """Token-level truncated IS: ``min(r_t, 1+eps)`` detached times ``A``."""
     _check_shapes(logp, logp_behavior, mask, advantages)
     l_tok = token_log_ratios(logp, logp_behavior, mask)
     log_cap = math.log1p(cfg.eps)
     w_tok = torch.exp(l_tok.clamp(max=log_cap))
     coef = w_tok * advantages.float().unsqueeze(-1)
-    loss, stats = _pg_loss(coef, logp, mask, cfg, "seq_mean", ref_logp)
+    loss, stats = _pg_loss(coef, logp, mask, cfg, "tis", ref_logp)
     stats["ratio/frac_tokens_clipped"] = _frac(l_tok > log_cap, mask)
     stats.update(_ratio_stats(l_tok.sum(-1), l_tok, mask))
     return loss, stats
@@ -317,13 +318,12 @@ def _token_ratio(l_tok: Tensor) -> Tensor:
 def cispo_loss(logp, logp_behavior, mask, advantages, cfg: EstimatorConfig, ref_logp=None):
     """CISPO (MiniMax-M1, arXiv 2506.13585): ``-sg(clip(r, 1-cispo_eps_low, 1+cispo_eps_high)) A
     log pi``; no token's gradient is ever zeroed. verl ``loss_mode=cispo`` (``clip_ratio_low``,
-    ``clip_ratio_high``), TRL ``loss_type="cispo"`` (``epsilon_high`` = ``1+cispo_eps_high``).
-    Default aggregation ``token_mean``."""
+    ``clip_ratio_high``), TRL ``loss_type="cispo"`` (``epsilon_high`` = ``1+cispo_eps_high``)."""
     _check_shapes(logp, logp_behavior, mask, advantages)
     l_tok = token_log_ratios(logp, logp_behavior, mask)
     r = _token_ratio(l_tok)
     w = r.clamp(1.0 - cfg.cispo_eps_low, 1.0 + cfg.cispo_eps_high)
-    loss, stats = _pg_loss(w * advantages.float().unsqueeze(-1), logp, mask, cfg, "token_mean", ref_logp)
+    loss, stats = _pg_loss(w * advantages.float().unsqueeze(-1), logp, mask, cfg, "cispo", ref_logp)
     stats["ratio/frac_tokens_clipped"] = _frac(w != r, mask)
     stats.update(_ratio_stats(l_tok.sum(-1), l_tok, mask))
     return loss, stats
@@ -332,13 +332,13 @@ def cispo_loss(logp, logp_behavior, mask, advantages, cfg: EstimatorConfig, ref_
 def icepop_loss(logp, logp_behavior, mask, advantages, cfg: EstimatorConfig, ref_logp=None):
     """Token-level masked IS (IcePop): ``r A`` on the tokens with ``icepop_low <= r <= icepop_high``,
     0 elsewhere. verl ``rollout_is="token"`` with ``rollout_is_threshold="0.5_5.0"``, TRL
-    ``vllm_importance_sampling_mode="token_mask"``. Default aggregation ``token_mean``."""
+    ``vllm_importance_sampling_mode="token_mask"``."""
     _check_shapes(logp, logp_behavior, mask, advantages)
     l_tok = token_log_ratios(logp, logp_behavior, mask)
     r = _token_ratio(l_tok)
     kept = (r >= cfg.icepop_low) & (r <= cfg.icepop_high)
     coef = torch.where(kept, r, torch.zeros_like(r)) * advantages.float().unsqueeze(-1)
-    loss, stats = _pg_loss(coef, logp, mask, cfg, "token_mean", ref_logp)
+    loss, stats = _pg_loss(coef, logp, mask, cfg, "icepop", ref_logp)
     stats["ratio/frac_tokens_masked"] = _frac(~kept, mask)
     stats.update(_ratio_stats(l_tok.sum(-1), l_tok, mask))
     return loss, stats
@@ -350,7 +350,7 @@ def seq_mask_loss(logp, logp_behavior, mask, advantages, cfg: EstimatorConfig, r
     and a kept response is weighted by it (TRL ``vllm_importance_sampling_mode="sequence_mask"``,
     verl ``rollout_is="sequence"`` with a ``lower_upper`` threshold); ``"geo_mean"``: the metric is
     ``exp(L/|y|)`` and a kept response gets weight 1 (verl ``rollout_rs="seq_mean_k1"``, SkyRL
-    ``sequence_mask_metric``). Default aggregation ``token_mean``."""
+    ``sequence_mask_metric``)."""
     _check_shapes(logp, logp_behavior, mask, advantages)
     l_tok = token_log_ratios(logp, logp_behavior, mask)
     L = l_tok.sum(-1)
@@ -363,7 +363,7 @@ def seq_mask_loss(logp, logp_behavior, mask, advantages, cfg: EstimatorConfig, r
         w = torch.where(kept, torch.exp(L.clamp(max=log_high)), torch.zeros_like(L))
     else:
         w = kept.float()
-    loss, stats = _pg_loss((w * advantages.float()).unsqueeze(-1), logp, mask, cfg, "token_mean", ref_logp)
+    loss, stats = _pg_loss((w * advantages.float()).unsqueeze(-1), logp, mask, cfg, "seq_mask", ref_logp)
     stats["ratio/frac_seq_masked"] = float((~kept).float().mean())
     stats.update(_weight_stats(w, L, shortfall=cfg.seq_mask_metric == "rho"))
     stats.update(_ratio_stats(L, l_tok, mask))
@@ -397,13 +397,13 @@ def m2po_loss(logp, logp_behavior, mask, advantages, cfg: EstimatorConfig, ref_l
     """M2PO (arXiv 2510.01161): ``r A`` on the tokens :func:`m2po_keep_mask` keeps (threshold
     ``m2po_tau``, AReaL ``actor.m2_threshold``), no clip. AReaL measures ``(log r)^2`` between the
     behaviour and the proximal policy; with one update per batch the proximal policy is the current
-    one. Default aggregation ``token_mean``."""
+    one."""
     _check_shapes(logp, logp_behavior, mask, advantages)
     l_tok = token_log_ratios(logp, logp_behavior, mask)
     kept = m2po_keep_mask(l_tok, mask, cfg.m2po_tau)
     r = _token_ratio(l_tok)
     coef = torch.where(kept, r, torch.zeros_like(r)) * advantages.float().unsqueeze(-1)
-    loss, stats = _pg_loss(coef, logp, mask, cfg, "token_mean", ref_logp)
+    loss, stats = _pg_loss(coef, logp, mask, cfg, "m2po", ref_logp)
     m = mask.bool()
     stats["ratio/frac_tokens_masked"] = _frac(~kept, mask)
     stats["ratio/m2"] = float(l_tok.pow(2)[m].mean()) if m.any() else 0.0
@@ -416,7 +416,8 @@ def gmpo_loss(logp, logp_behavior, mask, advantages, cfg: EstimatorConfig, ref_l
     sign-aware before the geometric mean (to at most ``gmpo_clip_high`` for ``A > 0``, at least
     ``-gmpo_clip_low`` for ``A < 0``); unlike ``gspo``, which clips the geometric mean itself.
     verl ``loss_mode=geo_mean`` (``clip_ratio_low``, ``clip_ratio_high``). Gradient ``A s / |y|`` on
-    every unclipped token; default aggregation ``seq_mean`` (verl takes the mean over sequences)."""
+    every unclipped token, which ``seq_mean`` (its registry default: verl takes the mean over
+    sequences) turns into GMPO's ``A s / |y|``."""
     _check_shapes(logp, logp_behavior, mask, advantages)
     l_tok = token_log_ratios(logp, logp_behavior, mask)
     A = advantages.float().unsqueeze(-1).expand_as(l_tok)
@@ -425,7 +426,7 @@ def gmpo_loss(logp, logp_behavior, mask, advantages, cfg: EstimatorConfig, ref_l
     lengths = mask.float().sum(-1).clamp(min=1.0)
     s = torch.exp((l_clip.sum(-1) / lengths).clamp(max=50.0))
     coef = torch.where(clipped, torch.zeros_like(A), A * s.unsqueeze(-1))
-    loss, stats = _pg_loss(coef, logp, mask, cfg, "seq_mean", ref_logp)
+    loss, stats = _pg_loss(coef, logp, mask, cfg, "gmpo", ref_logp)
     stats["ratio/frac_tokens_clipped"] = _frac(clipped, mask)
     stats.update(_ratio_stats(l_tok.sum(-1), l_tok, mask))
     return loss, stats
@@ -435,8 +436,7 @@ def dppo_loss(logp, logp_behavior, mask, advantages, cfg: EstimatorConfig, ref_l
     """DPPO, total-variation form (arXiv 2602.04879): mask a token whose probability moved more
     than ``dppo_delta_high`` up (``A > 0``) or ``dppo_delta_low`` down (``A <= 0``); the rest get
     ``min(r, dppo_ratio_cap) A``. verl ``loss_mode=dppo_tv`` (``clip_ratio_low``,
-    ``clip_ratio_high``, ``clip_ratio_c``), prime-rl's default loss. Default aggregation
-    ``token_mean``."""
+    ``clip_ratio_high``, ``clip_ratio_c``), prime-rl's default loss."""
     _check_shapes(logp, logp_behavior, mask, advantages)
     l_tok = token_log_ratios(logp, logp_behavior, mask)
     m = mask.bool()
@@ -445,7 +445,7 @@ def dppo_loss(logp, logp_behavior, mask, advantages, cfg: EstimatorConfig, ref_l
     A = advantages.float().unsqueeze(-1).expand_as(l_tok)
     valid = torch.where(A > 0, dp <= cfg.dppo_delta_high, dp >= -cfg.dppo_delta_low)
     coef = torch.where(valid, _token_ratio(l_tok).clamp(max=cfg.dppo_ratio_cap) * A, zeros)
-    loss, stats = _pg_loss(coef, logp, mask, cfg, "token_mean", ref_logp)
+    loss, stats = _pg_loss(coef, logp, mask, cfg, "dppo", ref_logp)
     stats["ratio/frac_tokens_masked"] = _frac(~valid, mask)
     stats.update(_ratio_stats(l_tok.sum(-1), l_tok, mask))
     return loss, stats
@@ -454,27 +454,9 @@ def dppo_loss(logp, logp_behavior, mask, advantages, cfg: EstimatorConfig, ref_l
 LossFn = Callable[..., tuple[Tensor, dict[str, float]]]
 
 
-ESTIMATORS: dict[str, LossFn] = {
-    "grpo": grpo_loss,
-    "tic": tic_loss,
-    "gmc": gmc_loss,
-    "is": is_loss,
-    "none": none_loss,
-    "gspo": gspo_loss,
-    "tis": tis_loss,
-    "cispo": cispo_loss,
-    "icepop": icepop_loss,
-    "seq_mask": seq_mask_loss,
-    "m2po": m2po_loss,
-    "gmpo": gmpo_loss,
-    "dppo": dppo_loss,
-}
-"""The loss of every estimator; labels, colours and diagnostics are in :mod:`gmc.estimator_info`."""
-
-
 def get_estimator(name: str) -> LossFn:
-    """Look up an estimator by name, with an error that lists the known ones."""
-    try:
-        return ESTIMATORS[name]
-    except KeyError:
-        raise ValueError(f"unknown estimator {name!r}; known: {sorted(ESTIMATORS)}") from None
+    """The loss of estimator ``name`` (its :data:`gmc.estimator_info.REGISTRY` entry resolved), with
+    an error that lists the known ones."""
+    if name not in REGISTRY:
+        raise ValueError(f"unknown estimator {name!r}; known: {sorted(REGISTRY)}")
+    return REGISTRY[name].resolve()

@@ -8,7 +8,7 @@ REPO = Path(__file__).resolve().parents[1]
 PATH_RE = re.compile(r"`([\w./<>-]+/[\w.<>-]+|[\w-]+\.(?:md|yaml|py|smk))`")
 
 
-TASKS = {"A new estimator": ("ESTIMATORS", "REGISTRY"), "A new delay mode": ("DELAY_MODES",),
+TASKS = {"A new estimator": ("REGISTRY",), "A new delay mode": ("DELAY_MODES",),
          "A new benchmark": ("BENCHMARKS",), "A new rollout engine": ("ENGINES",),
          "A new figure or table": ("FIGURES", "TABLES"), "A new cluster": ()}
 """Each task of docs/extending.md and the registries it extends."""

@@ -7,9 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gmc.estimator_info import REGISTRY
+from gmc.estimator_info import AGGREGATIONS, REGISTRY
 from gmc.estimators import (
-    ESTIMATORS,
     EstimatorConfig,
     advantages_for,
     get_estimator,
@@ -141,7 +140,7 @@ def naive_loss_and_grad(name, logp, logp_b, mask, adv, cfg):
 def assert_matches_naive_loop(name, logp, logp_b, mask, adv, cfg):
     """The estimator's loss and gradient equal the naive loop's; returns its stats."""
     logp = logp.clone().requires_grad_(True)
-    loss, stats = ESTIMATORS[name](logp, logp_b, mask, adv, cfg)
+    loss, stats = get_estimator(name)(logp, logp_b, mask, adv, cfg)
     loss.backward()
     ref_loss, ref_grad = naive_loss_and_grad(name, logp.detach(), logp_b, mask, adv, cfg)
     assert float(loss.detach()) == pytest.approx(ref_loss, rel=1e-4, abs=1e-6)
@@ -149,7 +148,7 @@ def assert_matches_naive_loop(name, logp, logp_b, mask, adv, cfg):
     return stats
 
 
-@pytest.mark.parametrize("name", sorted(ESTIMATORS))
+@pytest.mark.parametrize("name", sorted(REGISTRY))
 @pytest.mark.parametrize("aggregation", [None, "token_mean", "seq_mean", "seq_sum_const"])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_estimator_matches_naive_loop(name, aggregation, seed):
@@ -195,7 +194,7 @@ def test_tic_ppo_min_matches_naive_loop():
     adv = group_advantages(rewards)
     cfg = EstimatorConfig(tic_mode="ppo_min", eps=0.1, max_new_tokens=6)
     logp = logp.clone().requires_grad_(True)
-    loss, stats = ESTIMATORS["tic"](logp, logp_b, mask, adv, cfg)
+    loss, stats = get_estimator("tic")(logp, logp_b, mask, adv, cfg)
     loss.backward()
     ref_loss, ref_grad = naive_loss_and_grad("tic", logp.detach(), logp_b, mask, adv, cfg)
     assert float(loss.detach()) == pytest.approx(ref_loss, rel=1e-4)
@@ -214,7 +213,7 @@ def test_tic_ppo_min_gradient_flows_through_rho():
     obj = torch.minimum(rho * adv, torch.clamp(rho, max=1 + cfg.eps) * adv)
     (-(obj.sum() / (cfg.max_new_tokens * obj.numel()))).backward()
     y = logp.clone().requires_grad_(True)
-    ESTIMATORS["tic"](y, logp_b, mask, adv, cfg)[0].backward()
+    get_estimator("tic")(y, logp_b, mask, adv, cfg)[0].backward()
     torch.testing.assert_close(y.grad.double(), x.grad, rtol=1e-4, atol=1e-7)
 
 
@@ -229,7 +228,7 @@ def test_grpo_gradient_equals_ppo_clip_autograd():
     obj = torch.minimum(r * A, torch.clamp(r, 1 - cfg.eps_low, 1 + cfg.eps_high) * A) * mask
     (-(obj.sum(-1) / mask.sum(-1)).mean()).backward()
     y = logp.clone().requires_grad_(True)
-    ESTIMATORS["grpo"](y, logp_b, mask, adv, cfg)[0].backward()
+    get_estimator("grpo")(y, logp_b, mask, adv, cfg)[0].backward()
     torch.testing.assert_close(y.grad.double(), x.grad, rtol=1e-4, atol=1e-7)
 
 
@@ -295,7 +294,7 @@ def test_gmc_autograd_gradient_is_weighted_score_sum():
     logp_b = logp.detach() - 0.4 * torch.rand(B, G, T)  # current policy favours the samples: m > 1+eps
     adv = group_advantages(torch.tensor([[1.0, 0, 0, 1], [0, 1, 1, 1]]))
     cfg = EstimatorConfig(eps=0.2, max_new_tokens=T)
-    loss, stats = ESTIMATORS["gmc"](logp, logp_b, mask, adv, cfg)
+    loss, stats = get_estimator("gmc")(logp, logp_b, mask, adv, cfg)
     assert stats["ratio/frac_groups_capped"] == 1.0
     (grad,) = torch.autograd.grad(loss, logits, retain_graph=True)
     w = trajectory_weights("gmc", trajectory_log_ratios(logp, logp_b, mask), cfg.eps)
@@ -317,9 +316,9 @@ def test_on_policy_all_trajectory_methods_agree_and_grpo_is_reinforce():
     adv = group_advantages(rewards)
     cfg = EstimatorConfig(max_new_tokens=6)
     grads = {}
-    for name in ESTIMATORS:
+    for name in REGISTRY:
         x = logp.clone().requires_grad_(True)
-        ESTIMATORS[name](x, logp.detach(), mask, adv, cfg)[0].backward()
+        get_estimator(name)(x, logp.detach(), mask, adv, cfg)[0].backward()
         grads[name] = x.grad
     for name in ("tic", "gmc", "is", "none"):
         torch.testing.assert_close(grads[name], grads["none"])
@@ -334,24 +333,78 @@ def test_on_policy_all_trajectory_methods_agree_and_grpo_is_reinforce():
     # with the same aggregation, trajectory methods and grpo agree too
     same = EstimatorConfig(aggregation="seq_mean")
     y = logp.clone().requires_grad_(True)
-    ESTIMATORS["gmc"](y, logp.detach(), mask, adv, same)[0].backward()
+    get_estimator("gmc")(y, logp.detach(), mask, adv, same)[0].backward()
     torch.testing.assert_close(y.grad, x.grad)
 
 
-@pytest.mark.parametrize("name", sorted(ESTIMATORS))
+ON_POLICY_CLASSES = sorted({e.on_policy for e in REGISTRY.values() if e.on_policy is not None})
+
+
+@pytest.mark.parametrize("on_policy", ON_POLICY_CLASSES, ids="-".join)
+@pytest.mark.parametrize("aggregation", [None, *AGGREGATIONS])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_members_of_an_on_policy_class_give_its_loss_and_gradient_at_ratio_one(on_policy, aggregation, seed):
+    """Every ratio exactly 1: each estimator of a declared class ``("pg", how)`` gives the plain
+    policy gradient under ``how`` (or the aggregation asked for), loss and gradient alike."""
+    members = [name for name, e in REGISTRY.items() if e.on_policy == on_policy]
+    kind, how = on_policy
+    assert kind == "pg" and how in AGGREGATIONS
+    logp, _, mask, rewards = random_batch(seed=seed)
+    adv = group_advantages(rewards)
+    cfg = EstimatorConfig(aggregation=aggregation, max_new_tokens=8)
+    ref_loss, ref_grad = naive_loss_and_grad("none", logp, logp, mask, adv,
+                                             EstimatorConfig(aggregation=aggregation or how, max_new_tokens=8))
+    first = None
+    for name in members:
+        x = logp.clone().requires_grad_(True)
+        loss, _ = get_estimator(name)(x, logp.detach(), mask, adv, cfg)
+        loss.backward()
+        assert float(loss.detach()) == pytest.approx(ref_loss, rel=1e-5, abs=1e-7), name
+        torch.testing.assert_close(x.grad.double(), ref_grad, rtol=1e-5, atol=1e-8)
+        if first is None:
+            first = (loss.detach(), x.grad)
+        else:  # members agree to the bit
+            assert torch.equal(loss.detach(), first[0]) and torch.equal(x.grad, first[1]), name
+
+
+@pytest.mark.parametrize("name", list(REGISTRY))
+def test_needs_batch_stats_says_whether_a_rows_gradient_depends_on_the_other_rows(name):
+    """Without batch statistics, the gradient of each response computed alone (times its share
+    ``1/(B G)`` of ``seq_sum_const``) is its gradient in the batch; with them, it is not."""
+    logp, logp_b, mask, rewards = random_batch(B=3, G=4, T=6, seed=8, scale=0.4)
+    adv = group_advantages(rewards)
+    cfg = EstimatorConfig(aggregation="seq_sum_const", max_new_tokens=6, m2po_tau=0.01)
+    loss_fn = get_estimator(name)
+    x = logp.clone().requires_grad_(True)
+    loss_fn(x, logp_b, mask, adv, cfg)[0].backward()
+    alone = torch.zeros_like(logp)
+    B, G, _ = logp.shape
+    for b in range(B):
+        for g in range(G):
+            y = logp[b : b + 1, g : g + 1].clone().requires_grad_(True)
+            loss_fn(y, logp_b[b : b + 1, g : g + 1], mask[b : b + 1, g : g + 1], adv[b : b + 1, g : g + 1],
+                    cfg)[0].backward()
+            alone[b, g] = y.grad[0, 0] / (B * G)
+    if REGISTRY[name].needs_batch_stats:
+        assert not torch.allclose(alone, x.grad, rtol=1e-4, atol=1e-7)
+    else:
+        torch.testing.assert_close(alone, x.grad, rtol=1e-5, atol=1e-8)
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
 def test_masked_tokens_get_exactly_zero_gradient(name):
     logp, logp_b, mask, rewards = random_batch(seed=6)
     logp = logp.masked_fill(~mask, float("-inf"))  # padding may hold anything
     logp_b = logp_b.masked_fill(~mask, float("nan"))
     x = logp.clone().requires_grad_(True)
-    loss, _ = ESTIMATORS[name](x, logp_b, mask, group_advantages(rewards), EstimatorConfig())
+    loss, _ = get_estimator(name)(x, logp_b, mask, group_advantages(rewards), EstimatorConfig())
     loss.backward()
     assert torch.isfinite(loss)
     assert torch.all(x.grad[~mask] == 0)
     assert torch.isfinite(x.grad).all() and x.grad[mask].abs().sum() > 0
 
 
-@pytest.mark.parametrize("name", sorted(ESTIMATORS))
+@pytest.mark.parametrize("name", sorted(REGISTRY))
 @pytest.mark.parametrize("sign", [1.0, -1.0])
 def test_extreme_log_ratios_stay_finite(name, sign):
     B, G, T = 2, 4, 3
@@ -361,7 +414,7 @@ def test_extreme_log_ratios_stay_finite(name, sign):
     mask = torch.ones(B, G, T, dtype=torch.bool)
     adv = group_advantages(torch.tensor([[1.0, 0, 1, 0], [0, 1, 0, 0]]))
     for mode in ("truncate", "ppo_min"):
-        loss, stats = ESTIMATORS[name](x, logp_b, mask, adv, EstimatorConfig(tic_mode=mode))
+        loss, stats = get_estimator(name)(x, logp_b, mask, adv, EstimatorConfig(tic_mode=mode))
         (grad,) = torch.autograd.grad(loss, x)
         assert torch.isfinite(loss) and torch.isfinite(grad).all()
         assert all(math.isfinite(v) for v in stats.values()), stats
@@ -422,9 +475,9 @@ def test_kl_penalty_k3():
     ref = logp_b - 0.1
     adv = group_advantages(rewards)
     with pytest.raises(ValueError, match="ref_logp"):
-        ESTIMATORS["gmc"](logp, logp_b, mask, adv, EstimatorConfig(kl_coef=0.1))
-    loss0, _ = ESTIMATORS["gmc"](logp, logp_b, mask, adv, EstimatorConfig())
-    loss1, stats = ESTIMATORS["gmc"](logp, logp_b, mask, adv, EstimatorConfig(kl_coef=0.5), ref_logp=ref)
+        get_estimator("gmc")(logp, logp_b, mask, adv, EstimatorConfig(kl_coef=0.1))
+    loss0, _ = get_estimator("gmc")(logp, logp_b, mask, adv, EstimatorConfig())
+    loss1, stats = get_estimator("gmc")(logp, logp_b, mask, adv, EstimatorConfig(kl_coef=0.5), ref_logp=ref)
     d = (ref - logp)[mask]
     k3 = (torch.exp(d) - d - 1)
     n = mask.sum(-1).clamp(min=1)
@@ -441,17 +494,17 @@ def test_stats_diagnostics_hand_computed():
     logp = logp_b + torch.tensor([math.log(2.0), math.log(0.5)]).view(1, 2, 1)
     mask = torch.ones(1, 2, 1, dtype=torch.bool)
     adv = torch.tensor([[1.0, -1.0]])
-    _, s = ESTIMATORS["gmc"](logp, logp_b, mask, adv, EstimatorConfig(eps=0.2))
+    _, s = get_estimator("gmc")(logp, logp_b, mask, adv, EstimatorConfig(eps=0.2))
     assert s["ratio/frac_groups_capped"] == 1.0
     # w = rho * 1.2/1.25 -> shortfall = 1 - 1.2/1.25
     assert s["ratio/shortfall"] == pytest.approx(1 - 1.2 / 1.25, rel=1e-5)
     assert s["ratio/ess"] == pytest.approx((2.5**2) / (4 + 0.25), rel=1e-5)
     assert s["ratio/log_group_mass_max"] == pytest.approx(math.log(1.25), rel=1e-5)
-    _, s = ESTIMATORS["tic"](logp, logp_b, mask, adv, EstimatorConfig(eps=0.2))
+    _, s = get_estimator("tic")(logp, logp_b, mask, adv, EstimatorConfig(eps=0.2))
     assert s["ratio/frac_traj_capped"] == 0.5
     assert s["ratio/shortfall"] == pytest.approx(0.8 / 2.5, rel=1e-5)
     # uncapped IS removes nothing; unit weights (none) are no cap of rho and report no shortfall
-    _, s = ESTIMATORS["is"](logp, logp_b, mask, adv, EstimatorConfig(eps=0.2))
+    _, s = get_estimator("is")(logp, logp_b, mask, adv, EstimatorConfig(eps=0.2))
     assert s["ratio/shortfall"] == pytest.approx(0.0, abs=1e-6)
-    _, s = ESTIMATORS["none"](logp, logp_b, mask, adv, EstimatorConfig(eps=0.2))
+    _, s = get_estimator("none")(logp, logp_b, mask, adv, EstimatorConfig(eps=0.2))
     assert "ratio/shortfall" not in s and s["ratio/ess_frac"] == 1.0

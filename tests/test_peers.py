@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from gmc.estimator_info import REGISTRY
-from gmc.estimators import ESTIMATORS, EstimatorConfig, group_advantages
+from gmc.estimators import EstimatorConfig, get_estimator, group_advantages
 
 B, G, T = 4, 4, 10
 
@@ -33,7 +33,7 @@ def stale_batch(seed, scale=0.4):
 def ours(name, logp, logp_b, mask, adv, cfg):
     """The gradient ``[B*G, T]`` of our loss with respect to the log-probs."""
     x = logp.clone().requires_grad_(True)
-    loss, stats = ESTIMATORS[name](x, logp_b, mask, adv, cfg)
+    loss, stats = get_estimator(name)(x, logp_b, mask, adv, cfg)
     loss.backward()
     return x.grad.reshape(B * G, T), stats
 

@@ -18,7 +18,7 @@ from gmc.asynchrony import (
 )
 from gmc.data import BENCHMARKS, REFERENCE_SOLUTION_FIELDS, benchmark_specs
 from gmc.estimator_info import REGISTRY, diagnostic_names
-from gmc.estimators import ESTIMATORS, EstimatorConfig
+from gmc.estimators import EstimatorConfig, get_estimator
 from gmc.evaluate import DEFAULT_SAMPLES, EvalConfig
 
 
@@ -33,16 +33,21 @@ def _stale_batch(seed=0, B=4, G=4, T=6):
 
 
 @pytest.mark.parametrize("name", list(REGISTRY))
-def test_every_estimator_reports_the_diagnostics_its_entry_names(name):
+def test_every_entry_resolves_its_loss_and_the_loss_reports_the_diagnostics_it_names(name):
     entry = REGISTRY[name]
-    assert entry.label and entry.color
-    _, stats = ESTIMATORS[name](*_stale_batch(), EstimatorConfig())
+    assert entry.label and entry.color and entry.loss.count(":") == 1
+    assert entry.aggregation in estimator_info.AGGREGATIONS and isinstance(entry.needs_batch_stats, bool)
+    hash(entry.on_policy)
+    loss_fn = entry.resolve()
+    assert callable(loss_fn) and get_estimator(name) is loss_fn
+    _, stats = loss_fn(*_stale_batch(), EstimatorConfig())
     for key in entry.diagnostics:
         assert key in stats and 0 < stats[key] <= 1, (name, key, stats.get(key))
 
 
-def test_every_estimator_has_a_loss_and_an_entry():
-    assert list(ESTIMATORS) == list(REGISTRY)
+def test_an_unknown_estimator_lists_the_known_ones():
+    with pytest.raises(ValueError, match=r"unknown estimator 'ppo'; known: \['cispo', "):
+        get_estimator("ppo")
 
 
 def test_diagnostic_names_cover_every_estimator_once():
@@ -100,8 +105,9 @@ def _fake_results(root: Path, points):
 
 def test_a_new_delay_mode_and_estimator_need_only_their_registry_entries(tmp_path, monkeypatch):
     monkeypatch.setitem(DELAY_MODES, "bursty", DelayMode(DELAY_MODES["latency"].make, "bursty arrivals", True))
-    monkeypatch.setitem(REGISTRY, "newest", estimator_info.Estimator("Newest-GRPO", ("ratio/frac_new_capped",),
-                                                                     "tab:pink"))
+    monkeypatch.setitem(REGISTRY, "newest", estimator_info.Estimator(
+        "gmc.estimators:grpo_loss", "Newest-GRPO", "tab:pink", ("ratio/frac_new_capped",), aggregation="seq_mean",
+        on_policy=estimator_info.PG_SEQ_MEAN, needs_batch_stats=False))
     monkeypatch.setitem(plots.METHOD_COLORS, "newest", "tab:pink")
     points = [(a, d, 4) for a in ("gmc", "newest") for d in ("0", "8", "latency", "bursty")]
     _fake_results(tmp_path, points)

@@ -8,7 +8,8 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from gmc.asynchrony import Group
-from gmc.estimators import ESTIMATORS, EstimatorConfig, group_advantages
+from gmc.estimator_info import REGISTRY
+from gmc.estimators import EstimatorConfig, get_estimator, group_advantages
 from gmc.update import (
     Rows,
     Update,
@@ -130,7 +131,7 @@ of size ~10 moves by ~0.04 between orders, its log-prob by less. Measured here: 
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("name", sorted(ESTIMATORS))
+@pytest.mark.parametrize("name", sorted(REGISTRY))
 def test_the_causal_path_equals_the_masked_one(name, dtype):
     """Right-padded rows without an attention mask: the same log-probs, loss, statistics and
     gradient as with the explicit padding mask, within rounding (:data:`CAUSAL_TOL`)."""
@@ -143,7 +144,7 @@ def test_the_causal_path_equals_the_masked_one(name, dtype):
     assert (masked - causal).abs().max() <= CAUSAL_TOL[dtype]
     results = {}
     for attention in ("masked", "causal"):
-        update = Update(model, ESTIMATORS[name], EstimatorConfig(max_new_tokens=20), 64, pad_id=0,
+        update = Update(model, get_estimator(name), EstimatorConfig(max_new_tokens=20), 64, pad_id=0,
                         compute_dtype=compute, attention=attention)
         loss, stats, _ = update.backward(groups, on_policy=False)
         results[attention] = (float(loss), stats, grads(model))
@@ -171,12 +172,12 @@ def test_logprobs_equal_a_naive_full_forward(temperature):
 def step(model, groups, name, budget, kl_coef=0.0, on_policy=False, reference=None):
     model.zero_grad(set_to_none=True)
     cfg = EstimatorConfig(kl_coef=kl_coef, max_new_tokens=20)
-    update = Update(model, ESTIMATORS[name], cfg, budget, pad_id=0, reference=reference, chunk_size=16)
+    update = Update(model, get_estimator(name), cfg, budget, pad_id=0, reference=reference, chunk_size=16)
     loss, stats, _ = update.backward(groups, on_policy)
     return loss, stats, grads(model)
 
 
-@pytest.mark.parametrize("name", sorted(ESTIMATORS))
+@pytest.mark.parametrize("name", sorted(REGISTRY))
 @pytest.mark.parametrize("kl_coef", [0.0, 0.3])
 def test_micro_batched_step_equals_the_whole_batch_step(name, kl_coef):
     model = random_model(seed=1)
@@ -220,7 +221,7 @@ def test_whole_batch_step_equals_the_estimator_on_naive_log_probs(name):
         behaviour[k, :, : grp.behaviour_logp.shape[1]] = grp.behaviour_logp
     mask = torch.arange(T).view(1, 1, T) < torch.tensor(rows.lengths).view(B, G, 1)
     adv = group_advantages(torch.stack([grp.rewards for grp in groups]))
-    naive_loss, _ = ESTIMATORS[name](logp, behaviour, mask, adv, EstimatorConfig(kl_coef=0.2, max_new_tokens=20),
+    naive_loss, _ = get_estimator(name)(logp, behaviour, mask, adv, EstimatorConfig(kl_coef=0.2, max_new_tokens=20),
                                      ref_logp=ref)
     naive_loss.backward()
     assert float(loss) == pytest.approx(float(naive_loss), rel=1e-4)
@@ -239,7 +240,7 @@ def test_k3_kl_gradient_matches_a_naive_per_token_loop():
     ref = -torch.rand(B, G, T) * 2
     mask = torch.arange(T).view(1, 1, T) < torch.randint(1, T + 1, (B, G, 1))
     zero_adv = torch.zeros(B, G)
-    loss, _ = ESTIMATORS["none"](logp, logp.detach(), mask, zero_adv, EstimatorConfig(kl_coef=0.5, max_new_tokens=T),
+    loss, _ = get_estimator("none")(logp, logp.detach(), mask, zero_adv, EstimatorConfig(kl_coef=0.5, max_new_tokens=T),
                                  ref_logp=ref)
     loss.backward()
     for b in range(B):
@@ -264,7 +265,7 @@ def test_estimators_create_tensors_on_their_inputs_device():
     groups = random_groups(seed=8)
     model = random_model(seed=9)
     reference = copy.deepcopy(model)
-    for name in sorted(ESTIMATORS):
+    for name in sorted(REGISTRY):
         with torch.device("meta"):
             step(model, groups, name, 0, kl_coef=0.1, reference=reference)
             step(model, groups, name, 64, kl_coef=0.0, on_policy=False)
