@@ -23,6 +23,7 @@ from gmc.settings import NonNegative, PositiveInt, settings
 
 Aggregation = Literal["token_mean", "seq_mean", "seq_sum_const"]
 AGGREGATIONS: tuple[str, ...] = typing.get_args(Aggregation)
+MaskDenominator = Literal["all", "kept"]
 
 
 @settings(prefix="estimator.")
@@ -54,6 +55,15 @@ class EstimatorConfig:
     """``token_mean`` (all tokens of the batch), ``seq_mean`` (mean per sequence, then over
     sequences) or ``seq_sum_const`` (sum per sequence / ``max_new_tokens``, then mean over
     sequences). None: the estimator's default, the ``aggregation`` of its :data:`REGISTRY` entry."""
+    mask_denominator: MaskDenominator | None = None
+    """Where an estimator drops tokens or responses (``icepop``, ``seq_mask``, ``m2po``, ``dppo``),
+    what the aggregation divides by [choice]: ``all``, every valid token and response, the dropped
+    ones contributing 0 (TRL's masks, verl's IcePop and sequence masks, ``dppo_tv`` and its bypass
+    mode's rejection, prime-rl's DPPO); ``kept``, only the tokens the mask keeps, and under
+    ``seq_mean`` / ``seq_sum_const`` only the responses that keep one (AReaL's M2PO, verl's
+    rejection ``rollout_rs`` in its decoupled mode). None: the estimator's default, the
+    ``mask_denominator`` of its :data:`REGISTRY` entry. Estimators that drop nothing ignore it;
+    the KL term always divides by every valid token."""
     max_new_tokens: PositiveInt = 512
     """The constant divisor of ``seq_sum_const``: the generation token limit (a training run
     sets it to its ``sampling.max_new_tokens``)."""
@@ -131,6 +141,9 @@ class Estimator:
     """Its weights need statistics of a group or of the batch before the backward pass (gmc's
     group mass, m2po's batch second moment); False: every response's weights follow from its
     own row, so a row's gradient does not depend on the rows batched with it."""
+    mask_denominator: MaskDenominator | None = None
+    """For an estimator that drops tokens or responses, its default ``EstimatorConfig.mask_denominator``:
+    that of the peer it follows; None: it drops nothing (both denominators are then the same)."""
 
     def resolve(self) -> Callable:
         """The loss function named by :attr:`loss` (imports its module)."""
@@ -161,16 +174,19 @@ REGISTRY: dict[str, Estimator] = {
     "cispo": Estimator("gmc.estimators:cispo_loss", "CISPO", "tab:pink", ("ratio/frac_tokens_clipped",),
                        aggregation="token_mean", on_policy=PG_TOKEN_MEAN, needs_batch_stats=False),
     "icepop": Estimator("gmc.estimators:icepop_loss", "IcePop (token mask)", "tab:olive",
-                        ("ratio/frac_tokens_masked",),
-                        aggregation="token_mean", on_policy=PG_TOKEN_MEAN, needs_batch_stats=False),
+                        ("ratio/frac_tokens_masked",), aggregation="token_mean", on_policy=PG_TOKEN_MEAN,
+                        needs_batch_stats=False, mask_denominator="all"),
     "seq_mask": Estimator("gmc.estimators:seq_mask_loss", "sequence mask", "tab:cyan", ("ratio/frac_seq_masked",),
-                          aggregation="token_mean", on_policy=PG_TOKEN_MEAN, needs_batch_stats=False),
+                          aggregation="token_mean", on_policy=PG_TOKEN_MEAN, needs_batch_stats=False,
+                          mask_denominator="all"),
     "m2po": Estimator("gmc.estimators:m2po_loss", "M2PO", "goldenrod", ("ratio/frac_tokens_masked",),
-                      aggregation="token_mean", on_policy=PG_TOKEN_MEAN, needs_batch_stats=True),
+                      aggregation="token_mean", on_policy=PG_TOKEN_MEAN, needs_batch_stats=True,
+                      mask_denominator="kept"),
     "gmpo": Estimator("gmc.estimators:gmpo_loss", "GMPO", "black", ("ratio/frac_tokens_clipped",),
                       aggregation="seq_mean", on_policy=PG_SEQ_MEAN, needs_batch_stats=False),
     "dppo": Estimator("gmc.estimators:dppo_loss", "DPPO (TV)", "teal", ("ratio/frac_tokens_masked",),
-                      aggregation="token_mean", on_policy=PG_TOKEN_MEAN, needs_batch_stats=False),
+                      aggregation="token_mean", on_policy=PG_TOKEN_MEAN, needs_batch_stats=False,
+                      mask_denominator="all"),
 }
 """Every estimator by config name (``algorithm``), in the order tables and figures use: the one
 place an estimator is registered."""

@@ -117,17 +117,22 @@ def trajectory_weights(method: str, log_ratio: Tensor, eps: float, is_clamp: flo
 # Shared machinery
 
 
-def _aggregate(per_token: Tensor, mask: Tensor, how: str, max_new_tokens: int) -> Tensor:
-    """Reduce a masked ``[B, G, T]`` tensor to a scalar (see ``EstimatorConfig.aggregation``)."""
+def _aggregate(per_token: Tensor, mask: Tensor, how: str, max_new_tokens: int, every_row: bool = True) -> Tensor:
+    """Reduce a masked ``[B, G, T]`` tensor to a scalar (see ``EstimatorConfig.aggregation``).
+    ``every_row=False``: the mean over sequences counts only the rows ``mask`` keeps a token of."""
     m = mask.float()
     x = per_token * m
     if how == "token_mean":
         return x.sum() / m.sum().clamp(min=1.0)
     if how == "seq_mean":
-        return (x.sum(-1) / m.sum(-1).clamp(min=1.0)).mean()
-    if how == "seq_sum_const":
-        return (x.sum(-1) / max_new_tokens).mean()
-    raise ValueError(f"unknown aggregation {how!r}; expected one of {AGGREGATIONS}")
+        per_row = x.sum(-1) / m.sum(-1).clamp(min=1.0)
+    elif how == "seq_sum_const":
+        per_row = x.sum(-1) / max_new_tokens
+    else:
+        raise ValueError(f"unknown aggregation {how!r}; expected one of {AGGREGATIONS}")
+    if every_row:
+        return per_row.mean()
+    return per_row.sum() / (m.sum(-1) > 0).float().sum().clamp(min=1.0)
 
 
 def _pg_loss(
@@ -137,15 +142,23 @@ def _pg_loss(
     cfg: EstimatorConfig,
     name: str,
     ref_logp: Tensor | None,
+    kept: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """``aggregate(-coef * exp(logp - sg(logp)))`` (+ k3 KL); ``coef`` broadcasts to ``[B,G,T]``.
-    The aggregation is ``cfg.aggregation``, else the default of estimator ``name``'s registry entry."""
-    how = cfg.aggregation or REGISTRY[name].aggregation
+    The aggregation is ``cfg.aggregation``, else the default of estimator ``name``'s registry entry.
+    ``kept`` (bool, broadcasting to ``[B,G,T]``): what a masking estimator keeps; its coefficient
+    is 0 elsewhere, and under ``mask_denominator="kept"`` the policy-gradient term divides by the
+    kept tokens (and counts the responses that keep one) instead of every valid one."""
+    entry = REGISTRY[name]
+    how = cfg.aggregation or entry.aggregation
     m = mask.bool()
     lp = torch.where(m, logp.float(), torch.zeros_like(logp, dtype=torch.float32))
     unit = torch.exp(lp - lp.detach())  # value 1, gradient grad logp; padding never reaches it
     coef = torch.where(m, coef.detach().float().expand_as(lp), torch.zeros_like(lp))
-    pg = _aggregate(-coef * unit, mask, how, cfg.max_new_tokens)
+    if kept is not None and (cfg.mask_denominator or entry.mask_denominator or "all") == "kept":
+        pg = _aggregate(-coef * unit, m & kept.bool(), how, cfg.max_new_tokens, every_row=False)
+    else:
+        pg = _aggregate(-coef * unit, mask, how, cfg.max_new_tokens)
     stats = {"loss/pg": float(pg.detach())}
     loss = pg
     if cfg.kl_coef > 0:
@@ -332,13 +345,14 @@ def cispo_loss(logp, logp_behavior, mask, advantages, cfg: EstimatorConfig, ref_
 def icepop_loss(logp, logp_behavior, mask, advantages, cfg: EstimatorConfig, ref_logp=None):
     """Token-level masked IS (IcePop): ``r A`` on the tokens with ``icepop_low <= r <= icepop_high``,
     0 elsewhere. verl ``rollout_is="token"`` with ``rollout_is_threshold="0.5_5.0"``, TRL
-    ``vllm_importance_sampling_mode="token_mask"``."""
+    ``vllm_importance_sampling_mode="token_mask"``. Denominator ``all`` by default: both peers
+    zero the weight of a dropped token and keep it in the token count."""
     _check_shapes(logp, logp_behavior, mask, advantages)
     l_tok = token_log_ratios(logp, logp_behavior, mask)
     r = _token_ratio(l_tok)
     kept = (r >= cfg.icepop_low) & (r <= cfg.icepop_high)
     coef = torch.where(kept, r, torch.zeros_like(r)) * advantages.float().unsqueeze(-1)
-    loss, stats = _pg_loss(coef, logp, mask, cfg, "icepop", ref_logp)
+    loss, stats = _pg_loss(coef, logp, mask, cfg, "icepop", ref_logp, kept=kept)
     stats["ratio/frac_tokens_masked"] = _frac(~kept, mask)
     stats.update(_ratio_stats(l_tok.sum(-1), l_tok, mask))
     return loss, stats
@@ -350,7 +364,9 @@ def seq_mask_loss(logp, logp_behavior, mask, advantages, cfg: EstimatorConfig, r
     and a kept response is weighted by it (TRL ``vllm_importance_sampling_mode="sequence_mask"``,
     verl ``rollout_is="sequence"`` with a ``lower_upper`` threshold); ``"geo_mean"``: the metric is
     ``exp(L/|y|)`` and a kept response gets weight 1 (verl ``rollout_rs="seq_mean_k1"``, SkyRL
-    ``sequence_mask_metric``)."""
+    ``sequence_mask_metric``). Denominator ``all`` by default, as TRL's ``sequence_mask``, verl's
+    sequence IS band and verl's bypass-mode rejection (which divides by the batch's token count);
+    verl's decoupled mode rejects by shrinking ``response_mask``, i.e. ``mask_denominator="kept"``."""
     _check_shapes(logp, logp_behavior, mask, advantages)
     l_tok = token_log_ratios(logp, logp_behavior, mask)
     L = l_tok.sum(-1)
@@ -363,7 +379,8 @@ def seq_mask_loss(logp, logp_behavior, mask, advantages, cfg: EstimatorConfig, r
         w = torch.where(kept, torch.exp(L.clamp(max=log_high)), torch.zeros_like(L))
     else:
         w = kept.float()
-    loss, stats = _pg_loss((w * advantages.float()).unsqueeze(-1), logp, mask, cfg, "seq_mask", ref_logp)
+    loss, stats = _pg_loss((w * advantages.float()).unsqueeze(-1), logp, mask, cfg, "seq_mask", ref_logp,
+                           kept=kept.unsqueeze(-1))
     stats["ratio/frac_seq_masked"] = float((~kept).float().mean())
     stats.update(_weight_stats(w, L, shortfall=cfg.seq_mask_metric == "rho"))
     stats.update(_ratio_stats(L, l_tok, mask))
@@ -397,13 +414,14 @@ def m2po_loss(logp, logp_behavior, mask, advantages, cfg: EstimatorConfig, ref_l
     """M2PO (arXiv 2510.01161): ``r A`` on the tokens :func:`m2po_keep_mask` keeps (threshold
     ``m2po_tau``, AReaL ``actor.m2_threshold``), no clip. AReaL measures ``(log r)^2`` between the
     behaviour and the proximal policy; with one update per batch the proximal policy is the current
-    one."""
+    one. Denominator ``kept`` by default, as AReaL: its ``grpo_loss_fn`` narrows ``loss_mask`` to the
+    kept tokens before the loss divides by that mask's count."""
     _check_shapes(logp, logp_behavior, mask, advantages)
     l_tok = token_log_ratios(logp, logp_behavior, mask)
     kept = m2po_keep_mask(l_tok, mask, cfg.m2po_tau)
     r = _token_ratio(l_tok)
     coef = torch.where(kept, r, torch.zeros_like(r)) * advantages.float().unsqueeze(-1)
-    loss, stats = _pg_loss(coef, logp, mask, cfg, "m2po", ref_logp)
+    loss, stats = _pg_loss(coef, logp, mask, cfg, "m2po", ref_logp, kept=kept)
     m = mask.bool()
     stats["ratio/frac_tokens_masked"] = _frac(~kept, mask)
     stats["ratio/m2"] = float(l_tok.pow(2)[m].mean()) if m.any() else 0.0
@@ -436,7 +454,9 @@ def dppo_loss(logp, logp_behavior, mask, advantages, cfg: EstimatorConfig, ref_l
     """DPPO, total-variation form (arXiv 2602.04879): mask a token whose probability moved more
     than ``dppo_delta_high`` up (``A > 0``) or ``dppo_delta_low`` down (``A <= 0``); the rest get
     ``min(r, dppo_ratio_cap) A``. verl ``loss_mode=dppo_tv`` (``clip_ratio_low``,
-    ``clip_ratio_high``, ``clip_ratio_c``), prime-rl's default loss."""
+    ``clip_ratio_high``, ``clip_ratio_c``), prime-rl's default loss. Denominator ``all`` by default:
+    verl multiplies the masked tokens' loss by 0 under the unchanged ``response_mask``, prime-rl
+    divides by the batch's loss-mask token count."""
     _check_shapes(logp, logp_behavior, mask, advantages)
     l_tok = token_log_ratios(logp, logp_behavior, mask)
     m = mask.bool()
@@ -445,7 +465,7 @@ def dppo_loss(logp, logp_behavior, mask, advantages, cfg: EstimatorConfig, ref_l
     A = advantages.float().unsqueeze(-1).expand_as(l_tok)
     valid = torch.where(A > 0, dp <= cfg.dppo_delta_high, dp >= -cfg.dppo_delta_low)
     coef = torch.where(valid, _token_ratio(l_tok).clamp(max=cfg.dppo_ratio_cap) * A, zeros)
-    loss, stats = _pg_loss(coef, logp, mask, cfg, "dppo", ref_logp)
+    loss, stats = _pg_loss(coef, logp, mask, cfg, "dppo", ref_logp, kept=valid)
     stats["ratio/frac_tokens_masked"] = _frac(~valid, mask)
     stats.update(_ratio_stats(l_tok.sum(-1), l_tok, mask))
     return loss, stats

@@ -21,6 +21,9 @@ from gmc.settings import ConfigError
 
 DEFAULT_AGG = {"grpo": "seq_mean", "gspo": "seq_mean", "tis": "seq_mean", "gmpo": "seq_mean",
                **dict.fromkeys(["cispo", "icepop", "seq_mask", "m2po", "dppo"], "token_mean")}
+DEFAULT_DENOMINATOR = {"m2po": "kept"}
+"""Every other estimator divides by all valid tokens: the masking ones as their peers, the rest drop nothing."""
+MASKING = ["icepop", "seq_mask", "m2po", "dppo"]
 
 
 def random_batch(B=3, G=4, T=6, scale=0.3, seed=0):
@@ -38,11 +41,13 @@ def random_batch(B=3, G=4, T=6, scale=0.3, seed=0):
 
 
 def naive_coefficients(name, logp, logp_b, mask, adv, cfg):
-    """coef[b][g][t] such that the gradient is -sum coef * norm * grad logp."""
+    """coef[b][g][t] such that the gradient is -sum coef * norm * grad logp, and keep[b][g][t]:
+    whether the estimator keeps the valid token (a masking estimator's mask)."""
     B, G, T = logp.shape
     lp, lb = logp.double().tolist(), logp_b.double().tolist()
     mk, A = mask.tolist(), adv.double().tolist()
     coef = [[[0.0] * T for _ in range(G)] for _ in range(B)]
+    keep = [[[bool(mk[b][g][t]) for t in range(T)] for g in range(G)] for b in range(B)]
     m2po_dropped = naive_m2po_dropped(lp, lb, mk, cfg.m2po_tau)
     for b in range(B):
         Ls = [sum(lp[b][g][t] - lb[b][g][t] for t in range(T) if mk[b][g][t]) for g in range(G)]
@@ -78,13 +83,15 @@ def naive_coefficients(name, logp, logp_b, mask, adv, cfg):
                 elif name == "cispo":
                     c = min(max(r, 1 - cfg.cispo_eps_low), 1 + cfg.cispo_eps_high) * a
                 elif name == "icepop":
-                    c = r * a if cfg.icepop_low <= r <= cfg.icepop_high else 0.0
+                    keep[b][g][t] = cfg.icepop_low <= r <= cfg.icepop_high
+                    c = r * a if keep[b][g][t] else 0.0
                 elif name == "seq_mask":
                     metric = rho if cfg.seq_mask_metric == "rho" else math.exp(Ls[g] / n)
-                    kept = cfg.seq_mask_low <= metric <= cfg.seq_mask_high
+                    keep[b][g][t] = kept = cfg.seq_mask_low <= metric <= cfg.seq_mask_high
                     c = (rho if cfg.seq_mask_metric == "rho" else 1.0) * a if kept else 0.0
                 elif name == "m2po":
-                    c = 0.0 if (b, g, t) in m2po_dropped else r * a
+                    keep[b][g][t] = (b, g, t) not in m2po_dropped
+                    c = r * a if keep[b][g][t] else 0.0
                 elif name == "gmpo":
                     def clipped(u, a=a):
                         return (a > 0 and u > cfg.gmpo_clip_high) or (a < 0 and u < -cfg.gmpo_clip_low)
@@ -94,10 +101,10 @@ def naive_coefficients(name, logp, logp_b, mask, adv, cfg):
                     c = 0.0 if clipped(lp[b][g][t] - lb[b][g][t]) else s * a
                 elif name == "dppo":
                     dp = math.exp(lp[b][g][t]) - math.exp(lb[b][g][t])
-                    valid = dp <= cfg.dppo_delta_high if a > 0 else dp >= -cfg.dppo_delta_low
+                    keep[b][g][t] = valid = dp <= cfg.dppo_delta_high if a > 0 else dp >= -cfg.dppo_delta_low
                     c = min(r, cfg.dppo_ratio_cap) * a if valid else 0.0
                 coef[b][g][t] = c
-    return coef
+    return coef, keep
 
 
 def naive_m2po_dropped(lp, lb, mk, tau):
@@ -115,11 +122,14 @@ def naive_m2po_dropped(lp, lb, mk, tau):
 
 
 def naive_loss_and_grad(name, logp, logp_b, mask, adv, cfg):
+    """``mask_denominator="kept"``: only the kept tokens count, and only the rows that keep one."""
     B, G, T = logp.shape
     how = cfg.aggregation or DEFAULT_AGG.get(name, "seq_sum_const")
-    coef = naive_coefficients(name, logp, logp_b, mask, adv, cfg)
-    mk = mask.tolist()
+    coef, keep = naive_coefficients(name, logp, logp_b, mask, adv, cfg)
+    kept_only = (cfg.mask_denominator or DEFAULT_DENOMINATOR.get(name, "all")) == "kept"
+    mk = keep if kept_only else mask.tolist()
     n_tok = sum(sum(sum(row) for row in grp) for grp in mk)
+    rows = sum(any(row) for grp in mk for row in grp) if kept_only else B * G
     loss, grad = 0.0, torch.zeros(B, G, T, dtype=torch.float64)
     for b in range(B):
         for g in range(G):
@@ -129,8 +139,8 @@ def naive_loss_and_grad(name, logp, logp_b, mask, adv, cfg):
                     continue
                 norm = {
                     "token_mean": 1.0 / n_tok,
-                    "seq_mean": 1.0 / (n * B * G),
-                    "seq_sum_const": 1.0 / (cfg.max_new_tokens * B * G),
+                    "seq_mean": 1.0 / (n * rows),
+                    "seq_sum_const": 1.0 / (cfg.max_new_tokens * rows),
                 }[how]
                 loss -= coef[b][g][t] * norm
                 grad[b, g, t] = -coef[b][g][t] * norm
@@ -176,6 +186,59 @@ def test_corrections_match_naive_loop_where_their_clips_and_masks_fire(name, met
     stats = assert_matches_naive_loop(name, logp, logp_b, mask, adv, cfg)
     (key,) = REGISTRY[name].diagnostics
     assert 0 < stats[key] < 1, (key, stats[key])
+
+
+@pytest.mark.parametrize("name", MASKING)
+@pytest.mark.parametrize("denominator", ["all", "kept"])
+@pytest.mark.parametrize("aggregation", [None, *AGGREGATIONS])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_masking_estimators_match_naive_loop_under_either_denominator(name, denominator, aggregation, seed):
+    """Masks firing on part of the batch: ``all`` divides by every valid token (and response),
+    ``kept`` by the kept tokens (and the responses that keep one)."""
+    logp, logp_b, mask, rewards = random_batch(B=4, G=4, T=8, seed=seed, scale=0.3)
+    adv = group_advantages(rewards)
+    cfg = EstimatorConfig(**TIGHT, seq_mask_metric="geo_mean" if seed else "rho", mask_denominator=denominator,
+                          aggregation=aggregation, max_new_tokens=8)
+    stats = assert_matches_naive_loop(name, logp, logp_b, mask, adv, cfg)
+    (key,) = REGISTRY[name].diagnostics
+    assert 0 < stats[key] < 1, (key, stats[key])
+
+
+def test_the_estimators_that_drop_tokens_declare_a_denominator_and_the_others_ignore_it():
+    assert [n for n, e in REGISTRY.items() if e.mask_denominator is not None] == MASKING
+    assert {n: REGISTRY[n].mask_denominator for n in MASKING} == {
+        n: DEFAULT_DENOMINATOR.get(n, "all") for n in MASKING}
+    logp, logp_b, mask, rewards = random_batch(seed=3, scale=0.4)
+    adv = group_advantages(rewards)
+    for name in (n for n in REGISTRY if n not in MASKING):
+        losses = [get_estimator(name)(logp, logp_b, mask, adv, EstimatorConfig(mask_denominator=d))[0]
+                  for d in ("all", "kept")]
+        assert torch.equal(*losses), name
+
+
+def test_m2po_kept_denominator_hand_computed():
+    """Two 3-token responses, (log r)^2 = .25, 1e-4, 4e-4 | .09, .0025, 0 with mean .057 > .04:
+    dropping the .25 token leaves mean .0186 < .04. AReaL divides by the 5 kept tokens, ``all``
+    by the 6 valid ones: AReaL's gradient is exactly 6/5 of it."""
+    l_tok = torch.tensor([[[0.5, 0.01, -0.02], [0.3, 0.05, 0.0]]])
+    logp_b = torch.full((1, 2, 3), -1.0)
+    mask = torch.ones(1, 2, 3, dtype=torch.bool)
+    adv = torch.tensor([[1.0, -1.0]])
+    assert m2po_keep_mask(l_tok, mask, 0.04).tolist() == [[[False, True, True], [True, True, True]]]
+    out = {}
+    for denominator in (None, "kept", "all"):
+        x = (logp_b + l_tok).requires_grad_(True)
+        loss, stats = get_estimator("m2po")(x, logp_b, mask, adv, EstimatorConfig(m2po_tau=0.04,
+                                                                                mask_denominator=denominator))
+        loss.backward()
+        out[denominator] = (float(loss.detach()), x.grad)
+        assert stats["ratio/frac_tokens_masked"] == pytest.approx(1 / 6)
+    r = torch.exp(l_tok)
+    expected_all = torch.tensor([[[0.0, -1.0, -1.0], [1.0, 1.0, 1.0]]]) * r / 6
+    torch.testing.assert_close(out["all"][1], expected_all, rtol=1e-6, atol=0)
+    torch.testing.assert_close(out["kept"][1], expected_all * 6 / 5, rtol=1e-6, atol=0)
+    assert out["kept"][0] == pytest.approx(out["all"][0] * 6 / 5, rel=1e-6)
+    assert out[None][0] == out["kept"][0] and torch.equal(out[None][1], out["kept"][1])  # AReaL's is the default
 
 
 def test_m2po_mask_reaches_the_threshold_and_keeps_one_token_at_least():
