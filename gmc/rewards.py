@@ -17,6 +17,7 @@ import contextlib
 import logging
 import math
 import multiprocessing as mp
+import multiprocessing.util
 import os
 import re
 import signal
@@ -124,10 +125,15 @@ _BASE_CONTEXT = mp.get_context("fork" if "fork" in mp.get_all_start_methods() el
 
 
 class _Worker(_BASE_CONTEXT.Process):
-    """A grading process: it ignores SIGTERM, so the pool's terminate() ends it with SIGKILL."""
+    """A grading process: it ignores SIGTERM, so whatever terminates it sends SIGKILL: the pool's
+    terminate() and also multiprocessing's exit handler, which terminates the daemon children
+    left at interpreter exit (through their ``Popen``) and then waits for each."""
 
-    def terminate(self) -> None:
-        self.kill()
+    @staticmethod
+    def _Popen(process_obj):
+        popen = _BASE_CONTEXT.Process._Popen(process_obj)
+        popen.terminate = popen.kill
+        return popen
 
 
 class _Context(type(_BASE_CONTEXT)):
@@ -218,6 +224,7 @@ class Grader:
         self.timeout = timeout
         self.close_grace = close_grace
         self._pool = None
+        self._end = None
 
     def _ensure_pool(self):
         if self._pool is None:
@@ -227,14 +234,17 @@ class Grader:
                 self._pool = _Context().Pool(self.workers, initializer=_warm_worker)
             finally:
                 signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+            # at interpreter exit (or when the grader is dropped unclosed) the bounded end runs
+            # before the pool's own terminate (exit priority 15), which could wait forever
+            self._end = mp.util.Finalize(self, _end_pool, args=(self._pool, self.close_grace), exitpriority=20)
         return self._pool
 
     def close(self) -> None:
         """End the pool and its workers, within about ``2 * close_grace`` seconds whatever its
         state (see :func:`_end_pool`); the next :meth:`grade_batch` starts a new one."""
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            _end_pool(pool, self.close_grace)
+        if self._pool is not None:
+            end, self._pool, self._end = self._end, None, None
+            end()  # _end_pool(pool, close_grace), once
 
     def __enter__(self) -> Grader:
         return self

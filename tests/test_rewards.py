@@ -1,7 +1,10 @@
 """Answer extraction and equivalence grading (math-verify in a process pool)."""
 
+import contextlib
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -212,6 +215,49 @@ def test_close_ends_within_its_bound_whatever_the_pools_state(fault, caplog):
     for thread in (pool._task_handler, pool._result_handler):
         thread.join(timeout=5)
         assert not thread.is_alive(), thread
+
+
+EXIT_WITH_A_BROKEN_POOL = """
+import sys
+from gmc.rewards import Grader
+g = Grader(workers=2, close_grace=1.0)
+pool = g._ensure_pool()
+assert g.grade_batch(["\\\\boxed{\\\\frac{1}{2}}"], ["0.5"])[0].correct
+pool._change_notifier._writer.send_bytes(b"not a pickle")  # the worker handler dies
+pool._worker_handler.join(timeout=10)
+assert not pool._worker_handler.is_alive()
+print(*(w.pid for w in pool._pool), flush=True)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+
+
+def test_a_process_ends_at_exit_with_an_unclosed_broken_pool():
+    """A grader never closed, its pool broken: the interpreter's exit ends the pool within the
+    grader's bound, and no worker outlives the process (multiprocessing's exit handler sends
+    the daemon workers SIGTERM, which they ignore, and waits for them without a timeout)."""
+    proc = subprocess.Popen([sys.executable, "-c", EXIT_WITH_A_BROKEN_POOL], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    pids = [int(p) for p in proc.stdout.readline().split()]
+    start = time.monotonic()
+    try:
+        proc.wait(timeout=30)
+        seconds = time.monotonic() - start
+        survivors = [pid for pid in pids if _alive(pid)]
+    finally:
+        proc.kill()
+        for pid in pids:  # whatever the outcome, nothing is left behind
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    err = proc.stderr.read()[-3000:]
+    assert len(pids) == 2 and proc.returncode == 0, err
+    assert seconds < 2 * 1.0 + 2.0 and survivors == [], (seconds, survivors, err)
 
 
 def test_grade_batch_length_mismatch():
