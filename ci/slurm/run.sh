@@ -16,5 +16,6 @@ trap finish EXIT
 ci/slurm/cluster.sh up "$DIR"
 # shellcheck disable=SC1091
 source "$DIR/env"
-OMP_NUM_THREADS=1 timeout 1500 "$PYTHON" -m pytest -q -s -p no:cacheprovider --basetemp "$DIR/pytest" \
+# each test is bounded by its timeout mark (pytest-timeout, 1800 s); this bounds the whole run
+OMP_NUM_THREADS=1 timeout 3600 "$PYTHON" -m pytest -q -s -p no:cacheprovider --basetemp "$DIR/pytest" \
     ci/slurm/test_slurm.py

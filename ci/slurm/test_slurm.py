@@ -6,9 +6,10 @@ goes through `sbatch` with the project's own profile (the tiny model is built on
 runs); at the same time the same config runs locally. One training job is cancelled with `scancel` after its first checkpoint: Snakemake's
 retry resubmits it and the trainer resumes. Checked: every SLURM job COMPLETED (the cancelled
 one CANCELLED), the resumed run kept the rows written before its checkpoint, and every metric
-and evaluation equals the local run's, wall-clock times aside. A second sweep gives its
-training job a one-minute runtime with the profile's early SIGTERM: the trainer checkpoints at a
-step boundary, the job requeues itself until the run is done, and it equals the local run.
+and evaluation equals the local run's, wall-clock times aside. In a second sweep SLURM signals
+the running training job's steps with SIGTERM, as the profile's time-limit warning
+(`--signal=TERM@900`) does: the trainer checkpoints at a step boundary, the job requeues itself,
+resumes, and the run equals the local run.
 """
 
 import json
@@ -20,6 +21,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,6 +34,8 @@ STEPS, CHECKPOINT_EVERY = 12, 3
 CANCELLED_RUN = "train/algo~gmc/delay~0/group~4/seed~1"
 CANCELLED_JOB = "rule_train_wildcards_gmc_0_4_1"  # the comment the executor gives its SLURM job
 TIMEOUT = 900  # the executor plugin can hang (workflow/profiles/slurm): never wait forever
+# each test: a few minutes; past this, it fails with the stacks (pytest-timeout) and the next one runs
+pytestmark = pytest.mark.timeout(2 * TIMEOUT)
 
 
 def config() -> dict:
@@ -164,20 +168,45 @@ def test_sweep_through_slurm_equals_local_and_survives_a_cancelled_job(tmp_path)
         assert timeless(read(a)) == timeless(read(b)), rel
 
 
-LONG_STEPS = 60
+LONG_STEPS = 40
+SIGNALLED_JOB = "rule_train_wildcards_gmc_0_4_0"
+SIGNAL_AFTER = 2  # metrics rows: the trainer is in its loop with LONG_STEPS - 2 steps to go
 
 
-def test_a_training_job_past_its_time_limit_is_signalled_requeued_and_resumed(tmp_path):
-    """runtime 1 minute, SIGTERM 45 s before its end (the profile's mechanism, a shorter lead):
-    the run needs more than one job's time, checkpoints on the signal, requeues itself and ends
-    equal to an uninterrupted local run."""
+def signal_mid_run(run_dir: Path, found: dict, stop: threading.Event) -> None:
+    """Once the run has written SIGNAL_AFTER rows and its job is RUNNING, remember the rows and
+    have SLURM send SIGTERM to the job's steps (`scancel --signal`, no --batch: what the
+    time-limit warning does; the job stays RUNNING, unlike a plain scancel, which ends it)."""
+    metrics = run_dir / "metrics.jsonl"
+    while not stop.is_set():
+        try:
+            written = rows(metrics) if metrics.exists() else []
+        except json.JSONDecodeError:  # a line being written
+            written = []
+        if len(written) >= SIGNAL_AFTER:
+            queue = subprocess.run(["squeue", "-h", "-o", "%i|%k|%T"], capture_output=True, text=True).stdout
+            for line in queue.splitlines():
+                job, comment, state = line.split("|", 2)
+                if comment == SIGNALLED_JOB and state == "RUNNING":
+                    found["before"] = written
+                    subprocess.run(["scancel", "--signal=TERM", job], check=True)
+                    found["job"] = job
+                    return
+        time.sleep(0.2)
+
+
+def test_a_training_job_signalled_before_its_time_limit_is_requeued_and_resumed(tmp_path):
+    """SLURM's SIGTERM to a running training job (what `--signal=TERM@<lead>` sends before the time
+    limit), sent by the test at a known point of the run, so that the outcome does not rest on
+    the machine's speed against SLURM's signal timing: the trainer checkpoints at the step
+    boundary and exits 75 while the job is RUNNING, the job requeues itself (one job id, no
+    Snakemake retry), resumes from the checkpoint and ends equal to an uninterrupted local run."""
     assert os.environ.get("GMC_SLURM_ACCOUNT"), "start the cluster first: ci/slurm/run.sh"
     earlier = {j["id"] for j in sacct()}
     cfg = config()
-    # 5 ms per decoding step instead, about 0.1 s a step: the run outlasts the ~10 s of steps
-    # before the signal on a fast machine too and needs two or three jobs (each requeue waits
-    # SLURM's two minutes)
-    cfg["train"].update(steps=LONG_STEPS, checkpoint_every=0, hf={"token_seconds": 0.005})
+    # about half a second a step (the first test's pace): when the signal comes the run has tens
+    # of steps to go, far longer than SLURM takes to deliver it; checked below, not assumed
+    cfg["train"].update(steps=LONG_STEPS, checkpoint_every=0)
     cfg["sweep"].update(seeds=[0])
     for name in ("local", "slurm"):
         (tmp_path / name).mkdir()
@@ -189,22 +218,37 @@ def test_a_training_job_past_its_time_limit_is_signalled_requeued_and_resumed(tm
     local = subprocess.run([*SNAKEMAKE, "train_all", "--cores", "2", *THREADS], cwd=tmp_path / "local", env=env(),
                            capture_output=True, text=True, timeout=TIMEOUT)
     assert local.returncode == 0, local.stderr[-3000:]
-    slurm = subprocess.run(
-        ["timeout", str(TIMEOUT), *SNAKEMAKE, "train_all", "--workflow-profile", str(PROFILE), *THREADS,
-         "--set-resources", "train:runtime=1", "train:slurm_extra='--signal=TERM@45'",
-         "--slurm-init-seconds-before-status-checks", "2", "--seconds-between-status-checks", "3"],
-        cwd=tmp_path / "slurm", env=env(), capture_output=True, text=True)
-    assert slurm.returncode == 0, (slurm.stdout + slurm.stderr)[-6000:]
     run = "train/algo~gmc/delay~0/group~4/seed~0"
-    # the job requeued itself (a signal that lands after the last step makes the job step's snakemake
-    # report a failure instead, and Snakemake's retry finishes the run)
+    found, stop = {}, threading.Event()
+    watcher = threading.Thread(target=signal_mid_run, args=(tmp_path / "slurm" / "results" / run, found, stop),
+                               daemon=True)
+    watcher.start()
+    try:
+        slurm = subprocess.run(
+            ["timeout", str(TIMEOUT), *SNAKEMAKE, "train_all", "--workflow-profile", str(PROFILE), *THREADS,
+             "--slurm-init-seconds-before-status-checks", "2", "--seconds-between-status-checks", "3"],
+            cwd=tmp_path / "slurm", env=env(), capture_output=True, text=True)
+    finally:
+        stop.set()
+    assert slurm.returncode == 0, (slurm.stdout + slurm.stderr)[-6000:]
+    assert "job" in found, "the training job was not signalled mid-run"
+    # one SLURM job, requeued by the rule (a Snakemake retry would be a second job id), completed
     jobs = sorted({j["id"] for j in sacct() if j["id"] not in earlier and j["comment"].startswith("rule_train")})
     history = subprocess.run(["sacct", "-j", ",".join(jobs), "-D", "-X", "-n", "-P", "-o", "JobID,State"], check=True,
                              capture_output=True, text=True).stdout.split()
-    assert any("REQUEUED" in h for h in history), history  # it ran more than once
-    runs = {n: rows(tmp_path / n / "results" / run / "metrics.jsonl") for n in ("local", "slurm")}
-    assert len(runs["slurm"]) == LONG_STEPS and timeless(runs["slurm"]) == timeless(runs["local"])
     print(f"jobs {jobs}: {history}")
+    assert jobs == [found["job"]], history
+    assert any(h.endswith("|REQUEUED") for h in history), history
+    assert {j["id"]: j["state"] for j in sacct()}[found["job"]] == "COMPLETED", history
+    # it resumed: the rows written before the signal are kept as they were, wall-clock times
+    # included (a fresh start would rewrite them), and the steps after the stop came a requeue later
+    runs = {n: rows(tmp_path / n / "results" / run / "metrics.jsonl") for n in ("local", "slurm")}
+    before = found["before"]
+    assert runs["slurm"][: len(before)] == before
+    gaps = [b["time"] - a["time"] for a, b in zip(runs["slurm"], runs["slurm"][1:])]
+    stopped = max(range(len(gaps)), key=gaps.__getitem__) + 1  # the first step of the resumed job
+    assert len(before) <= stopped < LONG_STEPS and gaps[stopped - 1] > 3, gaps
+    assert len(runs["slurm"]) == LONG_STEPS and timeless(runs["slurm"]) == timeless(runs["local"])
 
 
 def test_a_ray_training_job_inside_a_slurm_allocation(tmp_path):
