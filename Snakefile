@@ -16,8 +16,9 @@ if not workflow.overwrite_configfiles:
     configfile: "config.yaml"
 
 
-# defaults filled, then validated against the schema (hand-written parts + those generated from
-# the settings classes and registries); a bad key stops here, naming it and what it allows
+# defaults filled, --config's strings read as the jobs read values, then validated against the
+# schema (hand-written parts + those generated from the settings classes and registries) and
+# every run resolved (gmc.sweep.resolve_run); a bad key stops here, naming it and what it allows
 with open(Path(workflow.basedir, "workflow", "schemas", "config.schema.yaml")) as fh:
     gmc.workflow.validate(config, yaml.safe_load(fh))
 
@@ -36,7 +37,7 @@ report: "workflow/report/workflow.rst"
 
 
 # on the submitting machine, not as cluster jobs: downloads (it has the network), config
-# writers, the data check, the MLflow parent run and import, tables and figures (seconds each);
+# writers (model_config in model.smk), the data check, the MLflow parent run and import, tables and figures (seconds each);
 # fetch_model (model.smk) is marked there
 localrules:
     all,

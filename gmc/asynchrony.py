@@ -1,7 +1,7 @@
 """Simulated asynchrony: the rollout sources of a training run (method.md section 4).
 
-At every optimizer step the trainer asks its source (:data:`DELAY_MODES`: ``sync``, ``fixed``,
-``latency``) for a :class:`Batch` of :class:`Group` rollouts. A source gets groups from a
+At every optimizer step the trainer asks its source (:data:`gmc.delays.DELAY_MODES`: ``sync``,
+``fixed``, ``latency``, ``trace``; each built by a function here) for a :class:`Batch` of :class:`Group` rollouts. A source gets groups from a
 :class:`Rollouts` (the run's prompt order and the collector, :mod:`gmc.collect`) and labels
 each with the policy version that generated it and the version that consumes it; old weights
 are never kept, so memory is O(delay x batch x tokens). No torch is imported.
@@ -12,18 +12,20 @@ from __future__ import annotations
 import heapq
 import json
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from gmc.settings import ConfigError, NonNegative, NonNegativeInt, PositiveInt, registered, settings
+from gmc.delays import DelayConfig
+from gmc.settings import ConfigError
 
-if TYPE_CHECKING:  # the module itself needs no torch, so the workflow can read the registry cheaply
+if TYPE_CHECKING:  # the module itself needs no torch
     from torch import Tensor
+
+    from gmc.config import TrainConfig
 
 
 @dataclass
@@ -104,51 +106,6 @@ class Batch:
 
     groups: list[Group]
     collected: list[Any] = field(default_factory=list)
-
-
-@settings(prefix="delay.")
-class DelayConfig:
-    """How stale the rollouts are (method.md section 4)."""
-
-    mode: registered(lambda: DELAY_MODES, "delay mode") = "fixed"
-    """A name of :data:`DELAY_MODES`: ``sync`` (generate then train, no queue), ``fixed`` (FIFO
-    of delay ``d``) or ``latency`` (the length-dependent latency model)."""
-    d: NonNegativeInt = 0
-    """Fixed delay in optimizer steps."""
-    warmup: Literal["prefill", "ramp"] = "prefill"
-    """Fixed delay warm-up [choice]: ``prefill`` (staleness ``d`` from the first step) or
-    ``ramp`` (staleness grows from 0 to ``d``)."""
-    slots: PositiveInt = 16
-    """Latency model: generation slots K (groups in flight)."""
-    alpha: NonNegative = 1.0
-    """Latency model: fixed cost of a group, in virtual seconds."""
-    beta: NonNegative = 0.05
-    """Latency model: cost per token of the group's longest response, virtual seconds."""
-    noise_scale: NonNegative = 0.0
-    """Latency model: scale of the additive log-normal noise (0: none)."""
-    noise_sigma: NonNegative = 0.5
-    """Latency model: sigma of that log-normal noise."""
-    step_time: NonNegative = 1.0
-    """Latency model: virtual seconds per optimizer step."""
-    workers: PositiveInt = 1
-    """Real asynchrony (``ray``): rollout workers, each a Ray actor with its own policy copy."""
-    max_staleness: NonNegativeInt = 4
-    """Real asynchrony: a group is admitted for generation only while groups accepted plus in
-    flight stay within ``(max_staleness + version + 1) x prompts_per_step``, and a finished group
-    older than this many versions when consumed is dropped (``async/dropped``), never trained."""
-    transport: Literal["object_store", "collective"] = "object_store"
-    """Real asynchrony: how new weights reach the workers: Ray's object store (the state dict put
-    once per version) or a ``torch.distributed`` broadcast (gloo on CPU, NCCL on GPUs)."""
-    ray_address: str | None = None
-    """Real asynchrony: the Ray cluster to join (``auto``: the one running on this node, as inside
-    a SLURM allocation); None: start one in this process for the run."""
-    worker_device: str = "cpu"
-    """Real asynchrony: the device of each worker's policy copy (``cuda`` asks Ray for a GPU each)."""
-    worker_threads: PositiveInt = 1
-    """Real asynchrony: torch threads (and CPUs asked of Ray) per worker."""
-    trace: str | None = None
-    """Replay (``trace``): a ``staleness_trace.jsonl`` whose groups are generated and consumed at the
-    recorded versions."""
 
 
 class SyncSource:
@@ -423,66 +380,27 @@ class TraceSource(SyncSource):
         self.generated_through = state["generated_through"]
 
 
-@dataclass(frozen=True)
-class DelayMode:
-    """A registered delay mode: how to build its rollout source and how results show it."""
-
-    make: Callable[[DelayConfig, Rollouts, int, int], SyncSource]
-    """``make(cfg, rollouts, batch_prompts, seed)``: the rollout source."""
-    label: str
-    """Name in figure titles and reports."""
-    named_point: bool
-    """The workflow sweeps it as ``delay~<name>`` (settings in config.yaml's section of that
-    name); otherwise it is not a sweep point of its own (``fixed`` runs are ``delay~<d>``)."""
-    on_policy: Callable[[DelayConfig], bool] = lambda cfg: False
-    """Whether every batch is trained by the weights that generated it (then the training
-    forward gives the behaviour log-probs exactly, and no behaviour pass is run)."""
-    in_process: bool = True
-    """Groups are generated in the trainer's process (by the run's collector); otherwise elsewhere
-    (remote workers), and the trainer builds no rollout engine of its own."""
-    check: Callable[[DelayConfig, int, int], None] = lambda cfg, steps, prompts_per_step: None
-    """``check(cfg, steps, prompts_per_step)`` before a run starts: a :class:`ConfigError` naming
-    the key when the mode cannot run with these settings."""
+def sync_source(cfg: TrainConfig, rollouts: Rollouts, records: list[dict]) -> SyncSource:
+    return SyncSource(rollouts, cfg.prompts_per_step)
 
 
-def _ray_source(cfg: DelayConfig, rollouts: Rollouts, batch_prompts: int, seed: int) -> SyncSource:
-    from gmc.distributed.source import RaySource  # Ray is an extra: imported only for this mode
-
-    return RaySource(cfg, rollouts, batch_prompts)
+def fixed_source(cfg: TrainConfig, rollouts: Rollouts, records: list[dict]) -> FixedDelaySource:
+    return FixedDelaySource(rollouts, cfg.prompts_per_step, cfg.delay.d, cfg.delay.warmup)
 
 
-def _check_trace_mode(cfg: DelayConfig, steps: int, prompts_per_step: int) -> None:
-    if cfg.trace is None:
+def latency_source(cfg: TrainConfig, rollouts: Rollouts, records: list[dict]) -> LatencySource:
+    return LatencySource(rollouts, cfg.prompts_per_step, cfg.delay, cfg.seed)
+
+
+def trace_source(cfg: TrainConfig, rollouts: Rollouts, records: list[dict]) -> TraceSource:
+    return TraceSource(rollouts, cfg.prompts_per_step, cfg.delay)
+
+
+def check_trace_mode(cfg: TrainConfig) -> None:
+    """``delay.mode trace``: a trace file is given and fits the run."""
+    if cfg.delay.trace is None:
         raise ConfigError("delay.mode trace replays a staleness trace: give its file", "delay.trace")
-    check_trace(cfg, steps, prompts_per_step)
-
-
-DELAY_MODES: dict[str, DelayMode] = {
-    "sync": DelayMode(lambda cfg, r, n, seed: SyncSource(r, n), "synchronous", named_point=False,
-                      on_policy=lambda cfg: True),
-    "fixed": DelayMode(lambda cfg, r, n, seed: FixedDelaySource(r, n, cfg.d, cfg.warmup), "fixed delay",
-                       named_point=False, on_policy=lambda cfg: cfg.d == 0),
-    "latency": DelayMode(lambda cfg, r, n, seed: LatencySource(r, n, cfg, seed), "latency model",
-                         named_point=True),
-    "ray": DelayMode(_ray_source, "real asynchrony (Ray)", named_point=True, in_process=False),
-    "trace": DelayMode(lambda cfg, r, n, seed: TraceSource(r, n, cfg), "replayed trace", named_point=False,
-                       check=_check_trace_mode),
-}
-"""Every delay mode by config name (``delay.mode``); the one place to add one."""
-
-
-def named_delays() -> list[str]:
-    """Delay modes swept by name (``delay~latency``), in registry order."""
-    return [name for name, mode in DELAY_MODES.items() if mode.named_point]
-
-
-def make_source(cfg: DelayConfig, rollouts: Rollouts, batch_prompts: int, seed: int = 0) -> SyncSource:
-    return DELAY_MODES[cfg.mode].make(cfg, rollouts, batch_prompts, seed)
-
-
-def on_policy(cfg: DelayConfig) -> bool:
-    """Whether a run with these delay settings trains every batch with the weights that made it."""
-    return DELAY_MODES[cfg.mode].on_policy(cfg)
+    check_trace(cfg.delay, cfg.steps, cfg.prompts_per_step)
 
 
 def staleness_stats(batch: list[Group]) -> dict[str, float]:

@@ -58,6 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "it does not fit the given or detected GPU.")
     _settings_arguments(p, "TrainConfig (gmc/config.py)")
     p.add_argument("--preset", default=None, help="a workflow config (config.yaml or workflow/presets/*.yaml)")
+    p.add_argument("--point", default=None, metavar="algo~A/delay~D/group~G/seed~S",
+                   help="with --preset: the sweep point to plan (default: its largest group and delay)")
     p.add_argument("--gpu-gib", type=float, default=None,
                    help="device memory in GiB (an 80 GB card has about 79.6); default: memory_limit_gib, else the "
                         "CUDA device's")
@@ -137,17 +139,23 @@ def _settings_arguments(p: argparse.ArgumentParser, what: str) -> None:
 def _plan_memory(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    import yaml
-
     from gmc.config import TrainConfig
     from gmc.memory import device_limit, plan
     from gmc.settings import apply_overrides, from_dict, load_config
 
-    if args.preset:
-        preset = yaml.safe_load(Path(args.preset).read_text())
-        values = apply_overrides({**preset.get("train", {}), "model": preset.get("model", {}).get("name", "tiny")},
-                                 args.overrides)
-        cfg = from_dict(TrainConfig, values)
+    if args.preset:  # the run of the preset's sweep that needs the most memory, resolved as its job is
+        from gmc.settings import load_yaml, to_dict
+        from gmc.sweep import Point, largest_point, resolve_run, sweep_points
+        from gmc.workflow import validate
+
+        preset = load_yaml(Path(args.preset).read_text())
+        validate(preset)
+        point = Point.parse(args.point) if args.point else largest_point(sweep_points(preset))
+        print(f"{args.preset}: run {point.path}")
+        values = to_dict(resolve_run(preset, point))
+        if not Path(values["model"]).exists():  # not fetched yet: the hub id's known shape
+            values["model"] = preset["model"]["name"]
+        cfg = from_dict(TrainConfig, apply_overrides(values, args.overrides))
     else:
         cfg = load_config(TrainConfig, args.config, args.overrides)
     p = plan(cfg, device_limit(cfg, args.gpu_gib))

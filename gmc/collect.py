@@ -193,11 +193,10 @@ def build_collector(cfg, update: Update, tokenizer, engine, grader, behaviour: B
 
 
 class RunRollouts:
-    """A run's :class:`gmc.asynchrony.Rollouts`: its prompt cursor and its collector, and the run's
-    config (what a source with remote workers builds their collectors from)."""
+    """A run's :class:`gmc.asynchrony.Rollouts`: its prompt cursor and its collector."""
 
-    def __init__(self, cursor: PromptCursor, collector: Collector, config=None):
-        self.cursor, self.collector, self.config = cursor, collector, config
+    def __init__(self, cursor: PromptCursor, collector: Collector | None):
+        self.cursor, self.collector = cursor, collector
 
     def take(self, n: int) -> list[int]:
         return self.cursor.take(n)

@@ -11,11 +11,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import field
 from pathlib import Path
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from gmc.asynchrony import DelayConfig
+from gmc.delays import DelayConfig
 from gmc.engines import ENGINES, HFConfig, SamplingConfig, VLLMConfig
 from gmc.estimator_info import REGISTRY, EstimatorConfig
 from gmc.settings import (
@@ -72,7 +72,8 @@ class TrainConfig:
     algorithm: registered(lambda: REGISTRY, "estimator") = "gmc"
     """Estimator name, a key of :data:`gmc.estimator_info.REGISTRY`."""
     estimator: EstimatorConfig = field(default_factory=EstimatorConfig)
-    """Estimator hyper-parameters; ``estimator.max_new_tokens`` is set from ``sampling.max_new_tokens``."""
+    """Estimator hyper-parameters; ``estimator.max_new_tokens`` is the run's ``sampling.max_new_tokens``
+    (another value is refused)."""
     group_size: Annotated[int, Field(ge=2)] = 8
     """Responses per prompt, G (group-normalised advantages need at least 2)."""
     prompts_per_step: PositiveInt = 8
@@ -156,12 +157,22 @@ class TrainConfig:
         if self.behaviour_logprobs == "sampler" and self.sampling.temperature != 1:
             raise ConfigError("'sampler' needs sampling.temperature 1 and sampling.top_p 1, so that the sampler's "
                               "log-probs are the policy's", "behaviour_logprobs")
-        # the normaliser of seq_sum_const is the generation limit: one value, set here
+        # the normaliser of seq_sum_const is the generation limit: one value, sampling's, set here
         object.__setattr__(self, "estimator",
                            dataclasses.replace(self.estimator, max_new_tokens=self.sampling.max_new_tokens))
 
-    derived_keys: ClassVar[dict[str, str]] = {"estimator.max_new_tokens": "sampling.max_new_tokens"}
-    """Keys set from another key; :func:`gmc.settings.from_dict` rejects a given value that differs."""
+    @model_validator(mode="before")
+    @classmethod
+    def _max_new_tokens_has_one_home(cls, data: Any) -> Any:
+        """A mapping that gives ``estimator.max_new_tokens`` must give sampling's value: the key is
+        the run's ``sampling.max_new_tokens`` (a resolved config, which holds both, loads again)."""
+        if isinstance(data, dict) and isinstance(data.get("estimator"), dict) and "max_new_tokens" in data["estimator"]:
+            sampling = data.get("sampling") if isinstance(data.get("sampling"), dict) else {}
+            limit = sampling.get("max_new_tokens", cls.__dataclass_fields__["sampling"].default_factory().max_new_tokens)
+            if data["estimator"]["max_new_tokens"] != limit:
+                raise ConfigError(f"is the run's sampling.max_new_tokens ({limit}); remove it (got "
+                                  f"{data['estimator']['max_new_tokens']!r})", "estimator.max_new_tokens")
+        return data
 
 
 def load_train_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:

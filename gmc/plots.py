@@ -5,7 +5,7 @@ A figure function takes the runs' frame (:func:`gmc.analysis.collect`; curves ar
 the run directories it names) and an output folder, labels its axes, shows the 95% intervals
 over seeds (:func:`gmc.stats.mean_interval`) and writes each figure atomically in both formats;
 estimators are labelled and coloured by :data:`gmc.estimator_info.REGISTRY`, delays by
-:data:`gmc.asynchrony.DELAY_MODES`.
+:data:`gmc.delays.DELAY_MODES`.
 """
 
 from __future__ import annotations

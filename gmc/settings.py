@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import functools
+import importlib
 import inspect
 import json
 import re
@@ -28,7 +29,7 @@ import pydantic
 import yaml
 from pydantic import AfterValidator, ConfigDict, Field, TypeAdapter, ValidationError
 
-__all__ = ["ConfigError", "settings", "registered", "Positive", "NonNegative", "Fraction", "PositiveInt",
+__all__ = ["ConfigError", "settings", "registered", "load_named", "Positive", "NonNegative", "Fraction", "PositiveInt",
            "NonNegativeInt", "from_dict", "to_dict", "load_config", "load_yaml", "apply_overrides",
            "json_schema"]
 
@@ -89,6 +90,15 @@ def registered(names: Callable[[], Iterable[str]], what: str):
         return value
 
     return Annotated[str, AfterValidator(check), Field(json_schema_extra=lambda s: s.update(enum=list(names())))]
+
+
+def load_named(path: str) -> Callable:
+    """The object a registry entry names as ``"module:function"`` (its module imported now, so a
+    registry can name code that needs torch, Ray or vLLM without importing it itself)."""
+    module, _, name = path.partition(":")
+    if not name:
+        raise ValueError(f"{path!r}: a registry names code as 'module:function'")
+    return getattr(importlib.import_module(module), name)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -176,8 +186,7 @@ def _adapter(cls) -> TypeAdapter:
 def from_dict(cls, data: dict[str, Any]):
     """Build settings class ``cls`` from a (nested) mapping of YAML/JSON values, strictly: an
     unknown key, a wrong type or a value out of bounds raises :class:`ConfigError` naming the
-    dotted key. Keys that ``cls.derived_keys`` says are set from another key may be given only
-    with the value they would get."""
+    dotted key."""
     if not isinstance(data, dict):
         raise ConfigError(f"expected a mapping, got {data!r}")
     try:
@@ -186,28 +195,12 @@ def from_dict(cls, data: dict[str, Any]):
         raise _config_error(e, cls) from None
     except (TypeError, ValueError) as e:  # a value JSON cannot carry
         raise ConfigError(f"cannot read the values: {e}") from None
-    resolved = to_dict(obj)
-    for key, source in getattr(cls, "derived_keys", {}).items():
-        given, value = _lookup(data, key), _lookup(resolved, source)
-        if given is not _MISSING and given != value:
-            raise ConfigError(f"set from {source} ({value!r}); remove it (got {given!r})", key)
     return obj
 
 
 def to_dict(obj) -> dict[str, Any]:
     """A settings instance as plain YAML/JSON values (tuples become lists)."""
     return _adapter(type(obj)).dump_python(obj, mode="json")
-
-
-_MISSING = object()
-
-
-def _lookup(data: Any, dotted: str) -> Any:
-    for part in dotted.split("."):
-        if not isinstance(data, dict) or part not in data:
-            return _MISSING
-        data = data[part]
-    return data
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:

@@ -1,18 +1,35 @@
-"""A sweep's points and the paths that name them: ``algo~A/delay~D/group~G/seed~S`` under
-``<results>/train`` (a run directory) and ``<results>/eval`` (its evaluation). One pattern, read
-by the workflow's rules (with Snakemake wildcards) and by the analysis (to parse a path back).
+"""A sweep's points, the paths that name them, and the configuration of each run.
 
-A point's delay is a number ``d`` (the fixed delay), the name of a named delay mode
-(``latency``, ``ray``: the settings of the config section of that name) or ``trace-<name>`` (a
-recorded staleness trace, replayed: the ``traces`` section names its file).
+A point is ``algo~A/delay~D/group~G/seed~S`` under ``<results>/train`` (a run directory) and
+``<results>/eval`` (its evaluation): one pattern, read by the workflow's rules (with Snakemake
+wildcards) and by the analysis (to parse a path back). Its delay is a number ``d`` (the fixed
+delay), the name of a named delay mode (``latency``, ``ray``: the settings of the config section
+of that name) or ``trace-<name>`` (a recorded staleness trace, replayed: the ``traces`` section
+names its file).
+
+Each run is resolved here, once: :func:`resolve_run` takes the workflow's configuration (as
+:func:`gmc.workflow.validate` leaves it: defaults filled, values coerced) and a point, and
+returns the run's whole :class:`~gmc.config.TrainConfig`. The workflow writes it to
+``<results>/configs/train/<point>.yaml`` and the job reads that file and nothing else; the
+workflow's validation and ``gmc plan-memory --preset`` call the same function. Every
+TrainConfig key has one home: the ``train`` section, or one of :data:`RUN_KEYS`, which the
+``train`` section therefore does not accept. No torch is imported.
 """
 
 from __future__ import annotations
 
+import itertools
 import re
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, NamedTuple
 
-from gmc.asynchrony import DELAY_MODES, named_delays
+from gmc.config import TrainConfig
+from gmc.delays import DELAY_MODES, named_delays
+from gmc.evaluate import EvalConfig
+from gmc.preflight import looks_local
+from gmc.settings import ConfigError, from_dict
+from gmc.tracking import resolve_experiment, resolve_uri
 
 POINT = "algo~{algo}/delay~{delay}/group~{group}/seed~{seed}"
 """A sweep point's path; the names in braces are the workflow's wildcards."""
@@ -46,19 +63,9 @@ def delay_wildcard() -> str:
     return "|".join([r"\d+", *named_delays(), rf"{TRACE_PREFIX}[A-Za-z0-9_]+"])
 
 
-def delay_settings(delay: str, named: dict, traces: dict) -> dict:
-    """The ``delay.*`` keys of a training run at a point's ``delay``: ``named`` holds the named
-    delay modes' sections, ``traces`` the trace files by name."""
-    if str(delay).isdigit():
-        return {"delay.mode": "fixed", "delay.d": int(delay)}
-    if delay.startswith(TRACE_PREFIX):
-        return {"delay.mode": "trace", "delay.trace": traces[delay.removeprefix(TRACE_PREFIX)]["file"]}
-    return {"delay.mode": delay, **{f"delay.{k}": v for k, v in named[delay]["delay"].items()}}
-
-
 def delay_order(delay: str) -> tuple[int, int, str]:
     """Sort key of a point's delay: numeric delays ascending, then the named delay modes in registry
-    order (:data:`gmc.asynchrony.DELAY_MODES`), then the traces by name."""
+    order (:data:`gmc.delays.DELAY_MODES`), then the traces by name."""
     if str(delay).isdigit():
         return (0, int(delay), "")
     named = named_delays()
@@ -76,3 +83,158 @@ def delay_title(delay: str) -> str:
     if str(delay).startswith(TRACE_PREFIX):
         return f"{DELAY_MODES['trace'].label} {delay.removeprefix(TRACE_PREFIX)}"
     return DELAY_MODES[delay].label
+
+
+# ---------------------------------------------------------------------------------------------
+# the points of a sweep and the configuration of each run
+
+
+class Point(NamedTuple):
+    """One sweep point: estimator, delay (as written in paths), group size, seed."""
+
+    algorithm: str
+    delay: str
+    group: int
+    seed: int
+
+    @property
+    def path(self) -> str:
+        return point_path(*self)
+
+    @classmethod
+    def parse(cls, path: str | Path) -> Point:
+        found = parse_point(path)
+        if found is None:
+            raise ValueError(f"{path}: not a sweep point ({POINT})")
+        return cls(found["algorithm"], found["delay"], found["group"], found["seed"])
+
+
+def sweep_points(config: dict[str, Any]) -> list[Point]:
+    """Every run of the sweep, once each, in order: the grid (``sweep``), its reference rows
+    (``sweep.references``), then the named delay modes' and the traces' points, every seed."""
+    sweep = config["sweep"]
+    points = list(itertools.product(sweep["algorithms"], sweep["delays"], sweep["group_sizes"], sweep["seeds"]))
+    refs = sweep["references"]
+    points += itertools.product(refs["algorithms"], refs["delays"], sweep["group_sizes"], sweep["seeds"])
+    for delay, section in _delay_sections(config).items():
+        points += itertools.product([s for s in section["algorithms"]], [delay], section["group_sizes"],
+                                    sweep["seeds"])
+    return list(dict.fromkeys(Point(a, str(d), int(g), int(s)) for a, d, g, s in points))
+
+
+def _delay_sections(config: dict[str, Any]) -> dict[str, dict]:
+    """The sweep's named delay points (the enabled named delay modes' sections) and traces, by delay."""
+    named = {m: config[m] for m in named_delays() if config.get(m, {}).get("enabled")}
+    traces = {f"{TRACE_PREFIX}{n}": t for n, t in config.get("traces", {}).items()}
+    return {**named, **traces}
+
+
+BUILT_MODELS = ("tiny", "random-qwen3")
+"""``model.name`` values built locally by a rule of the workflow (``workflow/rules/model.smk``)."""
+
+
+def model_dir(config: dict[str, Any]) -> str:
+    """The base model's folder: a local folder of weights where it is; a built or fetched model
+    under ``<results>/models/``."""
+    name, results = config["model"]["name"], config["results"]
+    if name in BUILT_MODELS:
+        return f"{results}/models/{name}"
+    if looks_local(name):
+        return name
+    return f"{results}/models/{'--'.join(Path(name).parts)}"
+
+
+def delay_values(config: dict[str, Any], delay: str) -> dict[str, Any]:
+    """The ``delay`` settings of a run at a point's ``delay``: ``fixed`` with ``d`` (and the sweep's
+    warm-up) for a number, ``trace`` with its file, else the named mode with its section's settings."""
+    if str(delay).isdigit():
+        return {"mode": "fixed", "d": int(delay), "warmup": config["sweep"]["warmup"]}
+    if delay.startswith(TRACE_PREFIX):
+        return {"mode": "trace", "trace": config["traces"][delay.removeprefix(TRACE_PREFIX)]["file"]}
+    return {"mode": delay, **config[delay]["delay"]}
+
+
+def _mlflow(config: dict[str, Any]) -> dict[str, Any]:
+    """Live logging (a tracking URI in the config or ``$MLFLOW_TRACKING_URI``): where, under which
+    experiment; otherwise only the configured experiment (the runs are imported at the end)."""
+    uri, experiment = resolve_uri(config["mlflow"]["tracking_uri"], default=None), config["mlflow"]["experiment"]
+    if uri:
+        return {"tracking_uri": uri, "experiment": resolve_experiment(experiment)}
+    return {"tracking_uri": None, "experiment": experiment}
+
+
+RUN_KEYS: dict[str, Callable[[dict, Point], Any]] = {
+    "model": lambda config, point: model_dir(config),
+    "algorithm": lambda config, point: point.algorithm,
+    "group_size": lambda config, point: point.group,
+    "seed": lambda config, point: point.seed,
+    "delay": lambda config, point: delay_values(config, point.delay),
+    "data_source": lambda config, point: config["data"]["source"],
+    "data_root": lambda config, point: config["data"]["root"],
+    "synthetic": lambda config, point: config["synthetic"],
+    "tracking_uri": lambda config, point: _mlflow(config)["tracking_uri"],
+    "experiment": lambda config, point: _mlflow(config)["experiment"],
+}
+"""The TrainConfig keys a run takes from outside the ``train`` section, each from its one home:
+``model.name``, the point, ``data``, ``synthetic``, ``mlflow`` (``delay``: ``sweep.delays`` and
+``sweep.warmup``, the named delay modes' sections, ``traces``). ``estimator.max_new_tokens`` is
+the run's ``sampling.max_new_tokens`` (:class:`~gmc.config.TrainConfig` sets it)."""
+
+DERIVED_KEYS = ("estimator.max_new_tokens",)
+"""TrainConfig keys no section holds: each follows from another key of the run."""
+
+
+def run_values(config: dict[str, Any], point: Point) -> dict[str, Any]:
+    """The values a run's TrainConfig is built from: the ``train`` section and :data:`RUN_KEYS`."""
+    return {**config["train"], **{key: value(config, point) for key, value in RUN_KEYS.items()}}
+
+
+def resolve_run(config: dict[str, Any], point: Point) -> TrainConfig:
+    """The whole TrainConfig of the run at ``point`` of the sweep ``config``; a bad value is a
+    :class:`ConfigError` naming the key where the workflow's configuration holds it
+    (``train.lr``, ``latency.delay.slots``, ``model.name``)."""
+    try:
+        return from_dict(TrainConfig, run_values(config, point))
+    except ConfigError as e:
+        raise ConfigError(f"{e.reason} (run {point.path})", _section_key(e.key, point)) from None
+
+
+def _section_key(key: str | None, point: Point) -> str | None:
+    """Where a TrainConfig key lives in the workflow's configuration."""
+    if key is None:
+        return None
+    top = key.split(".", 1)[0].split("[", 1)[0]
+    if top == "delay":
+        leaf = key.split(".", 1)[1] if "." in key else ""
+        if str(point.delay).isdigit():
+            return "sweep.delays" if leaf in ("", "d", "mode") else f"sweep.{leaf}"
+        if point.delay.startswith(TRACE_PREFIX):
+            return f"traces.{point.delay.removeprefix(TRACE_PREFIX)}.file"
+        return f"{point.delay}.{key}"
+    homes = {"model": "model.name", "algorithm": "sweep.algorithms", "group_size": "sweep.group_sizes",
+             "seed": "sweep.seeds", "data_source": "data.source", "data_root": "data.root",
+             "tracking_uri": "mlflow.tracking_uri", "experiment": "mlflow.experiment"}
+    if top == "synthetic":
+        return key
+    return homes.get(top, f"train.{key}")
+
+
+def resolve_eval(config: dict[str, Any]) -> EvalConfig:
+    """The EvalConfig of every evaluation job: the ``evaluate`` section with the data and
+    synthetic task settings."""
+    values = eval_values(config)
+    try:
+        return from_dict(EvalConfig, values)
+    except ConfigError as e:
+        raise ConfigError(e.reason, f"evaluate.{e.key}" if e.key else "evaluate") from None
+
+
+def eval_values(config: dict[str, Any]) -> dict[str, Any]:
+    return dict(config["evaluate"], data_source=config["data"]["source"], data_root=config["data"]["root"],
+                synthetic=config["synthetic"])
+
+
+def largest_point(points: list[Point]) -> Point:
+    """The point of the largest memory need: the largest group, then the longest queue (largest
+    fixed delay; a named mode counts as the largest)."""
+    return max(points, key=lambda p: (p.group, int(p.delay) if p.delay.isdigit() else float("inf")))

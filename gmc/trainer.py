@@ -25,7 +25,8 @@ import torch
 import yaml
 from tqdm import tqdm
 
-from gmc.asynchrony import DELAY_MODES, TRACE_FIELDS, Group, make_source, on_policy, staleness_stats
+from gmc.asynchrony import TRACE_FIELDS, Group, staleness_stats
+from gmc.delays import DELAY_MODES, check_delay, make_source, on_policy
 from gmc.collect import (
     PromptCursor,
     RunRollouts,
@@ -102,7 +103,7 @@ class Trainer:
     def _setup(self, cfg: TrainConfig, resuming: bool) -> None:
         # bad data and a plan that does not fit the device fail here, before the model loads
         records = training_records(cfg.train_data, cfg.synthetic, cfg.seed, cfg.data_source, cfg.data_root)
-        DELAY_MODES[cfg.delay.mode].check(cfg.delay, cfg.steps, cfg.prompts_per_step)
+        check_delay(cfg)
         check_memory(cfg)
         random.seed(cfg.seed)
         np.random.seed(cfg.seed)
@@ -131,8 +132,7 @@ class Trainer:
         self.collector = build_collector(cfg, self.update, self.tokenizer, self.engine, self.grader,
                                          "none" if self.on_policy else cfg.behaviour_logprobs) if in_process else None
         self.cursor = PromptCursor(records, cfg.seed)
-        self.source = make_source(cfg.delay, RunRollouts(self.cursor, self.collector, cfg), cfg.prompts_per_step,
-                                  seed=cfg.seed)
+        self.source = make_source(cfg, RunRollouts(self.cursor, self.collector), records)
         self.optimizer = self._make_optimizer()
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         self.step = 0

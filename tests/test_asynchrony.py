@@ -8,13 +8,13 @@ import torch
 
 from gmc.asynchrony import (
     Collected,
-    DelayConfig,
     FixedDelaySource,
     Group,
     LatencySource,
     SyncSource,
-    make_source,
 )
+from gmc.config import TrainConfig
+from gmc.delays import DelayConfig, make_source
 
 
 class Generator:
@@ -134,7 +134,7 @@ def test_delay_config_validation():
         DelayConfig(mode="async")
     with pytest.raises(ValueError, match="delay.d: must be greater than or equal to 0"):
         DelayConfig(d=-1)
-    assert isinstance(make_source(DelayConfig(mode="sync"), Generator(), 1), SyncSource)
+    assert isinstance(make_source(TrainConfig(delay=DelayConfig(mode="sync")), Generator(), None), SyncSource)
 
 
 @pytest.mark.parametrize("alpha,beta,noise", [(1.0, 0.5, 0.0), (0.1, 0.05, 1.0)])

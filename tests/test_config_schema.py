@@ -1,6 +1,7 @@
 """One truth per config key: the workflow schema generated from the settings classes and
 registries, unknown keys rejected at ``snakemake -n``, a new key needing no second edit,
-validation without torch, the data/mlflow settings reaching the jobs, derived keys."""
+validation without torch, the data/mlflow settings reaching the jobs, derived keys, and the
+values ``snakemake --config`` hands over read as the jobs read them."""
 
 import dataclasses
 import json
@@ -13,10 +14,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gmc import workflow
-from gmc.asynchrony import DELAY_MODES, DelayConfig, named_delays
+from gmc import sweep, workflow
 from gmc.config import TrainConfig
 from gmc.data import benchmark_specs
+from gmc.delays import DELAY_MODES, DelayConfig, named_delays
 from gmc.estimator_info import REGISTRY
 from gmc.evaluate import EvalConfig
 from gmc.settings import ConfigError, from_dict, settings, to_dict
@@ -78,16 +79,17 @@ def test_the_train_and_evaluate_sections_are_their_settings_classes_but_the_keys
     def minus(fields, dropped):  # a dropped section takes its keys with it
         return {f for f in fields if not any(f == d or f.startswith(d + ".") for d in dropped)}
 
-    assert train == minus(_fields(TrainConfig), workflow.SET_PER_JOB)
+    assert train == minus(_fields(TrainConfig), [*sweep.RUN_KEYS, *sweep.DERIVED_KEYS])
     assert set(_keys(SCHEMA["properties"]["evaluate"])) == minus(_fields(EvalConfig), workflow.EVAL_SET_PER_JOB)
     # the synthetic task is one section for the warm start, training and evaluation
     assert set(_keys(SCHEMA["properties"]["synthetic"])) == _fields(SyntheticTask)
     assert "synthetic" not in _keys(SCHEMA["properties"]["model"]["properties"]["tiny"])
     # descriptions are the fields' docstrings
     assert _keys(SCHEMA["properties"]["train"])["lr"]["description"].startswith("Peak learning rate")
-    for mode in named_delays():  # every named delay mode has its section, with DelayConfig's settings
+    for mode in named_delays():  # every named delay mode has its section, with the DelayConfig keys it reads
         keys = set(_keys(SCHEMA["properties"][mode]["properties"]["delay"]))
-        assert keys == {f.name for f in dataclasses.fields(DelayConfig)} - {"mode", "d"}
+        assert keys == set(DELAY_MODES[mode].keys) and keys <= {f.name for f in dataclasses.fields(DelayConfig)}
+    assert "max_staleness" not in _keys(SCHEMA["properties"]["latency"]["properties"]["delay"])
 
 
 def test_allowed_values_are_the_registries_and_the_literal_types():
@@ -118,7 +120,8 @@ def test_a_key_added_to_trainconfig_needs_no_second_edit(monkeypatch):
         rollout_budget: int = 3
         """A knob a newcomer adds."""
 
-    monkeypatch.setattr(workflow, "TrainConfig", Extended)
+    monkeypatch.setattr(workflow, "TrainConfig", Extended)  # the schema's class and the runs' class
+    monkeypatch.setattr(sweep, "TrainConfig", Extended)
     config = _valid_config()
     config["train"]["rollout_budget"] = 5
     full = workflow.validate(config, HANDWRITTEN)
@@ -128,6 +131,7 @@ def test_a_key_added_to_trainconfig_needs_no_second_edit(monkeypatch):
     with pytest.raises(ConfigError, match="train.rollout_budget: .*integer"):
         workflow.validate(config, HANDWRITTEN)
     monkeypatch.setattr(workflow, "TrainConfig", TrainConfig)  # the real class refuses the key
+    monkeypatch.setattr(sweep, "TrainConfig", TrainConfig)
     with pytest.raises(ConfigError, match="'rollout_budget' was unexpected"):
         workflow.validate(config, HANDWRITTEN)
 
@@ -149,7 +153,7 @@ def test_reading_and_validating_configs_imports_no_torch(tmp_path):
     (tmp_path / "train.yaml").write_text("steps: 3\nestimator: {eps: 0.1}\n")
     code = f"""
 import json, sys, yaml
-from gmc import workflow
+from gmc import sweep, workflow
 from gmc.config import load_train_config
 from gmc.evaluate import EvalConfig
 from gmc.settings import load_config
@@ -182,7 +186,7 @@ def test_one_error_type_names_the_key_and_the_allowed_values():
 def test_estimator_max_new_tokens_follows_sampling_and_is_not_a_setting():
     cfg = from_dict(TrainConfig, {"sampling": {"max_new_tokens": 100}})
     assert cfg.estimator.max_new_tokens == 100
-    with pytest.raises(ConfigError, match=r"estimator.max_new_tokens: set from sampling.max_new_tokens \(100\)"):
+    with pytest.raises(ConfigError, match=r"estimator.max_new_tokens: is the run's sampling.max_new_tokens \(100\)"):
         from_dict(TrainConfig, {"sampling": {"max_new_tokens": 100}, "estimator": {"max_new_tokens": 512}})
     # a resolved config (as written into a run directory) loads again
     assert from_dict(TrainConfig, to_dict(cfg)) == cfg
@@ -214,15 +218,84 @@ def test_a_misspelt_key_fails_the_dry_run_naming_it(tmp_path, override, key):
 
 def test_data_and_mlflow_settings_reach_the_training_and_evaluation_configs(tmp_path):
     (tmp_path / "config.yaml").write_text((REPO / "config.yaml").read_text())
-    out = _snakemake(["--cores", "1", "results/configs/train.yaml", "results/configs/eval.yaml", "--config",
+    run = "results/configs/train/algo~gmc/delay~128/group~8/seed~0.yaml"
+    out = _snakemake(["--cores", "1", run, "results/configs/eval.yaml", "--config",
                       f"data={{source: hub, root: {tmp_path / 'mydata'}}}",
                       "mlflow={tracking_uri: 'sqlite:///results/mlflow.db', experiment: sweep7}"], cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
-    train = yaml.safe_load((tmp_path / "results" / "configs" / "train.yaml").read_text())
+    train = yaml.safe_load((tmp_path / run).read_text())
     evaluation = yaml.safe_load((tmp_path / "results" / "configs" / "eval.yaml").read_text())
-    assert (train["data_source"], train["data_root"], train["experiment"]) == ("hub", str(tmp_path / "mydata"),
-                                                                               "sweep7")
+    assert (train["data_source"], train["data_root"], train["experiment"], train["tracking_uri"]) == (
+        "hub", str(tmp_path / "mydata"), "sweep7", "sqlite:///results/mlflow.db")
     assert (evaluation["data_source"], evaluation["data_root"]) == ("hub", str(tmp_path / "mydata"))
-    # what the training job reads is a valid TrainConfig with those settings
+    # what the training job reads is the run's whole TrainConfig, with those settings and its point
     cfg = from_dict(TrainConfig, train)
     assert (cfg.data_source, cfg.data_root) == ("hub", str(tmp_path / "mydata"))
+    assert (cfg.algorithm, cfg.delay.mode, cfg.delay.d, cfg.group_size, cfg.seed) == ("gmc", "fixed", 128, 8, 0)
+    assert cfg.model == "results/models/tiny" and to_dict(cfg) == train
+
+
+@pytest.mark.parametrize("override, check", [
+    ("train={steps: 10}", lambda c: c["train"]["steps"] == 10),
+    ("train={lr: 1e-4}", lambda c: c["train"]["lr"] == 1e-4),
+    ("train={checkpoint_every: 0, master_weights: false, memory_limit_gib: null}",
+     lambda c: c["train"]["checkpoint_every"] == 0 and c["train"]["master_weights"] is False
+     and c["train"]["memory_limit_gib"] is None),
+    ("sweep={algorithms: [gmc, grpo], delays: [0, 8], group_sizes: [8], seeds: [0, 1, 2]}",
+     lambda c: c["sweep"]["seeds"] == [0, 1, 2] and c["sweep"]["delays"] == [0, 8]),
+    ("latency={enabled: true, algorithms: [gmc], group_sizes: [8], delay: {slots: 32, beta: 0.25}}",
+     lambda c: (c["latency"]["delay"]["slots"], c["latency"]["delay"]["beta"]) == (32, 0.25)),
+    ("evaluate={benchmarks: [synthetic], samples: {synthetic: 2}, temperature: 0.6}",
+     lambda c: c["evaluate"]["samples"] == {"synthetic": 2} and c["evaluate"]["temperature"] == 0.6),
+])
+def test_values_given_with_snakemake_config_are_read_as_the_jobs_read_them(override, check):
+    """``snakemake --config`` hands nested values over as strings (its own parser, applied here as the
+    command line applies it); the workflow reads them as a job's ``--set`` does, then validates."""
+    from snakemake.cli import parse_config
+    from snakemake.utils import update_config
+
+    config = _valid_config()
+    given = parse_config([override])
+    assert "'" in repr(given) or "True" in repr(given)  # strings (or booleans) as Snakemake hands them over
+    update_config(config, given)
+    workflow.validate(config, HANDWRITTEN)
+    assert check(config)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("train={steps: ten}", "train.steps: 'ten' is not of type 'integer'"),
+    ("train={stpes: 10}", "'stpes' was unexpected"),
+    ("sweep={algorithms: [gmc], delays: [0], group_sizes: [8], seeds: [zero]}", "sweep.seeds.0: 'zero'"),
+    ("train={delay: {max_staleness: 8}}", "train.delay.max_staleness: delay settings are set per sweep point, "
+                                          "not in train: this one lives in ray.delay.max_staleness"),
+    ("train={delay: {d: 8}}", "train.delay.d: .* lives in sweep.delays"),
+    ("latency={enabled: true, algorithms: [gmc], group_sizes: [8], delay: {max_staleness: 2}}",
+     "latency.delay: Additional properties are not allowed \\('max_staleness'"),
+    ("train={sampling: {max_new_tokens: 64}, estimator: {max_new_tokens: 32}}", "'max_new_tokens' was unexpected"),
+])
+def test_a_wrong_value_from_snakemake_config_is_still_refused_naming_its_key(override, message):
+    from snakemake.cli import parse_config
+    from snakemake.utils import update_config
+
+    config = _valid_config()
+    update_config(config, parse_config([override]))
+    with pytest.raises(ConfigError, match=message):
+        workflow.validate(config, HANDWRITTEN)
+
+
+def test_every_documented_snakemake_config_example_plans(tmp_path):
+    """Each ``--config`` of the README and docs/extending.md, through the real command line (a
+    user's own model folder left out; a user's own estimator ``mine`` played by ``tic``)."""
+    import re
+    import shlex
+
+    items = []
+    for doc in (REPO / "README.md", REPO / "docs" / "extending.md"):
+        items += [shlex.split(m)[0] for m in re.findall(r"--config[= ]('[a-z_]+=[^']*'|[a-z_]+='[^']*')",
+                                                        doc.read_text())]
+    items = [i.replace("mine", "tic") for i in items if "/shared/models" not in i]
+    assert any(i.startswith("sweep=") for i in items) and any(i.startswith("mlflow=") for i in items), items
+    (tmp_path / "config.yaml").write_text((REPO / "config.yaml").read_text())
+    for item in items:
+        out = _snakemake(["-n", "--cores", "1", "--config", item], cwd=tmp_path)
+        assert out.returncode == 0, (item, (out.stdout + out.stderr)[-2000:])

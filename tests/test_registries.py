@@ -7,16 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from gmc import analysis, asynchrony, estimator_info, outputs, plots, sweep
-from gmc.asynchrony import (
-    DELAY_MODES,
-    DelayConfig,
-    DelayMode,
-    LatencySource,
-    make_source,
-    named_delays,
-)
+from gmc import analysis, asynchrony, delays, estimator_info, outputs, plots, sweep
+from gmc.asynchrony import LatencySource
+from gmc.config import TrainConfig
 from gmc.data import BENCHMARKS, REFERENCE_SOLUTION_FIELDS, benchmark_specs
+from gmc.delays import DELAY_MODES, DelayConfig, DelayMode, make_source, named_delays
 from gmc.estimator_info import REGISTRY, diagnostic_names
 from gmc.estimators import EstimatorConfig, get_estimator
 from gmc.evaluate import DEFAULT_SAMPLES, EvalConfig
@@ -59,14 +54,16 @@ def test_diagnostic_names_cover_every_estimator_once():
 
 
 def test_delay_modes_build_their_sources_and_bad_modes_list_the_registry():
+    records = [{"prompt": "1+1", "answer": "2"}] * 4
     for mode, entry in DELAY_MODES.items():
-        assert entry.label
-        source = make_source(DelayConfig(mode=mode, d=2), None, 2)
-        assert isinstance(source, asynchrony.SyncSource)
-    assert isinstance(make_source(DelayConfig(mode="latency"), None, 2), LatencySource)
+        assert entry.label and set(entry.keys) <= {f for f in DelayConfig.__dataclass_fields__} - {"mode"}
+        if entry.in_process:  # ray's builder is tested with Ray (tests/test_ray.py)
+            source = make_source(TrainConfig(delay=DelayConfig(mode=mode, d=2), prompts_per_step=2), None, records)
+            assert isinstance(source, asynchrony.SyncSource)
+    assert isinstance(make_source(TrainConfig(delay=DelayConfig(mode="latency")), None, records), LatencySource)
     assert named_delays() == ["latency", "ray"]
     # whether a run can train on-policy is the delay mode's answer alone
-    assert [asynchrony.on_policy(DelayConfig(mode=m, d=d)) for m, d in
+    assert [delays.on_policy(DelayConfig(mode=m, d=d)) for m, d in
             (("sync", 0), ("fixed", 0), ("fixed", 1), ("latency", 0))] == [True, True, False, False]
     with pytest.raises(ValueError, match=r"delay.mode: unknown delay mode 'bursty'; known: \['sync', 'fixed', 'latency', 'ray', 'trace'\]"):
         DelayConfig(mode="bursty")
@@ -104,7 +101,8 @@ def _fake_results(root: Path, points):
 
 
 def test_a_new_delay_mode_and_estimator_need_only_their_registry_entries(tmp_path, monkeypatch):
-    monkeypatch.setitem(DELAY_MODES, "bursty", DelayMode(DELAY_MODES["latency"].make, "bursty arrivals", True))
+    monkeypatch.setitem(DELAY_MODES, "bursty", DelayMode("gmc.asynchrony:latency_source", "bursty arrivals",
+                                                         delays.LATENCY_KEYS, named_point=True))
     monkeypatch.setitem(REGISTRY, "newest", estimator_info.Estimator(
         "gmc.estimators:grpo_loss", "Newest-GRPO", "tab:pink", ("ratio/frac_new_capped",), aggregation="seq_mean",
         on_policy=estimator_info.PG_SEQ_MEAN, needs_batch_stats=False))

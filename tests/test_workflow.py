@@ -58,7 +58,8 @@ def test_paper_preset_dry_run_plans_the_full_sweep(tmp_path, snakemake):
     ("corrections.yaml", 3 * 3 * 3 + 10 * 2 * 3, ["cispo", "icepop", "seq_mask", "m2po", "gmpo", "dppo"]),
     ("corrections_long.yaml", 3 * 2 * 3 + 2 * 2 * 3, ["is", "cispo"]),
 ])
-def test_the_league_presets_plan_every_correction_and_their_table(tmp_path, snakemake, preset, n_train, corrections):
+def test_the_league_presets_plan_every_correction_and_their_table(tmp_path, snakemake, load_workflow, preset, n_train,
+                                                                  corrections):
     shutil.copy(REPO / "config.yaml", tmp_path / "config.yaml")
     out = snakemake(["-n", "-p", "--cores", "2", "--configfile", str(REPO / "workflow" / "presets" / preset)],
                     cwd=tmp_path)
@@ -70,7 +71,9 @@ def test_the_league_presets_plan_every_correction_and_their_table(tmp_path, snak
         assert f"algo~{name}/delay~0/group~8/seed~2" in text and f"algo~{name}/delay~128/group~8/seed~2" in text
     assert "tables/league.md" in text
     if preset == "corrections_long.yaml":  # the warm start learns the long task's format
-        assert "build-tiny-model" in text and "--set synthetic.min_operands=11" in text
+        assert "build-tiny-model" in text and "--config results/corrections_long/configs/model.yaml" in text
+        wf = load_workflow(tmp_path / "wf", configfiles=[REPO / "workflow" / "presets" / preset])
+        assert wf.globals["MODEL_SETTINGS"]["tiny"]["synthetic"]["min_operands"] == 11
 
 
 def test_the_real_asynchrony_preset_plans_ray_points_beside_the_simulated_ones(tmp_path, snakemake):
@@ -79,7 +82,7 @@ def test_the_real_asynchrony_preset_plans_ray_points_beside_the_simulated_ones(t
     assert out.returncode == 0, out.stderr
     text = out.stdout + out.stderr
     assert "delay~ray/group~8/seed~2/summary.json" in text and "delay~latency/group~8" in text
-    assert "--set delay.mode=ray --set delay.workers=2 --set delay.max_staleness=4" in text
+    assert "--config results/real_async/configs/train/algo~gmc/delay~ray/group~8/seed~2.yaml" in text
     train_jobs = [line for line in text.splitlines() if line.strip().startswith("train ")]
     assert int(train_jobs[0].split()[-1]) == (3 * 2 + 3 + 3) * 3
 
@@ -94,10 +97,64 @@ def test_a_trace_is_a_sweep_point(tmp_path, snakemake):
     assert out.returncode == 0, out.stderr
     text = out.stdout + out.stderr
     assert "algo~tic/delay~trace-run7/group~8/seed~2/summary.json" in text
-    assert f"--set delay.mode=trace --set delay.trace={trace}" in text
+    assert "--config results/configs/train/algo~tic/delay~trace-run7/group~8/seed~2.yaml" in text
 
 
 PRESETS = sorted((REPO / "workflow" / "presets").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("preset", [None, *PRESETS], ids=lambda p: p.name if p else "config.yaml")
+def test_every_train_job_reads_its_resolved_config_file_and_nothing_else(tmp_path, snakemake, load_workflow, preset):
+    """``snakemake -n -p`` shows each training job as ``gmc train --config <results>/configs/train/<point>.yaml``
+    with no ``--set``; the files written by the workflow (one per kind of delay of the preset, made
+    for real) hold what :func:`gmc.sweep.resolve_run` returns for their point."""
+    import re
+
+    import yaml
+
+    from gmc.config import TrainConfig
+    from gmc.settings import from_dict, to_dict
+    from gmc.sweep import resolve_run, sweep_points
+
+    shutil.copy(REPO / "config.yaml", tmp_path / "config.yaml")
+    extra = ["--configfile", str(preset)] if preset else []
+    out = snakemake(["-n", "-p", "--cores", "2", *extra], cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    commands = [line for line in (out.stdout + out.stderr).splitlines() if "python -m gmc train " in line]
+    config = load_workflow(tmp_path / "wf", configfiles=[preset] if preset else []).config
+    points = sweep_points(config)
+    results = config["results"]
+    assert len(commands) == len(points)
+    for command in commands:
+        assert "--set" not in command
+        assert re.search(rf"gmc train --config {results}/configs/train/algo~[^ ]+\.yaml --out {results}/train/", command)
+    assert {re.search(r"--config (\S+)", c)[1] for c in commands} == {
+        f"{results}/configs/train/{p.path}.yaml" for p in points}
+    sample = list({p.delay if not p.delay.isdigit() else "fixed": p for p in points}.values())
+    files = [f"{results}/configs/train/{p.path}.yaml" for p in sample]
+    made = snakemake(["--cores", "1", *extra, "--", *files], cwd=tmp_path)
+    assert made.returncode == 0, made.stderr[-3000:]
+    for point, file in zip(sample, files):
+        written = yaml.safe_load((tmp_path / file).read_text())
+        assert written == to_dict(resolve_run(config, point))
+        assert from_dict(TrainConfig, written) == resolve_run(config, point)
+
+
+def test_a_changed_key_reruns_exactly_the_runs_it_reaches(tmp_path, snakemake):
+    """A key of one delay mode's section changes the config files of that mode's runs alone, and
+    only those training jobs are planned again."""
+    shutil.copy(REPO / "config.yaml", tmp_path / "config.yaml")
+    made = snakemake(["--cores", "1", "--allowed-rules", "train_config", "--", *[
+        f"results/configs/train/algo~gmc/delay~{d}/group~8/seed~0.yaml" for d in ("0", "latency")]], cwd=tmp_path)
+    assert made.returncode == 0, made.stderr[-3000:]
+    before = {d: (tmp_path / f"results/configs/train/algo~gmc/delay~{d}/group~8/seed~0.yaml").read_text()
+              for d in ("0", "latency")}
+    again = snakemake(["--cores", "1", "--config", "latency={delay: {slots: 12}}", "--", *[
+        f"results/configs/train/algo~gmc/delay~{d}/group~8/seed~0.yaml" for d in ("0", "latency")]], cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    after = {d: (tmp_path / f"results/configs/train/algo~gmc/delay~{d}/group~8/seed~0.yaml").read_text()
+             for d in ("0", "latency")}
+    assert after["0"] == before["0"] and after["latency"] != before["latency"] and "slots: 12" in after["latency"]
 
 
 @pytest.mark.parametrize("preset", [None, *PRESETS], ids=lambda p: p.name if p else "config.yaml")

@@ -20,12 +20,21 @@ import logging
 import math
 import time
 from collections import Counter
+from typing import TYPE_CHECKING
 
-from gmc.asynchrony import Batch, DelayConfig, Group, Rollouts, SyncSource
+from gmc.asynchrony import Batch, Group, Rollouts, SyncSource
 from gmc.distributed.admission import StalenessBound
 from gmc.distributed.transport import CollectiveTransport, ObjectStoreTransport
 
+if TYPE_CHECKING:
+    from gmc.config import TrainConfig
+
 log = logging.getLogger(__name__)
+
+
+def ray_source(cfg: TrainConfig, rollouts: Rollouts, records: list[dict]) -> RaySource:
+    """The ``ray`` delay mode's source: rollout workers generating from the run's prompt records."""
+    return RaySource(cfg, rollouts, records)
 
 
 class RolloutWorkerError(RuntimeError):
@@ -39,11 +48,11 @@ whoever generates it is not retried forever)."""
 
 
 class RaySource(SyncSource):
-    def __init__(self, cfg: DelayConfig, rollouts: Rollouts, batch_prompts: int):
-        super().__init__(rollouts, batch_prompts)
-        self.cfg = cfg
-        self.bound = StalenessBound(cfg.max_staleness, batch_prompts)
-        self.chunk = math.ceil(batch_prompts / cfg.workers)
+    def __init__(self, run: TrainConfig, rollouts: Rollouts, records: list[dict]):
+        super().__init__(rollouts, run.prompts_per_step)
+        self.run, self.cfg, self.prompt_records = run, run.delay, records
+        self.bound = StalenessBound(self.cfg.max_staleness, run.prompts_per_step)
+        self.chunk = math.ceil(run.prompts_per_step / self.cfg.workers)
         self.buffer: list[Group] = []
         self.retry: list[int] = []  # prompts of lost tasks and of tasks in flight at a checkpoint
         self.pending: dict = {}  # task reference -> (worker, prompts, version, submit_wall)
@@ -76,9 +85,9 @@ class RaySource(SyncSource):
             raise RolloutWorkerError(f"delay.worker_device {self.cfg.worker_device} asks Ray for a GPU per worker: "
                                      f"{self.cfg.workers} workers, {ray.cluster_resources().get('GPU', 0):g} GPUs in the "
                                      "cluster")
-        config = to_dict(self.rollouts.config)
+        config = to_dict(self.run)
         # kept for the run: a restarted worker is constructed again from these arguments
-        self.records = ray.put(self.rollouts.cursor.records)
+        self.records = ray.put(self.prompt_records)
         self.workers = [RolloutWorker.options(num_cpus=self.cfg.worker_threads, num_gpus=gpus).remote(config, self.records, k)
                         for k in range(self.cfg.workers)]
         self.transport = (CollectiveTransport("nccl" if gpus else "gloo") if self.cfg.transport == "collective"

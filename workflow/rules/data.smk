@@ -7,7 +7,7 @@ rule prepare_data:
     conda:
         CONDA_ENV
     params:
-        train=TRAIN.train_data,
+        train=TRAIN_DATA,
         source=config["data"]["source"],
         root=f"--data-root {config['data']['root']}" if config["data"]["root"] else "",
         benchmarks=" ".join(BENCHMARKS),

@@ -8,7 +8,7 @@ rule eval_config:
         CONDA_ENV
     params:
         kind="eval",
-        values=eval_values(),
+        values=eval_values(config),
     script:
         "../scripts/write_config.py"
 

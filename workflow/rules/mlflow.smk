@@ -11,13 +11,9 @@ MLFLOW_URI = resolve_uri(
 )
 MLFLOW_EXPERIMENT = resolve_experiment(config["mlflow"]["experiment"])
 MLFLOW_SWEEP = f"{RESULTS}/mlflow/sweep.json"
-# what a training job needs for live logging: the sweep's parent run, and where to log
+# live logging (a tracking URI set): training jobs nest under the sweep's parent run, made first
+# (the runs' configs carry the URI and experiment: gmc.sweep.RUN_KEYS)
 MLFLOW_TRAIN_INPUT = [MLFLOW_SWEEP] if MLFLOW_LIVE_URI else []
-MLFLOW_TRAIN_ARGS = (
-    f"--set tracking_uri={shlex.quote(MLFLOW_URI)} --set experiment={shlex.quote(MLFLOW_EXPERIMENT)}"
-    if MLFLOW_LIVE_URI
-    else ""
-)
 
 
 rule mlflow_sweep:

@@ -1,7 +1,33 @@
+MODEL_SETTINGS = {
+    "tiny": dict(config["model"]["tiny"], synthetic=config["synthetic"]),
+    "random-qwen3": config["model"]["random"],
+}
+
+
+if MODEL_NAME in MODEL_SETTINGS:
+
+    rule model_config:
+        """The settings of the locally built base model (TinyModelConfig or RandomModelConfig)."""
+        output:
+            f"{RESULTS}/configs/model.yaml",
+        log:
+            f"{RESULTS}/logs/model_config.log",
+        localrule: True
+        conda:
+            CONDA_ENV
+        params:
+            kind=MODEL_NAME,
+            values=MODEL_SETTINGS[MODEL_NAME],
+        script:
+            "../scripts/write_config.py"
+
+
 if MODEL_NAME == "tiny":
 
     rule build_tiny_model:
         """Build and warm-start the tiny Qwen3-architecture policy on the synthetic task."""
+        input:
+            cfg=f"{RESULTS}/configs/model.yaml",
         output:
             directory(MODEL_DIR),
         log:
@@ -9,18 +35,16 @@ if MODEL_NAME == "tiny":
         conda:
             CONDA_ENV
         threads: 2
-        params:
-            sets=settings_overrides(
-                dict(config["model"]["tiny"], synthetic=config["synthetic"])
-            ),
         shell:
-            "OMP_NUM_THREADS={threads} python -m gmc build-tiny-model --out {output} {params.sets} "
+            "OMP_NUM_THREADS={threads} python -m gmc build-tiny-model --out {output} --config {input.cfg} "
             "> {log} 2>&1"
 
 elif MODEL_NAME == "random-qwen3":
 
     rule build_random_model:
         """A random-init Qwen3-architecture model with Qwen3's vocabulary width and chat format, built locally."""
+        input:
+            cfg=f"{RESULTS}/configs/model.yaml",
         output:
             directory(MODEL_DIR),
         log:
@@ -29,7 +53,6 @@ elif MODEL_NAME == "random-qwen3":
             CONDA_ENV
         threads: 1
         params:
-            sets=settings_overrides(config["model"]["random"]),
             source=config["data"]["source"],
             root=(
                 f"--data-root {config['data']['root']}"
@@ -37,7 +60,7 @@ elif MODEL_NAME == "random-qwen3":
                 else ""
             ),
         shell:
-            "OMP_NUM_THREADS={threads} python -m gmc build-random-model --out {output} {params.sets} "
+            "OMP_NUM_THREADS={threads} python -m gmc build-random-model --out {output} --config {input.cfg} "
             "--source {params.source} {params.root} > {log} 2>&1"
 
 elif not LOCAL_MODEL:

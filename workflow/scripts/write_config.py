@@ -1,4 +1,4 @@
-"""Validate one config section against its settings class and write it as YAML (snakemake script)."""
+"""Validate one config against its settings class and write it as YAML (snakemake script)."""
 
 import sys
 
@@ -7,11 +7,13 @@ import yaml
 from gmc.config import TrainConfig
 from gmc.evaluate import EvalConfig
 from gmc.io import write_text
+from gmc.random_model import RandomModelConfig
 from gmc.settings import from_dict
+from gmc.tiny import TinyModelConfig
 
 sm = snakemake  # noqa: F821  (injected by Snakemake)
 sys.stderr = open(sm.log[0], "w")
 values = dict(sm.params["values"])
-cls = {"train": TrainConfig, "eval": EvalConfig}[sm.params["kind"]]
-from_dict(cls, values)  # a bad key or value stops the workflow here, naming it
+kinds = {"train": TrainConfig, "eval": EvalConfig, "tiny": TinyModelConfig, "random-qwen3": RandomModelConfig}
+from_dict(kinds[sm.params["kind"]], values)  # a bad key or value stops the workflow here, naming it
 write_text(sm.output[0], yaml.safe_dump(values, sort_keys=False))

@@ -1,0 +1,131 @@
+"""The delay modes: how stale a run's rollouts are (method.md section 4), as settings and a
+registry, in a room of their own below everything that builds a rollout source.
+
+:class:`DelayConfig` holds every mode's settings; :data:`DELAY_MODES` names, for each mode, the
+builder of its rollout source as ``"module:function"`` (``gmc.asynchrony`` for the simulated
+modes, ``gmc.distributed.source`` for Ray), the keys of :class:`DelayConfig` it reads, its label
+and how the workflow sweeps it. Nothing here imports a source, torch or Ray: the workflow and
+the results read this registry cheaply, and no arrow runs back up from the sources.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from gmc.settings import NonNegative, NonNegativeInt, PositiveInt, load_named, registered, settings
+
+
+@settings(prefix="delay.")
+class DelayConfig:
+    """How stale the rollouts are (method.md section 4)."""
+
+    mode: registered(lambda: DELAY_MODES, "delay mode") = "fixed"
+    """A name of :data:`DELAY_MODES`: ``sync`` (generate then train, no queue), ``fixed`` (FIFO
+    of delay ``d``) or ``latency`` (the length-dependent latency model)."""
+    d: NonNegativeInt = 0
+    """Fixed delay in optimizer steps."""
+    warmup: Literal["prefill", "ramp"] = "prefill"
+    """Fixed delay warm-up [choice]: ``prefill`` (staleness ``d`` from the first step) or
+    ``ramp`` (staleness grows from 0 to ``d``)."""
+    slots: PositiveInt = 16
+    """Latency model: generation slots K (groups in flight)."""
+    alpha: NonNegative = 1.0
+    """Latency model: fixed cost of a group, in virtual seconds."""
+    beta: NonNegative = 0.05
+    """Latency model: cost per token of the group's longest response, virtual seconds."""
+    noise_scale: NonNegative = 0.0
+    """Latency model: scale of the additive log-normal noise (0: none)."""
+    noise_sigma: NonNegative = 0.5
+    """Latency model: sigma of that log-normal noise."""
+    step_time: NonNegative = 1.0
+    """Latency model: virtual seconds per optimizer step."""
+    workers: PositiveInt = 1
+    """Real asynchrony (``ray``): rollout workers, each a Ray actor with its own policy copy."""
+    max_staleness: NonNegativeInt = 4
+    """Real asynchrony: a group is admitted for generation only while groups accepted plus in
+    flight stay within ``(max_staleness + version + 1) x prompts_per_step``, and a finished group
+    older than this many versions when consumed is dropped (``async/dropped``), never trained."""
+    transport: Literal["object_store", "collective"] = "object_store"
+    """Real asynchrony: how new weights reach the workers: Ray's object store (the state dict put
+    once per version) or a ``torch.distributed`` broadcast (gloo on CPU, NCCL on GPUs)."""
+    ray_address: str | None = None
+    """Real asynchrony: the Ray cluster to join (``auto``: the one running on this node, as inside
+    a SLURM allocation); None: start one in this process for the run."""
+    worker_device: str = "cpu"
+    """Real asynchrony: the device of each worker's policy copy (``cuda`` asks Ray for a GPU each)."""
+    worker_threads: PositiveInt = 1
+    """Real asynchrony: torch threads (and CPUs asked of Ray) per worker."""
+    trace: str | None = None
+    """Replay (``trace``): a ``staleness_trace.jsonl`` whose groups are generated and consumed at the
+    recorded versions."""
+
+
+
+@dataclass(frozen=True)
+class DelayMode:
+    """A registered delay mode: how to build its rollout source, what it reads, how results show it."""
+
+    source: str
+    """``module:function`` of its builder ``build(cfg, rollouts, records) -> source``: the run's
+    :class:`~gmc.config.TrainConfig`, its :class:`~gmc.asynchrony.Rollouts` (prompt order and
+    collector) and its prompt records (what a remote worker is sent to generate from)."""
+    label: str
+    """Name in figure titles and reports."""
+    keys: tuple[str, ...]
+    """The :class:`DelayConfig` fields the mode reads besides ``mode``: the only keys its config
+    section accepts (``latency.delay``, ``ray.delay``)."""
+    named_point: bool
+    """The workflow sweeps it as ``delay~<name>`` (settings in config.yaml's section of that
+    name); otherwise it is not a sweep point of its own (``fixed`` runs are ``delay~<d>``)."""
+    on_policy: Callable[[DelayConfig], bool] = lambda cfg: False
+    """Whether every batch is trained by the weights that generated it (then the training
+    forward gives the behaviour log-probs exactly, and no behaviour pass is run)."""
+    in_process: bool = True
+    """Groups are generated in the trainer's process (by the run's collector); otherwise elsewhere
+    (remote workers), and the trainer builds no rollout engine of its own."""
+    check: str | None = None
+    """``module:function`` of ``check(cfg)``, run on the run's TrainConfig before it starts: a
+    :class:`~gmc.settings.ConfigError` naming the key when the mode cannot run with these settings."""
+
+
+LATENCY_KEYS = ("slots", "alpha", "beta", "noise_scale", "noise_sigma", "step_time")
+RAY_KEYS = ("workers", "max_staleness", "transport", "ray_address", "worker_device", "worker_threads")
+
+DELAY_MODES: dict[str, DelayMode] = {
+    "sync": DelayMode("gmc.asynchrony:sync_source", "synchronous", (), named_point=False,
+                      on_policy=lambda cfg: True),
+    "fixed": DelayMode("gmc.asynchrony:fixed_source", "fixed delay", ("d", "warmup"), named_point=False,
+                       on_policy=lambda cfg: cfg.d == 0),
+    "latency": DelayMode("gmc.asynchrony:latency_source", "latency model", LATENCY_KEYS, named_point=True),
+    "ray": DelayMode("gmc.distributed.source:ray_source", "real asynchrony (Ray)", RAY_KEYS, named_point=True,
+                     in_process=False),
+    "trace": DelayMode("gmc.asynchrony:trace_source", "replayed trace", ("trace",), named_point=False,
+                       check="gmc.asynchrony:check_trace_mode"),
+}
+"""Every delay mode by config name (``delay.mode``); the one place to add one."""
+
+
+def named_delays() -> list[str]:
+    """Delay modes swept by name (``delay~latency``), in registry order."""
+    return [name for name, mode in DELAY_MODES.items() if mode.named_point]
+
+
+def check_delay(cfg: Any) -> None:
+    """The mode's own check of a run's TrainConfig ``cfg`` (a trace must fit the run), before it starts."""
+    mode = DELAY_MODES[cfg.delay.mode]
+    if mode.check:
+        load_named(mode.check)(cfg)
+
+
+def make_source(cfg: Any, rollouts: Any, records: list[dict]) -> Any:
+    """The rollout source of a run (a :class:`~gmc.asynchrony.SyncSource`) for its TrainConfig
+    ``cfg``, its :class:`~gmc.asynchrony.Rollouts` and prompt records, built by the builder its
+    delay mode names (this module imports none of them)."""
+    return load_named(DELAY_MODES[cfg.delay.mode].source)(cfg, rollouts, records)
+
+
+def on_policy(cfg: DelayConfig) -> bool:
+    """Whether a run with these delay settings trains every batch with the weights that made it."""
+    return DELAY_MODES[cfg.mode].on_policy(cfg)
