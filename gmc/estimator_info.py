@@ -19,11 +19,16 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from gmc.settings import NonNegative, PositiveInt, settings
+from gmc.settings import NonNegative, Positive, PositiveInt, settings
 
 Aggregation = Literal["token_mean", "seq_mean", "seq_sum_const"]
 AGGREGATIONS: tuple[str, ...] = typing.get_args(Aggregation)
 MaskDenominator = Literal["all", "kept"]
+SeqMaskMetric = Literal["rho", "geo_mean", "token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2",
+                        "seq_sum_k3", "seq_mean_k1", "seq_mean_k2", "seq_mean_k3", "seq_max_k2", "seq_max_k3"]
+DIVERGENCE_METRICS: tuple[str, ...] = typing.get_args(SeqMaskMetric)[2:]
+"""verl's rejection metrics (``rollout_rs``): per token ``k1 = -l``, ``k2 = l^2 / 2``,
+``k3 = exp(l) - 1 - l``, or their sum, mean or maximum over a response."""
 
 
 @settings(prefix="estimator.")
@@ -83,18 +88,23 @@ class EstimatorConfig:
     ``rollout_is_threshold="0.5_5.0"``, TRL ``vllm_importance_sampling_clip_min``)."""
     icepop_high: Annotated[float, Field(gt=0)] = 5.0
     """``icepop`` keeps a token only if its ratio is ``<= icepop_high``: IcePop's 5.0."""
-    seq_mask_metric: Literal["rho", "geo_mean"] = "rho"
+    seq_mask_metric: SeqMaskMetric = "rho"
     """What ``seq_mask`` bounds [choice]: ``rho`` (the trajectory ratio; kept responses are weighted
     by rho, TRL ``vllm_importance_sampling_mode="sequence_mask"``, verl ``rollout_is="sequence"``
-    with a ``lower_upper`` threshold) or ``geo_mean`` (``exp(L/|y|)``; kept responses get weight 1,
+    with a ``lower_upper`` threshold), ``geo_mean`` (``exp(L/|y|)``; kept responses get weight 1,
     a pure rejection as verl ``rollout_rs="seq_mean_k1"``, whose ``lower_upper`` bounds apply to
-    ``1/exp(L/|y|)``, and SkyRL's ``sequence_mask_metric``)."""
+    ``1/exp(L/|y|)``, and SkyRL's ``sequence_mask_metric``), or one of verl's ``rollout_rs``
+    divergences by its name (:data:`DIVERGENCE_METRICS`; a pure rejection, kept tokens get weight
+    1): ``token_*`` drop single tokens, ``seq_*`` whole responses; a ``*_k1`` metric is kept when
+    ``exp(k1)`` lies in ``[seq_mask_low, seq_mask_high]`` (verl's ``"low_high"`` threshold), a
+    ``*_k2`` / ``*_k3`` one when it is at most ``seq_mask_high`` (verl's single threshold)."""
     seq_mask_low: NonNegative = 0.0
     """``seq_mask`` drops a response whose metric is below this (TRL's
-    ``vllm_importance_sampling_clip_min``: None, i.e. 0 here). For ``geo_mean`` set bounds near 1."""
+    ``vllm_importance_sampling_clip_min``: None, i.e. 0 here). For ``geo_mean`` set bounds near 1;
+    the k2 and k3 divergences have no lower bound."""
     seq_mask_high: Annotated[float, Field(gt=0)] = 3.0
-    """``seq_mask`` drops a response whose metric is above this (TRL's
-    ``vllm_importance_sampling_clip_max``: 3.0)."""
+    """``seq_mask`` drops a response (a token, for ``token_*`` metrics) whose metric is above this
+    (TRL's ``vllm_importance_sampling_clip_max``: 3.0)."""
     m2po_tau: Annotated[float, Field(gt=0)] = 0.04
     """``m2po`` masks the tokens of largest ``(log r)^2`` until the batch mean of the rest is below
     ``m2po_tau`` (AReaL ``actor.m2_threshold``; 0.04 in its M2PO example)."""
@@ -114,6 +124,12 @@ class EstimatorConfig:
     dppo_ratio_cap: Annotated[float, Field(gt=0)] = 20.0
     """``dppo`` truncates the kept tokens' ratio at this: verl ``dppo_tv``'s ``clip_ratio_c``
     fallback of 20, which it recommends large (its ``ActorConfig`` shares 3.0 with dual-clip PPO)."""
+    sapo_tau_pos: Positive = 1.0
+    """``sapo``'s gate temperature for tokens of positive advantage: verl ``actor.tau_pos``, TRL
+    ``sapo_temperature_pos``, AReaL ``actor.sapo_tau_pos`` (all 1.0)."""
+    sapo_tau_neg: Positive = 1.05
+    """``sapo``'s gate temperature for the other tokens (``A <= 0``): verl ``actor.tau_neg``, TRL
+    ``sapo_temperature_neg``, AReaL ``actor.sapo_tau_neg`` (all 1.05)."""
 
 
 
@@ -187,6 +203,8 @@ REGISTRY: dict[str, Estimator] = {
     "dppo": Estimator("gmc.estimators:dppo_loss", "DPPO (TV)", "teal", ("ratio/frac_tokens_masked",),
                       aggregation="token_mean", on_policy=PG_TOKEN_MEAN, needs_batch_stats=False,
                       mask_denominator="all"),
+    "sapo": Estimator("gmc.estimators:sapo_loss", "SAPO", "mediumvioletred", ("ratio/frac_tokens_damped",),
+                      aggregation="seq_mean", on_policy=PG_SEQ_MEAN, needs_batch_stats=False),
 }
 """Every estimator by config name (``algorithm``), in the order tables and figures use: the one
 place an estimator is registered."""

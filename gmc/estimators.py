@@ -22,8 +22,8 @@ gradient is exactly the estimator's. Variants implemented:
 * ``gspo`` (arXiv 2507.18071): length-normalised sequence ratio ``s = exp(L / |y|)``, clipped
   to ``[1-gspo_eps_low, 1+gspo_eps_high]`` PPO-style.
 * ``tis``: token-level truncated importance sampling, ``w_t = min(r_t, 1+eps)`` detached.
-* ``cispo``, ``icepop``, ``seq_mask``, ``m2po``, ``gmpo``, ``dppo``: the off-policy corrections
-  verl, TRL, AReaL, SkyRL and prime-rl ship, in their single-update form (their docstrings name
+* ``cispo``, ``icepop``, ``seq_mask``, ``m2po``, ``gmpo``, ``dppo``, ``sapo``: the off-policy
+  corrections verl, TRL, AReaL, SkyRL and prime-rl ship, in their single-update form (their docstrings name
   the peers' config keys; method.md section 3).
 
 Each is registered in :data:`gmc.estimator_info.REGISTRY` by the name its loss passes to
@@ -41,7 +41,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from gmc.estimator_info import AGGREGATIONS, REGISTRY, EstimatorConfig
+from gmc.estimator_info import AGGREGATIONS, DIVERGENCE_METRICS, REGISTRY, EstimatorConfig
 
 TRAJECTORY_METHODS: tuple[str, ...] = ("tic", "gmc", "is", "none")
 ADV_EPS = 1e-6
@@ -358,18 +358,63 @@ def icepop_loss(logp, logp_behavior, mask, advantages, cfg: EstimatorConfig, ref
     return loss, stats
 
 
+def divergence_keep_mask(l_tok: Tensor, mask: Tensor, metric: str, low: float, high: float) -> Tensor:
+    """The valid tokens ``[B, G, T]`` that verl's rejection ``rollout_rs=metric`` keeps
+    (:data:`gmc.estimator_info.DIVERGENCE_METRICS`, ``rollout_corr_helper``): with ``l`` clamped to
+    ``[-20, 20]`` as verl does, ``k1 = -l``, ``k2 = l^2 / 2`` and ``k3 = exp(l) - 1 - l`` per token,
+    taken per token (``token_*``) or summed, averaged or maximised over each response
+    (``seq_sum_*``, ``seq_mean_*``, ``seq_max_*``); a ``k1`` statistic is kept when
+    ``log(low) <= stat <= log(high)`` (no lower bound for ``low = 0``), a ``k2`` or ``k3`` one when
+    ``stat <= high``."""
+    m = mask.bool()
+    lr = l_tok.float().clamp(-20.0, 20.0)
+    level, k = metric.rsplit("_", 1)
+    per_token = {"k1": -lr, "k2": 0.5 * lr.pow(2), "k3": torch.exp(lr) - 1.0 - lr}[k]
+    if level == "token":
+        stat = per_token
+    elif level == "seq_max":
+        top = torch.where(m, per_token, torch.full_like(per_token, -math.inf)).amax(-1, keepdim=True)
+        stat = torch.where(torch.isinf(top), torch.zeros_like(top), top)
+    else:
+        total = torch.where(m, per_token, torch.zeros_like(per_token)).sum(-1, keepdim=True)
+        stat = total if level == "seq_sum" else total / m.sum(-1, keepdim=True).clamp(min=1)
+    if k == "k1":
+        keep = stat <= math.log(high)
+        if low > 0:
+            keep = keep & (stat >= math.log(low))
+    else:
+        keep = stat <= high
+    return m & keep
+
+
 def seq_mask_loss(logp, logp_behavior, mask, advantages, cfg: EstimatorConfig, ref_logp=None):
     """Sequence-level masked IS: a response is dropped when its metric leaves
     ``[seq_mask_low, seq_mask_high]``. ``seq_mask_metric="rho"``: the metric is the trajectory ratio
     and a kept response is weighted by it (TRL ``vllm_importance_sampling_mode="sequence_mask"``,
     verl ``rollout_is="sequence"`` with a ``lower_upper`` threshold); ``"geo_mean"``: the metric is
     ``exp(L/|y|)`` and a kept response gets weight 1 (verl ``rollout_rs="seq_mean_k1"``, SkyRL
-    ``sequence_mask_metric``). Denominator ``all`` by default, as TRL's ``sequence_mask``, verl's
-    sequence IS band and verl's bypass-mode rejection (which divides by the batch's token count);
-    verl's decoupled mode rejects by shrinking ``response_mask``, i.e. ``mask_denominator="kept"``."""
+    ``sequence_mask_metric``); one of verl's ``rollout_rs`` divergences (``token_k2``,
+    ``seq_mean_k3``, ``seq_max_k2``, ...): what :func:`divergence_keep_mask` keeps gets weight 1, the
+    ``token_*`` ones dropping single tokens. Denominator ``all`` by default, as TRL's
+    ``sequence_mask``, verl's sequence IS band and verl's bypass-mode rejection (which divides by
+    the batch's token count); verl's decoupled mode rejects by shrinking ``response_mask``, i.e.
+    ``mask_denominator="kept"``."""
     _check_shapes(logp, logp_behavior, mask, advantages)
     l_tok = token_log_ratios(logp, logp_behavior, mask)
     L = l_tok.sum(-1)
+    m = mask.bool()
+    A = advantages.float()
+    if cfg.seq_mask_metric in DIVERGENCE_METRICS:
+        kept_tok = divergence_keep_mask(l_tok, mask, cfg.seq_mask_metric, cfg.seq_mask_low, cfg.seq_mask_high)
+        kept = ~(m & ~kept_tok).any(-1)  # the responses that keep every token
+        loss, stats = _pg_loss(kept_tok.float() * A.unsqueeze(-1), logp, mask, cfg, "seq_mask", ref_logp,
+                               kept=kept_tok)
+        stats["ratio/frac_seq_masked"] = float((~kept).float().mean())
+        stats["ratio/frac_tokens_masked"] = _frac(~kept_tok, mask)
+        if not cfg.seq_mask_metric.startswith("token_"):
+            stats.update(_weight_stats(kept.float(), L, shortfall=False))
+        stats.update(_ratio_stats(L, l_tok, mask))
+        return loss, stats
     lengths = mask.float().sum(-1).clamp(min=1.0)
     log_low = math.log(cfg.seq_mask_low) if cfg.seq_mask_low > 0 else -math.inf
     log_high = math.log(cfg.seq_mask_high)
@@ -379,9 +424,10 @@ def seq_mask_loss(logp, logp_behavior, mask, advantages, cfg: EstimatorConfig, r
         w = torch.where(kept, torch.exp(L.clamp(max=log_high)), torch.zeros_like(L))
     else:
         w = kept.float()
-    loss, stats = _pg_loss((w * advantages.float()).unsqueeze(-1), logp, mask, cfg, "seq_mask", ref_logp,
+    loss, stats = _pg_loss((w * A).unsqueeze(-1), logp, mask, cfg, "seq_mask", ref_logp,
                            kept=kept.unsqueeze(-1))
     stats["ratio/frac_seq_masked"] = float((~kept).float().mean())
+    stats["ratio/frac_tokens_masked"] = _frac(~kept.unsqueeze(-1).expand_as(m), mask)
     stats.update(_weight_stats(w, L, shortfall=cfg.seq_mask_metric == "rho"))
     stats.update(_ratio_stats(L, l_tok, mask))
     return loss, stats
@@ -467,6 +513,30 @@ def dppo_loss(logp, logp_behavior, mask, advantages, cfg: EstimatorConfig, ref_l
     coef = torch.where(valid, _token_ratio(l_tok).clamp(max=cfg.dppo_ratio_cap) * A, zeros)
     loss, stats = _pg_loss(coef, logp, mask, cfg, "dppo", ref_logp, kept=valid)
     stats["ratio/frac_tokens_masked"] = _frac(~valid, mask)
+    stats.update(_ratio_stats(l_tok.sum(-1), l_tok, mask))
+    return loss, stats
+
+
+def sapo_loss(logp, logp_behavior, mask, advantages, cfg: EstimatorConfig, ref_logp=None):
+    """SAPO (Soft Adaptive Policy Optimization, arXiv 2511.20347): a smooth sigmoid gate on the token
+    ratio in place of PPO's hard clip. The peers' loss is ``-f(r) A`` with
+    ``f(r) = sigmoid(tau (r - 1)) 4 / tau``, ``tau = sapo_tau_pos`` where ``A > 0`` and
+    ``sapo_tau_neg`` elsewhere; its gradient ``4 s (1 - s) r A grad log pi`` (``s = sigmoid(tau (r -
+    1))``) is the plain one at ``r = 1`` and fades smoothly, never to exactly 0, as ``r`` leaves 1.
+    verl ``loss_mode=sapo`` (``actor.tau_pos``, ``actor.tau_neg``; it takes the mean per sequence
+    whatever its ``loss_agg_mode``), TRL ``loss_type="sapo"`` (``sapo_temperature_pos``,
+    ``sapo_temperature_neg``; mean per sequence), AReaL ``actor.use_sapo_loss`` (which averages over
+    the batch's tokens instead). ``ratio/frac_tokens_damped``: the tokens whose gradient the gate at
+    least halves (``4 s (1 - s) <= 1/2``; at the default temperatures, ratios above about 2.76)."""
+    _check_shapes(logp, logp_behavior, mask, advantages)
+    l_tok = token_log_ratios(logp, logp_behavior, mask)
+    r = _token_ratio(l_tok)
+    A = advantages.float().unsqueeze(-1).expand_as(r)
+    tau = torch.where(A > 0, torch.full_like(r, cfg.sapo_tau_pos), torch.full_like(r, cfg.sapo_tau_neg))
+    x = tau * (r - 1.0)
+    damp = 4.0 * torch.sigmoid(x) * torch.sigmoid(-x)  # f'(r) = 4 s (1 - s), exact in both tails
+    loss, stats = _pg_loss(damp * r * A, logp, mask, cfg, "sapo", ref_logp)
+    stats["ratio/frac_tokens_damped"] = _frac(damp <= 0.5, mask)
     stats.update(_ratio_stats(l_tok.sum(-1), l_tok, mask))
     return loss, stats
 

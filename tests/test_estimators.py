@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gmc.estimator_info import AGGREGATIONS, REGISTRY
+from gmc.estimator_info import AGGREGATIONS, DIVERGENCE_METRICS, REGISTRY
 from gmc.estimators import (
     EstimatorConfig,
     advantages_for,
@@ -19,7 +19,7 @@ from gmc.estimators import (
 )
 from gmc.settings import ConfigError
 
-DEFAULT_AGG = {"grpo": "seq_mean", "gspo": "seq_mean", "tis": "seq_mean", "gmpo": "seq_mean",
+DEFAULT_AGG = {"grpo": "seq_mean", "gspo": "seq_mean", "tis": "seq_mean", "gmpo": "seq_mean", "sapo": "seq_mean",
                **dict.fromkeys(["cispo", "icepop", "seq_mask", "m2po", "dppo"], "token_mean")}
 DEFAULT_DENOMINATOR = {"m2po": "kept"}
 """Every other estimator divides by all valid tokens: the masking ones as their peers, the rest drop nothing."""
@@ -85,6 +85,9 @@ def naive_coefficients(name, logp, logp_b, mask, adv, cfg):
                 elif name == "icepop":
                     keep[b][g][t] = cfg.icepop_low <= r <= cfg.icepop_high
                     c = r * a if keep[b][g][t] else 0.0
+                elif name == "seq_mask" and cfg.seq_mask_metric in DIVERGENCE_METRICS:
+                    keep[b][g][t] = kept = naive_divergence_keeps(lp[b][g], lb[b][g], mk[b][g], t, cfg)
+                    c = a if kept else 0.0
                 elif name == "seq_mask":
                     metric = rho if cfg.seq_mask_metric == "rho" else math.exp(Ls[g] / n)
                     keep[b][g][t] = kept = cfg.seq_mask_low <= metric <= cfg.seq_mask_high
@@ -103,8 +106,24 @@ def naive_coefficients(name, logp, logp_b, mask, adv, cfg):
                     dp = math.exp(lp[b][g][t]) - math.exp(lb[b][g][t])
                     keep[b][g][t] = valid = dp <= cfg.dppo_delta_high if a > 0 else dp >= -cfg.dppo_delta_low
                     c = min(r, cfg.dppo_ratio_cap) * a if valid else 0.0
+                elif name == "sapo":
+                    tau = cfg.sapo_tau_pos if a > 0 else cfg.sapo_tau_neg
+                    s = 1.0 / (1.0 + math.exp(-tau * (r - 1.0)))
+                    c = 4.0 * s * (1.0 - s) * r * a  # d/dlogp of the gate sigmoid(tau (r - 1)) 4 / tau
                 coef[b][g][t] = c
     return coef, keep
+
+
+def naive_divergence_keeps(lp, lb, mk, t, cfg):
+    """Whether verl's rejection ``rollout_rs=cfg.seq_mask_metric`` keeps token ``t`` of a response."""
+    level, k = cfg.seq_mask_metric.rsplit("_", 1)
+    div = {"k1": lambda u: -u, "k2": lambda u: 0.5 * u * u, "k3": lambda u: math.exp(u) - 1 - u}[k]
+    ks = {u: div(lp[u] - lb[u]) for u in range(len(lp)) if mk[u]}
+    stat = {"token": lambda: ks[t], "seq_sum": lambda: sum(ks.values()), "seq_max": lambda: max(ks.values()),
+            "seq_mean": lambda: sum(ks.values()) / len(ks)}[level]()
+    if k == "k1":
+        return (cfg.seq_mask_low == 0 or stat >= math.log(cfg.seq_mask_low)) and stat <= math.log(cfg.seq_mask_high)
+    return stat <= cfg.seq_mask_high
 
 
 def naive_m2po_dropped(lp, lb, mk, tau):
@@ -171,12 +190,17 @@ def test_estimator_matches_naive_loop(name, aggregation, seed):
 
 TIGHT = dict(cispo_eps_low=0.1, cispo_eps_high=0.1, icepop_low=0.9, icepop_high=1.1, seq_mask_low=0.8,
              seq_mask_high=1.25, m2po_tau=0.01, gmpo_clip_low=0.1, gmpo_clip_high=0.1, dppo_delta_low=0.03,
-             dppo_delta_high=0.03, dppo_ratio_cap=1.2)
+             dppo_delta_high=0.03, dppo_ratio_cap=1.2, sapo_tau_pos=8.0, sapo_tau_neg=10.0)
+DIVERGENCE_BOUNDS = {"token_k1": (0.7, 1.4), "token_k2": (0, 0.1), "token_k3": (0, 0.1), "seq_sum_k1": (0.7, 1.4),
+                     "seq_sum_k2": (0, 0.15), "seq_sum_k3": (0, 0.15), "seq_mean_k1": (0.85, 1.15),
+                     "seq_mean_k2": (0, 0.05), "seq_mean_k3": (0, 0.05), "seq_max_k2": (0, 0.08),
+                     "seq_max_k3": (0, 0.08)}
+"""``(seq_mask_low, seq_mask_high)`` per divergence metric: each drops part of the naive-loop batches."""
 
 
 @pytest.mark.parametrize("name,metric", [("cispo", "rho"), ("icepop", "rho"), ("seq_mask", "rho"),
                                          ("seq_mask", "geo_mean"), ("m2po", "rho"), ("gmpo", "rho"),
-                                         ("dppo", "rho")])
+                                         ("dppo", "rho"), ("sapo", "rho")])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_corrections_match_naive_loop_where_their_clips_and_masks_fire(name, metric, seed):
     """Bounds tight enough that every correction clips or masks part of the batch, not all of it."""
@@ -239,6 +263,36 @@ def test_m2po_kept_denominator_hand_computed():
     torch.testing.assert_close(out["kept"][1], expected_all * 6 / 5, rtol=1e-6, atol=0)
     assert out["kept"][0] == pytest.approx(out["all"][0] * 6 / 5, rel=1e-6)
     assert out[None][0] == out["kept"][0] and torch.equal(out[None][1], out["kept"][1])  # AReaL's is the default
+
+
+@pytest.mark.parametrize("metric", DIVERGENCE_METRICS)
+@pytest.mark.parametrize("denominator", ["all", "kept"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_seq_mask_divergence_metrics_match_naive_loop(metric, denominator, seed):
+    logp, logp_b, mask, rewards = random_batch(B=4, G=4, T=8, seed=seed, scale=0.3)
+    adv = group_advantages(rewards)
+    low, high = DIVERGENCE_BOUNDS[metric]
+    cfg = EstimatorConfig(seq_mask_metric=metric, seq_mask_low=low, seq_mask_high=high, mask_denominator=denominator)
+    stats = assert_matches_naive_loop("seq_mask", logp, logp_b, mask, adv, cfg)
+    assert 0 < stats["ratio/frac_seq_masked"] < 1 and 0 < stats["ratio/frac_tokens_masked"] < 1
+
+
+def test_sapo_gate_hand_computed():
+    """r = 2, A = 1, tau = 1: the gradient weight is 4 s (1 - s) r with s = sigmoid(1); on the
+    negative side tau_neg = 1.05 applies; no token's gradient is ever exactly zero."""
+    logp_b = torch.full((1, 2, 1), -1.0)
+    logp = logp_b + torch.tensor([math.log(2.0), math.log(0.25)]).view(1, 2, 1)
+    mask = torch.ones(1, 2, 1, dtype=torch.bool)
+    x = logp.clone().requires_grad_(True)
+    loss, stats = get_estimator("sapo")(x, logp_b, mask, torch.tensor([[1.0, -1.0]]), EstimatorConfig())
+    loss.backward()
+    s_pos, s_neg = 1 / (1 + math.exp(-1.0)), 1 / (1 + math.exp(1.05 * 0.75))
+    expected = torch.tensor([[[-4 * s_pos * (1 - s_pos) * 2.0], [4 * s_neg * (1 - s_neg) * 0.25]]]) / 2
+    torch.testing.assert_close(x.grad, expected, rtol=1e-6, atol=0)
+    assert stats["ratio/frac_tokens_damped"] == 0.0  # 4 s (1 - s) = 0.79 and 0.86: neither halved
+    x = (logp_b + 3.0).requires_grad_(True)  # r = e^3 ~ 20: strongly damped, still nonzero
+    _, stats = get_estimator("sapo")(x, logp_b, mask, torch.tensor([[1.0, -1.0]]), EstimatorConfig())
+    assert stats["ratio/frac_tokens_damped"] == 1.0
 
 
 def test_m2po_mask_reaches_the_threshold_and_keeps_one_token_at_least():

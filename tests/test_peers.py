@@ -1,5 +1,6 @@
 """The off-policy corrections against the peers' own loss code on identical inputs: verl's
-``core_algos`` policy losses and rollout-correction helpers, TRL's ``GRPOTrainer._compute_loss``.
+``core_algos`` policy losses and rollout-correction helpers (its rejection metrics, and its
+decoupled and bypass modes for the two denominators of a mask), TRL's ``GRPOTrainer._compute_loss``.
 
 ``make test-peers`` installs the peers (TRL from the ``bench`` extra, verl without its
 dependencies, which pin another transformers) and runs this file; elsewhere each test skips where
@@ -7,13 +8,14 @@ its peer does not import. Both sides see the same float32 tensors; the gradients
 the policy's log-probs must agree.
 """
 
+import dataclasses
 import types
 from collections import defaultdict
 
 import pytest
 import torch
 
-from gmc.estimator_info import REGISTRY
+from gmc.estimator_info import DIVERGENCE_METRICS, REGISTRY
 from gmc.estimators import EstimatorConfig, get_estimator, group_advantages
 
 B, G, T = 4, 4, 10
@@ -51,18 +53,25 @@ def flat(logp, logp_b, mask, adv):
 @pytest.fixture(scope="module")
 def verl():
     core_algos = pytest.importorskip("verl.trainer.ppo.core_algos", reason="verl is not installed (make test-peers)")
+    from verl.trainer.config.algorithm import RolloutCorrectionConfig
     from verl.trainer.ppo import rollout_corr_helper
-    from verl.workers.config.actor import ActorConfig
+    from verl.workers.config.actor import ActorConfig, PolicyLossConfig
 
-    return types.SimpleNamespace(core_algos=core_algos, corr=rollout_corr_helper, ActorConfig=ActorConfig)
+    return types.SimpleNamespace(core_algos=core_algos, corr=rollout_corr_helper, ActorConfig=ActorConfig,
+                                 PolicyLossConfig=PolicyLossConfig, RolloutCorrectionConfig=RolloutCorrectionConfig)
 
 
-def verl_grad(verl, loss_mode, batch, agg, **actor):
+def verl_grad(verl, loss_mode, batch, agg, response_mask=None, old_log_prob=None, batch_num_tokens=None, **actor):
+    """The gradient of verl's policy loss ``loss_mode``; ``response_mask`` and ``old_log_prob``
+    replace the batch's, ``batch_num_tokens`` is the global token count a verl worker passes."""
     logp, logp_b, mask, adv = flat(*batch)
     x = logp.clone().requires_grad_(True)
     config = verl.ActorConfig(strategy="fsdp", rollout_n=G, ppo_micro_batch_size_per_gpu=1, **actor)
+    if batch_num_tokens is not None:
+        config.global_batch_info["batch_num_tokens"] = batch_num_tokens
     loss, _ = verl.core_algos.get_policy_loss_fn(loss_mode)(
-        old_log_prob=logp_b, log_prob=x, advantages=adv, response_mask=mask, loss_agg_mode=agg, config=config)
+        old_log_prob=logp_b if old_log_prob is None else old_log_prob, log_prob=x, advantages=adv,
+        response_mask=mask if response_mask is None else response_mask, loss_agg_mode=agg, config=config)
     loss.backward()
     return x.grad
 
@@ -87,6 +96,19 @@ def test_gmpo_equals_verl_geo_mean(verl, seed):
     assert 0 < stats["ratio/frac_tokens_clipped"] < 1
     ref = verl_grad(verl, "geo_mean", batch, "seq-mean-token-mean", clip_ratio_low=0.4, clip_ratio_high=0.4)
     torch.testing.assert_close(grad, ref, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_sapo_equals_verl(verl, seed):
+    batch = stale_batch(seed)
+    grad, stats = ours("sapo", *batch, EstimatorConfig(sapo_tau_pos=4.0, sapo_tau_neg=5.0))
+    assert 0 < stats["ratio/frac_tokens_damped"] < 1
+    # verl takes the mean per sequence whatever loss_agg_mode says
+    ref = verl_grad(verl, "sapo", batch, "token-mean", tau_pos=4.0, tau_neg=5.0)
+    torch.testing.assert_close(grad, ref, rtol=1e-5, atol=1e-7)
+    # the defaults: verl's tau_pos and tau_neg
+    ref = verl_grad(verl, "sapo", batch, "seq-mean-token-mean")
+    torch.testing.assert_close(ours("sapo", *batch, EstimatorConfig())[0], ref, rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -141,12 +163,63 @@ def test_seq_mask_geo_mean_equals_verl_seq_mean_k1_rejection(verl, seed):
     assert_weights_equal("seq_mask", batch, cfg, kept.float())
 
 
+DIVERGENCE_BOUNDS = {"token_k1": (0.7, 1.4), "token_k2": (0, 0.1), "token_k3": (0, 0.1), "seq_sum_k1": (0.5, 2.0),
+                     "seq_sum_k2": (0, 0.3), "seq_sum_k3": (0, 0.3), "seq_mean_k1": (0.9, 1.1),
+                     "seq_mean_k2": (0, 0.04), "seq_mean_k3": (0, 0.04), "seq_max_k2": (0, 0.12),
+                     "seq_max_k3": (0, 0.12)}
+"""``(seq_mask_low, seq_mask_high)`` per rejection metric, dropping part of :func:`stale_batch` (0.3)."""
+
+
+def verl_threshold(metric):
+    """verl's ``rollout_rs_threshold`` for our bounds: ``"low_high"`` for k1, the upper bound otherwise."""
+    low, high = DIVERGENCE_BOUNDS[metric]
+    return f"{low}_{high}" if metric.endswith("k1") else str(high)
+
+
+@pytest.mark.parametrize("metric", DIVERGENCE_METRICS)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_seq_mask_divergence_metrics_equal_verl_rejection(verl, metric, seed):
+    batch = stale_batch(seed, scale=0.3)
+    logp, logp_b, mask, _ = flat(*batch)
+    kept, _ = verl.corr.compute_rollout_rejection_mask(
+        log_ratio=logp - logp_b, response_mask=mask, rollout_rs=metric, rollout_rs_threshold=verl_threshold(metric))
+    low, high = DIVERGENCE_BOUNDS[metric]
+    assert_weights_equal("seq_mask", batch, EstimatorConfig(seq_mask_metric=metric, seq_mask_low=low,
+                                                            seq_mask_high=high), kept.float())
+
+
+@pytest.mark.parametrize("metric", ["seq_mean_k1", "token_k2", "seq_max_k3"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_two_denominators_are_verls_bypass_and_decoupled_rejection(verl, metric, seed):
+    """``all`` is verl's bypass mode (the rejection inside the loss, divided by the batch's token
+    count); ``kept`` its decoupled mode (the rejection shrinks ``response_mask`` before a PPO loss
+    whose proximal policy, one update per batch, is the current one)."""
+    batch = stale_batch(seed, scale=0.3)
+    logp, logp_b, mask, _ = flat(*batch)
+    low, high = DIVERGENCE_BOUNDS[metric]
+    cfg = EstimatorConfig(seq_mask_metric=metric, seq_mask_low=low, seq_mask_high=high)
+    rc = verl.RolloutCorrectionConfig(rollout_is=None, rollout_rs=metric, rollout_rs_threshold=verl_threshold(metric),
+                                      loss_type="reinforce", bypass_mode=True)
+    bypass = verl_grad(verl, "bypass_mode", batch, "token-mean", batch_num_tokens=mask.sum(),
+                       policy_loss=verl.PolicyLossConfig(loss_mode="bypass_mode", rollout_correction=rc))
+    grad_all, stats = ours("seq_mask", *batch, cfg)
+    assert 0 < stats["ratio/frac_tokens_masked"] < 1
+    torch.testing.assert_close(grad_all, bypass, rtol=1e-5, atol=1e-7)
+    kept, _ = verl.corr.compute_rollout_rejection_mask(
+        log_ratio=logp - logp_b, response_mask=mask, rollout_rs=metric, rollout_rs_threshold=verl_threshold(metric))
+    decoupled = verl_grad(verl, "vanilla", batch, "token-mean", response_mask=kept, old_log_prob=logp.detach())
+    grad_kept, _ = ours("seq_mask", *batch, dataclasses.replace(cfg, mask_denominator="kept"))
+    torch.testing.assert_close(grad_kept, decoupled, rtol=1e-5, atol=1e-7)
+    assert not torch.allclose(grad_kept, grad_all)
+
+
 # ---------------------------------------------------------------------------------------------
 # TRL
 
 
-def trl_grad(loss_type, batch, **attrs):
-    """``GRPOTrainer._compute_loss`` on a stand-in trainer whose model returns ``logp``."""
+def trl_grad(loss_type, batch, args=None, **attrs):
+    """``GRPOTrainer._compute_loss`` on a stand-in trainer whose model returns ``logp``; ``args``
+    adds to its ``GRPOConfig`` stand-in."""
     grpo_trainer = pytest.importorskip("trl.trainer.grpo_trainer", reason="TRL is not installed (make test-peers)")
     logp, logp_b, mask, adv = flat(*batch)
     x = logp.clone().requires_grad_(True)
@@ -158,7 +231,7 @@ def trl_grad(loss_type, batch, **attrs):
         top_entropy_quantile=1.0, off_policy_mask_threshold=None, use_vllm=False, aux_loss_enabled=False,
         _entropy_bonus_enabled=False, current_gradient_accumulation_steps=1, accelerator=accelerator,
         model=types.SimpleNamespace(training=True), _metrics={"train": defaultdict(list)},
-        args=types.SimpleNamespace(steps_per_generation=1, delta=None, use_bias_correction_kl=False),
+        args=types.SimpleNamespace(steps_per_generation=1, delta=None, use_bias_correction_kl=False, **(args or {})),
         _get_per_token_logps_and_entropies=lambda *a, **k: (x, torch.zeros_like(x), None), **settings)
     inputs = {"prompt_ids": torch.zeros(B * G, 1, dtype=torch.long), "prompt_mask": torch.ones(B * G, 1),
               "completion_ids": torch.zeros(B * G, T, dtype=torch.long), "completion_mask": mask,
@@ -176,3 +249,19 @@ def test_cispo_equals_trl(seed):
     # TRL's CISPO clips from above only, at the absolute bound epsilon_high
     ref = trl_grad("cispo", batch, epsilon_high=1.3)
     torch.testing.assert_close(grad, ref, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_sapo_equals_trl(seed):
+    batch = stale_batch(seed)
+    grad, stats = ours("sapo", *batch, EstimatorConfig(sapo_tau_pos=4.0, sapo_tau_neg=5.0))
+    assert 0 < stats["ratio/frac_tokens_damped"] < 1
+    ref = trl_grad("sapo", batch, args={"sapo_temperature_pos": 4.0, "sapo_temperature_neg": 5.0})
+    torch.testing.assert_close(grad, ref, rtol=1e-5, atol=1e-7)
+    # the defaults: GRPOConfig's sapo temperatures
+    from trl import GRPOConfig
+
+    defaults = {k: getattr(GRPOConfig, k) for k in ("sapo_temperature_pos", "sapo_temperature_neg")}
+    assert defaults == {"sapo_temperature_pos": 1.0, "sapo_temperature_neg": 1.05}
+    torch.testing.assert_close(ours("sapo", *batch, EstimatorConfig())[0], trl_grad("sapo", batch, args=defaults),
+                               rtol=1e-5, atol=1e-7)

@@ -49,8 +49,8 @@ def test_diagnostic_names_cover_every_estimator_once():
     names = diagnostic_names()
     assert len(names) == len(set(names))
     assert {"ratio/frac_groups_capped", "ratio/frac_traj_capped", "ratio/frac_tokens_clipped",
-            "ratio/frac_seq_clipped", "ratio/frac_tokens_masked", "ratio/frac_seq_masked", "ratio/ess_frac",
-            "ratio/shortfall"} == set(names)
+            "ratio/frac_seq_clipped", "ratio/frac_tokens_masked", "ratio/frac_seq_masked", "ratio/frac_tokens_damped",
+            "ratio/ess_frac", "ratio/shortfall"} == set(names)
 
 
 def test_delay_modes_build_their_sources_and_bad_modes_list_the_registry():
