@@ -12,7 +12,8 @@ the previous one has become ``checkpoint.prev.pt``; the folder is fsynced after 
 On load a checkpoint must pass a full zip test (the CRC-32 of every record, which
 ``torch.load`` does not check) and carry the config's fingerprint; a latest checkpoint that
 fails falls back to the previous one, with a warning, and is kept aside as
-``checkpoint.rejected.pt``. Temporary files of interrupted writes are removed when the next
+``checkpoint.rejected.pt``. A checkpoint is read onto the CPU, whichever device wrote it, so
+a run resumes on any device. Temporary files of interrupted writes are removed when the next
 owner starts. ``summary.json`` is written last and marks a finished run; starting afresh
 removes it first.
 """
@@ -235,15 +236,16 @@ class RunDir:
                 os.replace(self.checkpoint, self.previous)
         fsync_path(self.path)
 
-    def load_checkpoint(self, map_location=None) -> dict:
-        """The newest checkpoint that verifies; raises :class:`CheckpointError` naming the files
-        when none does."""
+    def load_checkpoint(self) -> dict:
+        """The newest checkpoint that verifies, its tensors on the CPU whichever device wrote
+        them (the trainer puts each where it belongs); raises :class:`CheckpointError` naming
+        the files when none does."""
         errors = []
         for path in (self.checkpoint, self.previous):
             if not path.exists():
                 continue
             try:
-                state = self._read(path, map_location)
+                state = self._read(path)
             except CheckpointError as e:
                 log.warning("%s", e)
                 errors.append(str(e))
@@ -257,7 +259,7 @@ class RunDir:
         raise CheckpointError(f"no usable checkpoint in {self.path}: {'; '.join(errors)}. Move these files away "
                               "to start the run afresh, or restore them from a copy")
 
-    def _read(self, path: Path, map_location) -> dict:
+    def _read(self, path: Path) -> dict:
         import torch
 
         try:
@@ -268,7 +270,7 @@ class RunDir:
         if bad is not None:
             raise CheckpointError(f"{path}: corrupted (checksum mismatch in record {bad})")
         try:
-            state = torch.load(path, map_location=map_location, weights_only=False)
+            state = torch.load(path, map_location="cpu", weights_only=False)
         except Exception as e:  # a verified zip whose pickle still fails: name the file
             raise CheckpointError(f"{path}: cannot be read ({type(e).__name__}: {e})") from None
         if not isinstance(state, dict) or "step" not in state:

@@ -26,7 +26,6 @@ import yaml
 from tqdm import tqdm
 
 from gmc.asynchrony import TRACE_FIELDS, Group, staleness_stats
-from gmc.delays import DELAY_MODES, check_delay, make_source, on_policy
 from gmc.collect import (
     PromptCursor,
     RunRollouts,
@@ -35,12 +34,13 @@ from gmc.collect import (
     training_records,
 )
 from gmc.config import TrainConfig, to_dict
+from gmc.delays import DELAY_MODES, check_delay, make_source, on_policy
 from gmc.engines import make_engine
 from gmc.estimator_info import diagnostic_names
 from gmc.io import atomic_dir, read_jsonl, truncate_jsonl, write_json, write_text
 from gmc.policy import DTYPES, load_policy, parameter_bytes
 from gmc.rewards import Grader
-from gmc.rundir import STOP, RunDir, nonfinite_tensors, provenance
+from gmc.rundir import STOP, CheckpointError, RunDir, nonfinite_tensors, provenance
 from gmc.update import Update
 
 log = logging.getLogger(__name__)
@@ -245,25 +245,34 @@ class Trainer:
                 f"{self.ckpt_path if self.ckpt_path.exists() else 'none'}")
         state = {
             "step": self.step, "model": weights, "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(), "rng": self._rng_state(), "cursor": self.cursor.state_dict(),
+            "optimizer_class": type(self.optimizer).__name__, "scheduler": self.scheduler.state_dict(),
+            "rng": self._rng_state(), "cursor": self.cursor.state_dict(),
             "source": self.source.state_dict(), "skipped": self.skipped,
             "consecutive_nonfinite": self.consecutive_nonfinite, "run_info": self.run_info,
         }
         self.rundir.write_checkpoint(state)
 
     def _load_checkpoint(self) -> None:
-        state = self.rundir.load_checkpoint(map_location=self.device)
+        """Resume from the run directory's checkpoint, whichever device wrote it: the checkpoint
+        is read onto the CPU (:meth:`RunDir.load_checkpoint`); the weights are copied into the
+        model's own parameters and torch moves the optimizer's state to theirs, so no second copy
+        of either lands on the device; the random states go where they belong
+        (:func:`restore_rng_state`); the source's queued groups stay on the CPU until a step
+        consumes them (the update moves each batch to the device)."""
+        state = self.rundir.load_checkpoint()
+        kind = state.get("optimizer_class", type(self.optimizer).__name__)
+        if kind != type(self.optimizer).__name__:
+            raise CheckpointError(
+                f"{self.out}: the checkpoint's optimizer state is {kind}'s, this run's optimizer is "
+                f"{type(self.optimizer).__name__} (optimizer: auto is adamw8bit on CUDA, adamw elsewhere); resume on "
+                "the kind of device that wrote it, or start a run that moves between devices with optimizer: adamw")
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
-        rng = state["rng"]
-        random.setstate(rng["python"])
-        np.random.set_state(rng["numpy"])
-        torch.set_rng_state(rng["torch"])
-        if rng.get("engine") is not None and hasattr(self.engine, "set_generator_state"):
-            self.engine.set_generator_state(rng["engine"])
-        if "cuda" in rng and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(rng["cuda"])
+        restore_rng_state(state["rng"])
+        engine_state = state["rng"].get("engine")
+        if engine_state is not None and hasattr(self.engine, "set_generator_state"):
+            self.engine.set_generator_state(engine_state)
         self.cursor.load_state_dict(state["cursor"])
         self.source.load_state_dict(state["source"])
         self.step = state["step"]
@@ -341,6 +350,24 @@ class Trainer:
         if tracker:
             tracker.finish(summary)
         return summary
+
+
+def restore_rng_state(rng: dict) -> None:
+    """Python's, NumPy's and torch's random states as a checkpoint's ``rng`` holds them, on any
+    device: torch's generators take their states as CPU byte tensors, so each is brought to the
+    CPU first, wherever the checkpoint's tensors were mapped; the CUDA states are restored only
+    where CUDA is available, one per device both runs have (a run written on the CPU leaves
+    them as the seed set them)."""
+    random.setstate(rng["python"])
+    np.random.set_state(rng["numpy"])
+    torch.set_rng_state(_cpu_bytes(rng["torch"]))
+    if rng.get("cuda") and torch.cuda.is_available():
+        states = [_cpu_bytes(s) for s in rng["cuda"]][: torch.cuda.device_count()]
+        torch.cuda.set_rng_state_all(states)
+
+
+def _cpu_bytes(state) -> torch.Tensor:
+    return torch.as_tensor(state).detach().to(device="cpu", dtype=torch.uint8)
 
 
 def check_memory(cfg: TrainConfig) -> None:

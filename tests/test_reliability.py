@@ -1,7 +1,7 @@
 """Reliability: no fault or hostile input loses a run, corrupts it, or stalls it.
 
 Each test is one case a hostile user tried: a changed-config resume, two owners of one run
-directory, damaged checkpoints, non-finite weights, nonsense config values, hostile grading
+directory, damaged checkpoints, a checkpoint mapped to another device, non-finite weights, nonsense config values, hostile grading
 input, bad data and model folders, and leftovers of interrupted writes."""
 
 import logging
@@ -158,6 +158,88 @@ def test_checkpoint_write_is_durable_and_rotates(tmp_path, monkeypatch):
     # the temporary file is synced before its rename, the folder after it
     assert [p.endswith(".tmp") for p in synced] == [True, False, True, False]
     assert synced[1] == str(tmp_path)
+
+
+def on_meta(value):
+    """``value`` with every tensor in it moved to the ``meta`` device (containers rebuilt)."""
+    if torch.is_tensor(value):
+        return value.to("meta")
+    if isinstance(value, dict):
+        return {k: on_meta(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(on_meta(v) for v in value)
+    return value
+
+
+@pytest.fixture(scope="module")
+def queued(tmp_path_factory, small):
+    """An uninterrupted 4-step run at delay 2 (its checkpoints hold queued groups)."""
+    out = tmp_path_factory.mktemp("queued") / "run"
+    Trainer(small(**{"delay.d": 2}), out, progress=False).run()
+    return out
+
+
+def resume_at_step_2(src, dst):
+    """A copy of the run in ``src`` whose latest checkpoint is the one of step 2."""
+    out = copy_run(src, dst)
+    os.replace(out / "checkpoint.prev.pt", out / "checkpoint.pt")
+    return out
+
+
+def test_a_checkpoint_resumes_on_any_device(queued, tmp_path, small, monkeypatch):
+    """A run on a GPU once loaded its checkpoint mapped to that device, which moved the saved CPU
+    random states there, and torch.set_rng_state refused them. Here the run's device is a GPU
+    (``meta`` stands in for it) and torch.load puts a checkpoint's tensors wherever
+    map_location names (anything but the CPU: on ``meta``). The resume still restores the CPU
+    random state from a CPU byte tensor, keeps the queued groups on the CPU and trains to the
+    uninterrupted run's metrics; so does a plain CPU resume."""
+    real_load, real_set, real_resume = torch.load, torch.set_rng_state, Trainer._load_checkpoint
+    maps, states = [], []
+
+    def load_as_on_a_gpu(f, map_location=None, **kwargs):
+        maps.append(map_location)
+        state = real_load(f, map_location="cpu", **kwargs)
+        on_cpu = isinstance(map_location, (str, torch.device)) and torch.device(map_location).type == "cpu"
+        return state if on_cpu else on_meta(state)
+
+    def resume_on_a_gpu(self):
+        device, self.device = self.device, torch.device("meta")  # what a GPU run's device would be
+        try:
+            real_resume(self)
+        finally:
+            self.device = device
+
+    def set_rng_state(state):
+        states.append((state.device.type, state.dtype))
+        real_set(state)
+
+    with monkeypatch.context() as m:
+        m.setattr(torch, "load", load_as_on_a_gpu)
+        m.setattr(torch, "set_rng_state", set_rng_state)
+        m.setattr(Trainer, "_load_checkpoint", resume_on_a_gpu)
+        trainer = Trainer(small(**{"delay.d": 2}), resume_at_step_2(queued, tmp_path / "gpu"), resume=True,
+                          progress=False)
+    assert maps and states == [("cpu", torch.uint8)]
+    assert trainer.step == 2 and trainer.source.queued_groups()
+    assert {t.device.type for g in trainer.source.queued_groups() for t in g.state().values() if torch.is_tensor(t)} \
+        == {"cpu"}
+    trainer.run()
+    straight = without_time(read_jsonl(queued / "metrics.jsonl"))
+    assert without_time(read_jsonl(tmp_path / "gpu" / "metrics.jsonl")) == straight
+
+    out = resume_at_step_2(queued, tmp_path / "cpu")
+    Trainer(small(**{"delay.d": 2}), out, resume=True, progress=False).run()
+    assert without_time(read_jsonl(out / "metrics.jsonl")) == straight
+
+
+def test_a_checkpoint_of_another_optimizer_is_refused(queued, tmp_path, small):
+    """optimizer: auto is 8-bit AdamW on CUDA and AdamW elsewhere: a checkpoint whose optimizer
+    state is another optimizer's is refused by name, not loaded into the wrong optimizer."""
+    out = resume_at_step_2(queued, tmp_path / "run")
+    state = torch.load(out / "checkpoint.pt", weights_only=False)
+    torch.save({**state, "optimizer_class": "AdamW8bit"}, out / "checkpoint.pt")
+    with pytest.raises(CheckpointError, match="optimizer state is AdamW8bit's, this run's optimizer is AdamW"):
+        Trainer(small(**{"delay.d": 2}), out, resume=True, progress=False)
 
 
 # ---------------------------------------------------------------------------------------------
