@@ -1,4 +1,13 @@
-"""The training loop: sync equivalence, hard-kill resume, non-finite handling, MLflow, config."""
+"""The training loop: sync equivalence, hard-kill resume, non-finite handling, MLflow, config.
+
+"Equals" between two runs is exact: every metric compared with ``==``, no tolerance, wall-clock
+values aside (:func:`without_time`). It holds because both runs are the same computation on
+one machine under one setting: the same kernels, thread count (a ``gmc train`` subprocess
+inherits ``OMP_NUM_THREADS``) and ``MKL_CBWR``, and a resume restores every random state.
+Checked at 1 and 2 threads with ``MKL_CBWR`` unset and at 1 thread with ``MKL_CBWR=COMPATIBLE``.
+Between two settings runs may differ by float rounding (``MKL_CBWR=COMPATIBLE`` against unset:
+3e-7 in one value of a 3-step run on an AVX-512 machine), and no test compares across them.
+"""
 
 import json
 import os
