@@ -300,7 +300,7 @@ class Trainer:
         tracker = live_tracker(cfg.tracking_uri, cfg.experiment, self.out, self.run_info["run_id"], to_dict(cfg))
         bar = tqdm(total=cfg.steps, initial=self.step, desc=f"train {cfg.algorithm}", disable=not self.progress,
                    unit="step")
-        STOP.install()
+        STOP.install()  # again, if gmc train installed it: whatever replaced it since (Ray) is overruled
         last_checkpoint = self.clock()
         try:
             with (self.out / "metrics.jsonl").open("a") as mfile, (self.out / "groups.jsonl").open("a") as gfile, \
@@ -342,11 +342,13 @@ class Trainer:
             summary["run_id"] = self.run_info["run_id"]
             self.rundir.finish(summary)
         finally:
-            STOP.restore()
-            self.source.close()
-            bar.close()
-            self.grader.close()
-            self.rundir.close()
+            try:  # the stop signals stay recorded while the workers and Ray shut down
+                self.source.close()
+                bar.close()
+                self.grader.close()
+                self.rundir.close()
+            finally:
+                STOP.restore()
         if tracker:
             tracker.finish(summary)
         return summary

@@ -2,7 +2,8 @@
 with one worker equals the synchronous loop; two workers train within the bound and record
 every group; the trace of a run replays with its lags; a killed worker and a killed driver end
 in finished runs with nothing trained twice; a worker that raises fails the run with its error;
-the collective weight transport (gloo) trains too."""
+the collective weight transport (gloo) trains too; SIGTERM and SIGUSR1 stop a run with a
+checkpoint that resumes to the uninterrupted run."""
 
 import os
 import signal
@@ -12,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from gmc.io import read_jsonl
 from gmc.trainer import Trainer, without_time
@@ -165,3 +167,75 @@ def test_the_collective_transport_trains_too(tmp_path, train_small):
     metrics = train_small(tmp_path / "run", steps=3, **REAL, **{"delay.workers": 2, "delay.transport": "collective"})
     check_records(tmp_path / "run", 3, 3, bound=4)
     assert all(r["async/weight_sync_bytes"] > 0 for r in metrics)
+
+
+def reproducible(rows, wall=("submit_wall", "finish_wall", "consume_wall")):
+    """Metrics or group lines without what the wall clock decides (``time/``, every ``_seconds``
+    and the groups' wall-clock stamps)."""
+    return [{k: v for k, v in r.items() if not k.endswith("_seconds") and k not in wall} for r in without_time(rows)]
+
+
+@pytest.mark.timeout(900)  # four runs of the driver, each starting Ray
+def test_stop_signals_end_a_ray_run_with_a_checkpoint_and_the_resumes_equal_the_uninterrupted_run(
+        tmp_path, small_config):
+    """SIGTERM to a ``gmc train`` of a Ray run, then SIGUSR1 after a resume to the whole process
+    group (as SLURM signals every process of a job: Ray's head and raylet too): each time the
+    run ends at the next step boundary with a checkpoint and exit status 75 (``ray.init``
+    installs Ray's own SIGTERM handler; the run takes the signals back, and Ray's processes
+    start with them blocked), its workers and Ray shut down, and the resumed run's metrics and
+    groups are the uninterrupted run's (one worker at bound 0 is deterministic)."""
+    import yaml
+
+    from gmc.config import to_dict
+
+    steps = 7
+    config = tmp_path / "train.yaml"
+    config.write_text(yaml.safe_dump(to_dict(small_config(steps=steps, checkpoint_every=0, **REAL,
+                                                          **{"delay.workers": 1, "delay.max_staleness": 0}))))
+    cmd = [sys.executable, "-m", "gmc", "train", "--config", str(config)]
+    env = {**os.environ, "TQDM_DISABLE": "1"}
+    straight = tmp_path / "straight"
+    done = subprocess.run([*cmd, "--out", str(straight)], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    out = tmp_path / "stopped"
+    step = 0
+    for signum, send in ((signal.SIGTERM, os.kill), (signal.SIGUSR1, os.killpg)):
+        args = [*cmd, "--out", str(out), *(["--resume"] if step else [])]
+        proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)  # its own process group: the driver and its Ray
+        try:
+            deadline = time.time() + 300
+            while len(read_jsonl(out / "metrics.jsonl")) < step + 2 and time.time() < deadline \
+                    and proc.poll() is None:
+                time.sleep(0.05)
+            send(proc.pid, signum)
+            _, err = proc.communicate(timeout=300)
+            name = signal.Signals(signum).name
+            assert proc.returncode == 75, f"{name}: exit status {proc.returncode}\n{err[-3000:]}"
+            step = torch.load(out / "checkpoint.pt", weights_only=False)["step"]
+            assert len(read_jsonl(out / "metrics.jsonl")) == step < steps
+            assert f"stopped by {name} after step {step} of {steps}" in err
+            deadline = time.time() + 60  # the Ray processes the driver started end with it
+            while time.time() < deadline and group_alive(proc.pid):
+                time.sleep(0.2)
+            assert not group_alive(proc.pid), f"{name}: processes of the stopped run outlived it"
+        finally:
+            if group_alive(proc.pid):
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    assert step >= 4  # two stops, each after at least two steps
+    done = subprocess.run([*cmd, "--out", str(out), "--resume"], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert reproducible(read_jsonl(out / "metrics.jsonl")) == reproducible(read_jsonl(straight / "metrics.jsonl"))
+    assert reproducible(consumed(out)) == reproducible(consumed(straight))
+    check_records(out, steps, 3, bound=0)
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any process of process group ``pgid`` is left (a zombie counts until reaped)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True

@@ -1,7 +1,8 @@
 """Reliability: no fault or hostile input loses a run, corrupts it, or stalls it.
 
 Each test is one case a hostile user tried: a changed-config resume, two owners of one run
-directory, damaged checkpoints, a checkpoint mapped to another device, non-finite weights, nonsense config values, hostile grading
+directory, damaged checkpoints, a checkpoint mapped to another device, a stop handler
+replaced by another, non-finite weights, nonsense config values, hostile grading
 input, bad data and model folders, and leftovers of interrupted writes."""
 
 import logging
@@ -11,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -240,6 +242,45 @@ def test_a_checkpoint_of_another_optimizer_is_refused(queued, tmp_path, small):
     torch.save({**state, "optimizer_class": "AdamW8bit"}, out / "checkpoint.pt")
     with pytest.raises(CheckpointError, match="optimizer state is AdamW8bit's, this run's optimizer is AdamW"):
         Trainer(small(**{"delay.d": 2}), out, resume=True, progress=False)
+
+
+def test_the_stop_recorder_takes_the_signals_back_from_whatever_replaced_it():
+    """What ``ray.init`` does to a run's stop handler: replaced by another, the recorder is set
+    again by a second install (or reclaim, which leaves a process that never installed it
+    alone); signals sent while they are blocked are recorded when the block ends; restore puts
+    back the handlers of before the first install."""
+    from gmc.rundir import StopRequests
+
+    stop = StopRequests()
+
+    def original(signum, frame):
+        pass
+
+    def rays(signum, frame):
+        raise AssertionError("the replacing handler ran")
+
+    before = {s: signal.signal(s, original) for s in stop.SIGNALS}
+    try:
+        stop.reclaim()
+        assert all(signal.getsignal(s) is original for s in stop.SIGNALS)
+        stop.install()
+        signal.signal(signal.SIGTERM, rays)
+        stop.reclaim()
+        with stop.blocked():  # sent to this thread (to the process, another thread may take it)
+            signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+            signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)
+            time.sleep(0.05)
+            assert stop.received == []
+        deadline = time.time() + 5
+        while len(stop.received) < 2 and time.time() < deadline:
+            time.sleep(0.01)
+        assert sorted(stop.received) == sorted(stop.SIGNALS)
+        stop.install()
+        stop.restore()
+        assert all(signal.getsignal(s) is original for s in stop.SIGNALS) and not stop.received
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
 
 
 # ---------------------------------------------------------------------------------------------

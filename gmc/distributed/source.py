@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 from gmc.asynchrony import Batch, Group, Rollouts, SyncSource
 from gmc.distributed.admission import StalenessBound
 from gmc.distributed.transport import CollectiveTransport, ObjectStoreTransport
+from gmc.rundir import STOP
 
 if TYPE_CHECKING:
     from gmc.config import TrainConfig
@@ -77,10 +78,15 @@ class RaySource(SyncSource):
         from gmc.settings import to_dict
 
         gpus = 1 if self.cfg.worker_device.startswith("cuda") else 0
-        if not ray.is_initialized():
-            ray.init(address=self.cfg.ray_address, include_dashboard=False, log_to_driver=False,
-                     **({} if self.cfg.ray_address else {"num_cpus": max(2, self.cfg.workers * self.cfg.worker_threads)}))
-            self.started_ray = True
+        with STOP.blocked():  # Ray's processes start with the stop signals blocked (SLURM signals them too)
+            if not ray.is_initialized():
+                ray.init(address=self.cfg.ray_address, include_dashboard=False, log_to_driver=False,
+                         **({} if self.cfg.ray_address else
+                            {"num_cpus": max(2, self.cfg.workers * self.cfg.worker_threads)}))
+                self.started_ray = True
+            # ray.init replaced the SIGTERM handler with Ray's (kill the Ray processes, exit): the
+            # run's stop signals are its own again, so a stop ends it at a step boundary with a checkpoint
+            STOP.reclaim()
         if gpus and ray.cluster_resources().get("GPU", 0) < self.cfg.workers:
             raise RolloutWorkerError(f"delay.worker_device {self.cfg.worker_device} asks Ray for a GPU per worker: "
                                      f"{self.cfg.workers} workers, {ray.cluster_resources().get('GPU', 0):g} GPUs in the "
