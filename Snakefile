@@ -47,6 +47,7 @@ localrules:
     theory,
     prepare_data,
     train_config,
+    share_run,
     eval_config,
     mlflow_sweep,
     mlflow_sync,

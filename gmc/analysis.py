@@ -23,7 +23,7 @@ from gmc.evaluate import SE, eval_scores
 from gmc.io import atomic_path, write_csv, write_text
 from gmc.outputs import TABLES
 from gmc.stats import LEVEL, mean_interval, paired_difference
-from gmc.sweep import delay_order, parse_point
+from gmc.sweep import SHARED_FILE, delay_order, parse_point
 
 FINAL_REWARD = "rollout/reward_mean_last20"
 DIAGNOSTICS = ["async/staleness_mean", "ratio/ess_frac", "ratio/shortfall", "time/step_seconds"]
@@ -35,15 +35,22 @@ and GMC against the uncapped and uncorrected references."""
 
 
 def collect(results: str | Path) -> pd.DataFrame:
-    """One row per finished run under ``results/train`` with its evaluation columns."""
+    """One row per finished run under ``results/train`` with its evaluation columns; a point that
+    shares another point's run (:data:`gmc.sweep.SHARED_FILE`) gets that run's row under its own
+    name, with ``shared_with`` naming the estimator that trained it."""
     results = Path(results)
     rows = []
-    for summary in sorted((results / "train").glob("**/summary.json")):
-        point = parse_point(summary.parent)
+    found = [*(results / "train").glob(f"**/{SHARED_FILE}"), *(results / "train").glob("**/summary.json")]
+    for marker in sorted(found):
+        point = parse_point(marker.parent)
         if point is None:
             continue
-        row = {**point, **json.loads(summary.read_text()), "run_dir": str(summary.parent)}
-        row.update(eval_scores(results / "eval" / summary.parent.relative_to(results / "train")))
+        run_dir, extra = marker.parent, {}
+        if marker.name == SHARED_FILE:
+            shared = json.loads(marker.read_text())["run"]
+            run_dir, extra = results / "train" / shared, {"shared_with": parse_point(shared)["algorithm"]}
+        row = {**point, **json.loads((run_dir / "summary.json").read_text()), "run_dir": str(run_dir), **extra}
+        row.update(eval_scores(results / "eval" / run_dir.relative_to(results / "train")))
         rows.append(row)
     if not rows:
         raise FileNotFoundError(f"{results}/train: no finished runs (summary.json) found")
@@ -86,6 +93,8 @@ def aggregate(frame: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
     rows = []
     for key, grp in frame.groupby(keys, sort=False):
         row = dict(zip(keys, key), n_seeds=len(grp))
+        if "shared_with" in grp.columns and grp["shared_with"].notna().any():
+            row["shared_with"] = grp["shared_with"].dropna().iloc[0]
         for col in cols:
             se = grp[col + SE] if col + SE in grp.columns else None
             iv = mean_interval(grp[col], se)
@@ -93,7 +102,8 @@ def aggregate(frame: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
                         f"{col}:half": iv.half})
         rows.append(row)
     out = pd.DataFrame(rows)
-    return out[keys + [c for c in out.columns if c not in keys and c != "n_seeds"] + ["n_seeds"]]
+    last = ["n_seeds", *(["shared_with"] if "shared_with" in out.columns else [])]
+    return out[keys + [c for c in out.columns if c not in keys and c not in last] + last]
 
 
 @dataclass(frozen=True)
@@ -105,29 +115,40 @@ class Rendered:
     latex: str
 
 
-def with_base(runs: pd.DataFrame, base: dict[str, float]) -> pd.DataFrame:
-    """The runs with the base model's scores as a first row (algorithm ``base``), when there are any."""
-    if not base:
+def base_scores(results: str | Path) -> pd.DataFrame:
+    """The base model's scores, one row per seed: ``eval/base/seed~<s>`` where each seed
+    warm-starts its own base model, else the one model's ``eval/base`` as seed 0. Empty where
+    nothing evaluated the base model."""
+    root = Path(results) / "eval" / "base"
+    rows = [{"seed": int(d.name.split("~", 1)[1]), **eval_scores(d)} for d in sorted(root.glob("seed~*"))]
+    if not rows and eval_scores(root):
+        rows = [{"seed": 0, **eval_scores(root)}]
+    return pd.DataFrame([r for r in rows if len(r) > 1])
+
+
+def with_base(runs: pd.DataFrame, base: pd.DataFrame) -> pd.DataFrame:
+    """The runs with the base model's scores first (algorithm ``base``, one row per seed: its
+    interval covers the base models' variation), when there are any."""
+    if base.empty:
         return runs
-    return pd.concat([pd.DataFrame([{"algorithm": "base", "delay": "-", "group": 0, "seed": 0, **base}]), runs],
-                     ignore_index=True)
+    return pd.concat([base.assign(algorithm="base", delay="-", group=0), runs], ignore_index=True)
 
 
-def main_table(runs: pd.DataFrame, base: dict[str, float]) -> Rendered:
+def main_table(runs: pd.DataFrame, base: pd.DataFrame) -> Rendered:
     """Scores per (algorithm, delay, group): mean ± 95% interval over seeds, the base model first."""
     frame = with_benchmark_means(with_base(runs, base))
     table = aggregate(frame, score_columns(frame))
     return Rendered(table, to_markdown(table), to_latex(table))
 
 
-def diagnostics_table(runs: pd.DataFrame, base: dict[str, float]) -> Rendered:
+def diagnostics_table(runs: pd.DataFrame, base: pd.DataFrame) -> Rendered:
     """Staleness, each estimator's own clip statistics, ESS, shortfall and step time."""
     own = [c for c in runs.columns if c.startswith("ratio/frac_")]
     table = aggregate(runs, [DIAGNOSTICS[0], *own, *DIAGNOSTICS[1:]])
     return Rendered(table, to_markdown(table), to_latex(table))
 
 
-def paired_table(runs: pd.DataFrame, base: dict[str, float]) -> Rendered:
+def paired_table(runs: pd.DataFrame, base: pd.DataFrame) -> Rendered:
     """Paired differences (:func:`paired_differences`), with the list of those that are resolved."""
     table = paired_differences(runs)
     return Rendered(table, paired_markdown(table), _latex(_paired_display(table)) if len(table) else "")
@@ -182,7 +203,7 @@ LEAGUE_SCORE = ("eval/mean/pass_at_1", FINAL_REWARD)
 sweep evaluates nothing."""
 
 
-def league_table(runs: pd.DataFrame, base: dict[str, float]) -> Rendered:
+def league_table(runs: pd.DataFrame, base: pd.DataFrame) -> Rendered:
     """Every estimator at the largest fixed delay (largest group size), ranked by final Pass@1:
     its mean and 95% interval over seeds, the paired difference to ``gmc`` and its cost of
     staleness (itself at that delay minus itself at delay 0) with their sign counts, and its own
@@ -274,6 +295,9 @@ def _fmt(mean, half) -> str:
 def _display(table: pd.DataFrame) -> pd.DataFrame:
     """``mean ± half-width`` cells (95% interval over seeds) with readable headers."""
     out = table[["algorithm", "delay", "group"]].copy()
+    if "shared_with" in table.columns:  # a run trained once for several estimators, shown under each
+        out["algorithm"] = [a if pd.isna(w) else f"{a} (run of {w})" for a, w in zip(table["algorithm"],
+                                                                                    table["shared_with"])]
     for col in table.columns:
         if col.endswith(":mean"):
             name = col[: -len(":mean")]
@@ -350,7 +374,7 @@ def write_tables(results: str | Path, out: str | Path | None = None) -> dict[str
     (default ``<results>/tables``); returns the tidy frames by name."""
     out = Path(out or Path(results) / "tables")
     runs = collect(results)
-    base = eval_scores(Path(results) / "eval" / "base")
+    base = base_scores(results)
     tables = {}
     for name, entry in TABLES.items():
         table = entry.resolve()(runs, base)
@@ -365,7 +389,7 @@ def write_tables(results: str | Path, out: str | Path | None = None) -> dict[str
 # results bundles: what tables and figures need, without checkpoints
 
 
-BUNDLE_FILES = ("summary.json", "metrics.jsonl", "groups.jsonl", "config.yaml", "run.json")
+BUNDLE_FILES = ("summary.json", "metrics.jsonl", "groups.jsonl", "config.yaml", "run.json", SHARED_FILE)
 
 
 def export_bundle(results: str | Path, bundle: str | Path) -> int:

@@ -5,7 +5,8 @@ name (method.md section 7).
 the workflow's rules read for their outputs; an entry names the function that makes it
 (``module:function``, imported only when called, so the workflow reads the registry without
 pandas or matplotlib). A table function takes the runs' frame (:func:`gmc.analysis.collect`)
-and the base model's scores and returns a :class:`gmc.analysis.Rendered` table, written as
+and the base model's scores (:func:`gmc.analysis.base_scores`, a row per seed) and returns a
+:class:`gmc.analysis.Rendered` table, written as
 ``<name>.csv``, ``.md`` and ``.tex``; a figure function takes the frame and the output folder
 and writes ``<name>.png`` and ``.pdf``.
 """

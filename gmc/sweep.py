@@ -19,16 +19,18 @@ TrainConfig key has one home: the ``train`` section, or one of :data:`RUN_KEYS`,
 from __future__ import annotations
 
 import itertools
+import json
 import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from gmc.config import TrainConfig
-from gmc.delays import DELAY_MODES, named_delays
+from gmc.delays import DELAY_MODES, named_delays, on_policy
+from gmc.estimator_info import REGISTRY
 from gmc.evaluate import EvalConfig
 from gmc.preflight import looks_local
-from gmc.settings import ConfigError, from_dict
+from gmc.settings import ConfigError, from_dict, to_dict
 from gmc.tracking import resolve_experiment, resolve_uri
 
 POINT = "algo~{algo}/delay~{delay}/group~{group}/seed~{seed}"
@@ -132,16 +134,45 @@ def _delay_sections(config: dict[str, Any]) -> dict[str, dict]:
 BUILT_MODELS = ("tiny", "random-qwen3")
 """``model.name`` values built locally by a rule of the workflow (``workflow/rules/model.smk``)."""
 
+PER_SEED_MODELS = ("tiny",)
+"""Built models warm-started once per seed of the sweep (the build's seed is the run's): the base
+model is part of what a seed varies, so intervals and paired differences cover it."""
 
-def model_dir(config: dict[str, Any]) -> str:
-    """The base model's folder: a local folder of weights where it is; a built or fetched model
-    under ``<results>/models/``."""
+
+def model_dir(config: dict[str, Any], seed: int | None = None) -> str:
+    """The base model's folder for the runs of ``seed``: a local folder of weights where it is; a
+    built or fetched model under ``<results>/models/`` (``<name>/seed~<seed>`` for a model built
+    per seed)."""
     name, results = config["model"]["name"], config["results"]
+    if name in PER_SEED_MODELS:
+        if seed is None:
+            raise ValueError(f"model.name {name} is built once per seed: give the seed")
+        return f"{results}/models/{name}/seed~{seed}"
     if name in BUILT_MODELS:
         return f"{results}/models/{name}"
     if looks_local(name):
         return name
     return f"{results}/models/{'--'.join(Path(name).parts)}"
+
+
+def model_settings(config: dict[str, Any], seed: int | None = None) -> dict[str, Any]:
+    """The settings of a locally built base model (``TinyModelConfig``: ``model.tiny`` with the
+    seed and the synthetic task; ``RandomModelConfig``: ``model.random``)."""
+    name = config["model"]["name"]
+    if name == "tiny":
+        return dict(config["model"]["tiny"], seed=seed, synthetic=config["synthetic"])
+    if name == "random-qwen3":
+        return dict(config["model"]["random"])
+    raise ValueError(f"model.name {name} is not built locally")
+
+
+def base_eval_dirs(config: dict[str, Any]) -> list[str]:
+    """Where the base model's evaluations go: ``eval/base/seed~<s>`` for each seed of a model built
+    per seed, else ``eval/base``."""
+    root = f"{config['results']}/eval/base"
+    if config["model"]["name"] in PER_SEED_MODELS:
+        return [f"{root}/seed~{s}" for s in config["sweep"]["seeds"]]
+    return [root]
 
 
 def delay_values(config: dict[str, Any], delay: str) -> dict[str, Any]:
@@ -164,7 +195,7 @@ def _mlflow(config: dict[str, Any]) -> dict[str, Any]:
 
 
 RUN_KEYS: dict[str, Callable[[dict, Point], Any]] = {
-    "model": lambda config, point: model_dir(config),
+    "model": lambda config, point: model_dir(config, point.seed),
     "algorithm": lambda config, point: point.algorithm,
     "group_size": lambda config, point: point.group,
     "seed": lambda config, point: point.seed,
@@ -238,3 +269,58 @@ def largest_point(points: list[Point]) -> Point:
     """The point of the largest memory need: the largest group, then the longest queue (largest
     fixed delay; a named mode counts as the largest)."""
     return max(points, key=lambda p: (p.group, int(p.delay) if p.delay.isdigit() else float("inf")))
+
+
+# ---------------------------------------------------------------------------------------------
+# runs that are provably identical
+
+
+SHARED_FILE = "shared.json"
+"""In the run directory of a point that shares another point's run: which run, and why."""
+
+
+def on_policy_class(cfg: TrainConfig) -> tuple | None:
+    """What the run's loss reduces to when it trains every batch with the weights that made it
+    (every ratio exactly 1): its estimator's declared class (``("pg", aggregation)``, the
+    aggregation set in ``estimator.aggregation`` or else the estimator's own); None when the
+    run is not on-policy or its estimator does not reduce to a plain policy gradient."""
+    entry = REGISTRY[cfg.algorithm]
+    if entry.on_policy is None or not on_policy(cfg.delay):
+        return None
+    kind, aggregation = entry.on_policy
+    return (kind, cfg.estimator.aggregation or aggregation)
+
+
+def _share_key(cfg: TrainConfig) -> tuple | None:
+    cls = on_policy_class(cfg)
+    if cls is None:
+        return None
+    values = to_dict(cfg)
+    del values["algorithm"]
+    return (cls, json.dumps(values, sort_keys=True))
+
+
+def shared_runs(config: dict[str, Any], points: list[Point]) -> dict[Point, Point]:
+    """Each point whose run is provably identical to an earlier point's, mapped to that point:
+    same resolved settings but the estimator, on-policy, and estimators of one on-policy class
+    (:func:`on_policy_class`); the sweep trains the first point of each class only."""
+    first: dict[tuple, Point] = {}
+    shared = {}
+    for point in points:
+        key = _share_key(resolve_run(config, point))
+        if key is None:
+            continue
+        if key in first:
+            shared[point] = first[key]
+        else:
+            first[key] = point
+    return shared
+
+
+def check_shared(member: TrainConfig, run: TrainConfig) -> tuple:
+    """The on-policy class two runs share; a ValueError when they are not provably identical."""
+    a, b = _share_key(member), _share_key(run)
+    if a is None or a != b:
+        raise ValueError(f"{member.algorithm} and {run.algorithm} do not train the same run: "
+                         f"{on_policy_class(member)} vs {on_policy_class(run)}, or other settings differ")
+    return a[0]

@@ -194,9 +194,9 @@ def live_tracker(uri: str | None, experiment: str | None, run_dir: Path, run_id:
 # imports of run directories
 
 
-def _eval_metrics(eval_dir: Path, step: int) -> list:
+def _eval_metrics(eval_dir: Path, step: int, prefix: str = "") -> list:
     """The scores in an evaluation folder (:func:`gmc.evaluate.eval_scores`, standard errors
-    left out) as MLflow metrics at ``step``, timestamped by their files."""
+    left out) as MLflow metrics at ``step``, keys after ``prefix``, timestamped by their files."""
     from mlflow.entities import Metric
 
     from gmc.evaluate import SE, eval_scores
@@ -205,13 +205,13 @@ def _eval_metrics(eval_dir: Path, step: int) -> list:
     for key, value in eval_scores(eval_dir).items():
         if not key.endswith(SE):
             stamp = (Path(eval_dir) / f"{key.split('/')[1]}.json").stat().st_mtime
-            out.append(Metric(key, float(value), int(stamp * 1000), step))
+            out.append(Metric(prefix + key, float(value), int(stamp * 1000), step))
     return out
 
 
-def _log_new_scores(client, run, eval_dir: Path, step: int) -> None:
+def _log_new_scores(client, run, eval_dir: Path, step: int, prefix: str = "") -> None:
     """Log the scores of ``eval_dir`` the run does not hold yet (with the same value)."""
-    scores = [m for m in _eval_metrics(eval_dir, step) if run.data.metrics.get(m.key) != m.value]
+    scores = [m for m in _eval_metrics(eval_dir, step, prefix) if run.data.metrics.get(m.key) != m.value]
     if scores:
         client.log_batch(run.info.run_id, metrics=scores)
 
@@ -253,14 +253,18 @@ def sync_run(run_dir: str | Path, uri: str | None = None, experiment: str | None
 def sync_sweep(results: str | Path, uri: str | None = None, experiment: str | None = None,
                finish: bool = False) -> str:
     """The parent run of the sweep in ``results`` (created if absent); returns its id. With
-    ``finish``: the base model's scores (``<results>/eval/base``) are logged to it and it is
-    marked finished."""
+    ``finish``: the base model's scores are logged to it (``<results>/eval/base``; where each
+    seed has its own base model, ``eval/base/seed~<s>`` as ``seed-<s>/eval/...``, since MLflow
+    refuses ``~``) and it is marked finished."""
     results = Path(results).resolve()
     uri = resolve_uri(uri)
     client = _client(uri)
     exp_id = _experiment_id(client, uri, resolve_experiment(experiment))
     parent = _sweep_parent(client, exp_id, results, create=True)
     if finish:
-        _log_new_scores(client, client.get_run(parent), results / "eval" / "base", 0)
+        base = results / "eval" / "base"
+        _log_new_scores(client, client.get_run(parent), base, 0)
+        for seed_dir in sorted(base.glob("seed~*")):
+            _log_new_scores(client, client.get_run(parent), seed_dir, 0, prefix=seed_dir.name.replace("~", "-") + "/")
         client.set_terminated(parent, "FINISHED")
     return parent

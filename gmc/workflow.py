@@ -48,7 +48,7 @@ def generated_defs() -> dict[str, Any]:
         "train": json_schema(TrainConfig, drop=[*RUN_KEYS, *DERIVED_KEYS]),
         "evaluate": json_schema(EvalConfig, drop=EVAL_SET_PER_JOB),
         "synthetic": json_schema(SyntheticTask),
-        "tiny_model": json_schema(TinyModelConfig, drop={"synthetic": "the synthetic section"}),
+        "tiny_model": json_schema(TinyModelConfig, drop={"synthetic": "the synthetic section", "seed": "the sweep's seed"}),
         "random_model": json_schema(RandomModelConfig),
         "estimator": {"type": "string", "enum": list(REGISTRY), "description": "A registered estimator."},
         "benchmark": {"type": "string", "enum": list(benchmark_specs()), "description": "A registered benchmark."},

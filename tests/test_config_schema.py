@@ -232,7 +232,7 @@ def test_data_and_mlflow_settings_reach_the_training_and_evaluation_configs(tmp_
     cfg = from_dict(TrainConfig, train)
     assert (cfg.data_source, cfg.data_root) == ("hub", str(tmp_path / "mydata"))
     assert (cfg.algorithm, cfg.delay.mode, cfg.delay.d, cfg.group_size, cfg.seed) == ("gmc", "fixed", 128, 8, 0)
-    assert cfg.model == "results/models/tiny" and to_dict(cfg) == train
+    assert cfg.model == "results/models/tiny/seed~0" and to_dict(cfg) == train
 
 
 @pytest.mark.parametrize("override, check", [

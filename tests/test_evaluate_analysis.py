@@ -2,11 +2,12 @@
 
 import json
 import math
+import shutil
 
 import pandas as pd
 import pytest
 
-from gmc.analysis import collect, parse_point, to_latex, to_markdown, write_tables
+from gmc.analysis import base_scores, collect, parse_point, to_latex, to_markdown, write_tables
 from gmc.evaluate import EvalConfig, evaluate, pass_at_k, summarize
 from gmc.stats import mean_interval
 
@@ -92,6 +93,29 @@ def test_tables_aggregate_seeds(tmp_path):
     assert grpo["n_seeds"] == 1 and math.isnan(grpo["eval/synthetic/pass_at_1:half"])
     assert r"$\pm$" in to_latex(main)
     assert (r / "tables" / "main.csv").exists() and (r / "tables" / "diagnostics.tex").exists()
+
+
+def test_a_base_model_per_seed_gives_the_base_row_an_interval(tmp_path):
+    r = tmp_path / "results"
+    fake_run(r, "gmc", 0, 8, 0, 0.5, 0.4)
+    for seed, score in enumerate((0.30, 0.36, 0.42)):
+        d = r / "eval" / "base" / f"seed~{seed}"
+        d.mkdir(parents=True)
+        (d / "synthetic.json").write_text(json.dumps({"benchmark": "synthetic", "greedy": score, "problems": 101}))
+    assert list(base_scores(r)["seed"]) == [0, 1, 2]
+    base = write_tables(r)["main"].iloc[0]
+    assert base["algorithm"] == "base" and base["n_seeds"] == 3
+    se = [math.sqrt(p * (1 - p) / 100) for p in (0.30, 0.36, 0.42)]
+    half = 4.30265273 * math.sqrt((0.06**2 + sum(x**2 for x in se) / 3) / 3)
+    assert base["eval/synthetic/greedy:mean"] == pytest.approx(0.36)
+    assert base["eval/synthetic/greedy:half"] == pytest.approx(half)
+    # one base model for every seed (a hub model): one row, no interval
+    shutil.rmtree(r / "eval" / "base")
+    (r / "eval" / "base").mkdir()
+    (r / "eval" / "base" / "synthetic.json").write_text(json.dumps({"benchmark": "synthetic", "greedy": 0.3,
+                                                                    "problems": 101}))
+    base = write_tables(r)["main"].iloc[0]
+    assert base["algorithm"] == "base" and base["n_seeds"] == 1 and math.isnan(base["eval/synthetic/greedy:half"])
 
 
 def test_parse_point_and_missing_runs(tmp_path):

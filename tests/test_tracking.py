@@ -5,6 +5,7 @@ results folder, live logging that survives a busy store; against a sqlite store 
 
 import json
 import os
+import shutil
 import signal
 import socket
 import sqlite3
@@ -15,6 +16,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 from mlflow.entities import ViewType
 from mlflow.tracking import MlflowClient
 
@@ -79,8 +81,15 @@ def check_store(uri: str, results: Path, make_run_dir) -> None:
     assert len(parents) == 1 and parents[0].data.tags[SWEEP_TAG] == str(results.resolve())
     for child in (first, other):
         assert client.get_run(child).data.tags[PARENT_TAG] == parents[0].info.run_id
+    for seed, greedy in ((0, 0.25), (1, 0.5)):  # a base model per seed, logged under its seed
+        base = results / "eval" / "base" / f"seed~{seed}"
+        base.mkdir(parents=True)
+        (base / "synthetic.json").write_text(json.dumps({"benchmark": "synthetic", "greedy": greedy, "problems": 8}))
     assert sync_sweep(results, uri, finish=True) == parents[0].info.run_id
-    assert client.get_run(parents[0].info.run_id).info.status == "FINISHED"
+    sweep = client.get_run(parents[0].info.run_id)
+    assert sweep.info.status == "FINISHED"
+    assert {k: v for k, v in sweep.data.metrics.items() if "greedy" in k} == {
+        "seed-0/eval/synthetic/greedy": 0.25, "seed-1/eval/synthetic/greedy": 0.5}
     assert sorted(a.path for a in client.list_artifacts(first)) == ["config.yaml", "run.json", "summary.json"]
 
 
@@ -211,22 +220,35 @@ def _dry_run_commands(tmp_path, *config: str, env: dict | None = None) -> list[s
     return [line for line in (out.stdout + out.stderr).splitlines() if "python -m gmc" in line]
 
 
+def _run_tracking(tmp_path, *config: str, env: dict | None = None) -> tuple[str | None, str]:
+    """The tracking URI and experiment the runs of the workflow get: the train config files their
+    jobs read, written by the workflow itself, for a one-point sweep and its references."""
+    repo = Path(__file__).resolve().parents[1]
+    (tmp_path / "config.yaml").write_text((repo / "config.yaml").read_text())
+    one = "sweep={algorithms: [gmc], delays: [0], group_sizes: [8], seeds: [0]}"
+    args = [sys.executable, "-m", "snakemake", "--snakefile", str(repo / "Snakefile"), "--cores", "1",
+            "--until", "train_config", "--config", one, *config]
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    out = subprocess.run(args, cwd=tmp_path, env={**environ, **(env or {})}, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    written = [yaml.safe_load(f.read_text()) for f in (tmp_path / "results" / "configs" / "train").glob("**/*.yaml")]
+    shutil.rmtree(tmp_path / "results")
+    (tracking,) = {(cfg["tracking_uri"], cfg["experiment"]) for cfg in written}  # the same for every run
+    return tracking
+
+
 def test_workflow_logs_live_only_when_a_tracking_uri_is_set(tmp_path):
-    def train_and_sync(commands):
-        train = [c for c in commands if "gmc train" in c]
-        return train, [c for c in commands if "gmc mlflow-sync" in c]
-
-    train, sync = train_and_sync(_dry_run_commands(tmp_path))
-    assert train and not any("tracking_uri" in c for c in train)
+    sync = [c for c in _dry_run_commands(tmp_path) if "gmc mlflow-sync" in c]
     assert len(sync) == 1 and "--tracking-uri sqlite:///results/mlflow.db --experiment gmc" in sync[0]
+    assert _run_tracking(tmp_path)[0] is None  # imported at the end, not logged live
 
-    train, sync = train_and_sync(_dry_run_commands(tmp_path, "mlflow={tracking_uri: 'http://127.0.0.1:5000'}"))
-    assert all("--set tracking_uri=http://127.0.0.1:5000 --set experiment=gmc" in c for c in train)
+    live = "mlflow={tracking_uri: 'http://127.0.0.1:5000'}"
+    sync = [c for c in _dry_run_commands(tmp_path, live) if "gmc mlflow-sync" in c]
     assert len(sync) == 2 and any("--sweep results" in c and "results/mlflow/sweep.json" in c for c in sync)
+    assert _run_tracking(tmp_path, live) == ("http://127.0.0.1:5000", "gmc")
 
     env = {"MLFLOW_TRACKING_URI": "http://127.0.0.1:5001", "MLFLOW_EXPERIMENT_NAME": "mine"}
-    train, sync = train_and_sync(_dry_run_commands(tmp_path, env=env))
-    assert all("--set tracking_uri=http://127.0.0.1:5001 --set experiment=mine" in c for c in train)
-    train, _ = train_and_sync(_dry_run_commands(tmp_path, "mlflow={tracking_uri: 'http://h:1', experiment: x}",
-                                                env=env))
-    assert all("--set tracking_uri=http://h:1 --set experiment=x" in c for c in train)  # the config wins
+    assert _run_tracking(tmp_path, env=env) == ("http://127.0.0.1:5001", "mine")
+    # the config wins over the environment
+    assert _run_tracking(tmp_path, "mlflow={tracking_uri: 'http://h:1', experiment: x}", env=env) == ("http://h:1", "x")

@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 
 from gmc import outputs
+from gmc.sweep import model_settings
 
 REPO = Path(__file__).resolve().parents[1]
 WORKFLOW_TIMEOUT = 1200
@@ -33,11 +34,16 @@ def test_default_config_dry_run_plans_the_sweep(tmp_path, snakemake):
     out = snakemake(["-n", "--cores", "2"], cwd=workdir(tmp_path, REPO / "config.yaml"))
     assert out.returncode == 0, out.stderr
     text = out.stdout + out.stderr
-    assert "build_tiny_model" in text and "theory_lab" in text
-    for run_dir in ("algo~gmc/delay~128/group~8/seed~2", "algo~none/delay~128/group~8/seed~2"):  # grid, reference
+    assert "theory_lab" in text
+    jobs = {line.split()[0]: int(line.split()[-1]) for line in text.splitlines()
+            if line.strip() and line.split()[-1].isdigit() and len(line.split()) == 2}
+    assert jobs["build_tiny_model"] == jobs["evaluate_base"] == 4  # a base model per seed
+    for run_dir in ("algo~gmc/delay~128/group~8/seed~3", "algo~none/delay~128/group~8/seed~3"):  # grid, reference
         assert f"results/train/{run_dir}/summary.json" in text
-    train_jobs = [line for line in text.splitlines() if line.strip().startswith("train ")]
-    assert int(train_jobs[0].split()[-1]) == (3 * 2 + 2 + 1) * 3  # (grid + is, none + latency gmc) x 3 seeds
+    # (grid + is, none + latency gmc) x 4 seeds, less gmc at delay 0: tic's run (one on-policy class)
+    assert jobs["train"] == (3 * 2 + 2 + 1) * 4 - 4
+    assert "results/train/algo~gmc/delay~0/group~8/seed~3/shared.json" in text
+    assert "results/models/tiny/seed~3" in text and "results/eval/base/seed~3/synthetic.json" in text
 
 
 def test_paper_preset_dry_run_plans_the_full_sweep(tmp_path, snakemake):
@@ -49,14 +55,16 @@ def test_paper_preset_dry_run_plans_the_full_sweep(tmp_path, snakemake):
     text = out.stdout + out.stderr
     train_jobs = [line for line in text.splitlines() if line.strip().startswith("train ")]
     n_train = int(train_jobs[0].split()[-1]) if train_jobs else 0
-    assert n_train == (3 * 5 * 3 + 3) * 3 == 144  # (algorithms x delays x G + latency) x 3 seeds
+    # (algorithms x delays x G + latency) x 3 seeds, less gmc at delay 0 (tic's run) for every G and seed
+    assert n_train == (3 * 5 * 3 + 3) * 3 - 3 * 3 == 135
     assert "seed~2/summary.json" in text and "algo~is" not in text and "algo~none" not in text
     assert "fetch_model" in text and "delay~128/group~32" in text
 
 
 @pytest.mark.parametrize("preset,n_train,corrections", [
-    ("corrections.yaml", 3 * 3 * 3 + 10 * 2 * 3, ["cispo", "icepop", "seq_mask", "m2po", "gmpo", "dppo"]),
-    ("corrections_long.yaml", 3 * 2 * 3 + 2 * 2 * 3, ["is", "cispo"]),
+    # at delay 0 the 13 estimators train three runs per seed, one per on-policy class
+    ("corrections.yaml", 3 * 3 * 3 + 10 * 2 * 3 - 10 * 3, ["cispo", "icepop", "seq_mask", "m2po", "gmpo", "dppo"]),
+    ("corrections_long.yaml", 3 * 2 * 3 + 2 * 2 * 3 - 2 * 3, ["is", "cispo"]),
 ])
 def test_the_league_presets_plan_every_correction_and_their_table(tmp_path, snakemake, load_workflow, preset, n_train,
                                                                   corrections):
@@ -71,9 +79,11 @@ def test_the_league_presets_plan_every_correction_and_their_table(tmp_path, snak
         assert f"algo~{name}/delay~0/group~8/seed~2" in text and f"algo~{name}/delay~128/group~8/seed~2" in text
     assert "tables/league.md" in text
     if preset == "corrections_long.yaml":  # the warm start learns the long task's format
-        assert "build-tiny-model" in text and "--config results/corrections_long/configs/model.yaml" in text
+        for seed in (0, 1, 2):  # one warm start per seed
+            assert f"--config results/corrections_long/configs/model/seed~{seed}.yaml" in text
         wf = load_workflow(tmp_path / "wf", configfiles=[REPO / "workflow" / "presets" / preset])
-        assert wf.globals["MODEL_SETTINGS"]["tiny"]["synthetic"]["min_operands"] == 11
+        assert model_settings(wf.config, 2)["synthetic"]["min_operands"] == 11
+        assert model_settings(wf.config, 2)["seed"] == 2
 
 
 def test_the_real_asynchrony_preset_plans_ray_points_beside_the_simulated_ones(tmp_path, snakemake):
@@ -84,7 +94,7 @@ def test_the_real_asynchrony_preset_plans_ray_points_beside_the_simulated_ones(t
     assert "delay~ray/group~8/seed~2/summary.json" in text and "delay~latency/group~8" in text
     assert "--config results/real_async/configs/train/algo~gmc/delay~ray/group~8/seed~2.yaml" in text
     train_jobs = [line for line in text.splitlines() if line.strip().startswith("train ")]
-    assert int(train_jobs[0].split()[-1]) == (3 * 2 + 3 + 3) * 3
+    assert int(train_jobs[0].split()[-1]) == (3 * 2 + 3 + 3) * 3 - 3  # gmc at delay 0: tic's run
 
 
 def test_a_trace_is_a_sweep_point(tmp_path, snakemake):
@@ -114,7 +124,7 @@ def test_every_train_job_reads_its_resolved_config_file_and_nothing_else(tmp_pat
 
     from gmc.config import TrainConfig
     from gmc.settings import from_dict, to_dict
-    from gmc.sweep import resolve_run, sweep_points
+    from gmc.sweep import resolve_run, shared_runs, sweep_points
 
     shutil.copy(REPO / "config.yaml", tmp_path / "config.yaml")
     extra = ["--configfile", str(preset)] if preset else []
@@ -123,13 +133,14 @@ def test_every_train_job_reads_its_resolved_config_file_and_nothing_else(tmp_pat
     commands = [line for line in (out.stdout + out.stderr).splitlines() if "python -m gmc train " in line]
     config = load_workflow(tmp_path / "wf", configfiles=[preset] if preset else []).config
     points = sweep_points(config)
+    shared = shared_runs(config, points)
     results = config["results"]
-    assert len(commands) == len(points)
+    assert len(commands) == len(points) - len(shared)
     for command in commands:
         assert "--set" not in command
         assert re.search(rf"gmc train --config {results}/configs/train/algo~[^ ]+\.yaml --out {results}/train/", command)
     assert {re.search(r"--config (\S+)", c)[1] for c in commands} == {
-        f"{results}/configs/train/{p.path}.yaml" for p in points}
+        f"{results}/configs/train/{p.path}.yaml" for p in points if p not in shared}
     sample = list({p.delay if not p.delay.isdigit() else "fixed": p for p in points}.values())
     files = [f"{results}/configs/train/{p.path}.yaml" for p in sample]
     made = snakemake(["--cores", "1", *extra, "--", *files], cwd=tmp_path)
@@ -207,15 +218,22 @@ def test_end_to_end_tiny_sweep(tmp_path, snakemake):
     results = wd / "results"
     runs = sorted((results / "train").glob("algo~*/delay~*/group~*/seed~*/summary.json"))
     assert len(runs) == 2 * 2 + 1 + 1  # grid, the reference none at delay 2, latency
+    # none at delay 0 trains no run of its own: on-policy it is gmc's loss, and its row is gmc's run
+    shared = json.loads((results / "train/algo~none/delay~0/group~4/seed~0/shared.json").read_text())
+    assert shared["run"] == "algo~gmc/delay~0/group~4/seed~0" and shared["on_policy_class"] == ["pg", "seq_sum_const"]
+    assert not (results / "eval/algo~none/delay~0").exists()
     main = pd.read_csv(results / "tables" / "main.csv")
     assert set(main["algorithm"]) == {"base", "grpo", "gmc", "none"} and "eval/synthetic/pass_at_1:mean" in main.columns
+    none0, gmc0 = (main[(main["algorithm"] == a) & (main["delay"].astype(str) == "0")].iloc[0] for a in ("none", "gmc"))
+    assert none0["shared_with"] == "gmc" and none0["eval/synthetic/pass_at_1:mean"] == gmc0["eval/synthetic/pass_at_1:mean"]
+    assert "none (run of gmc)" in (results / "tables" / "main.md").read_text()
     assert (results / "tables" / "main.md").read_text().startswith("| algorithm")
     assert "\\begin{tabular}" in (results / "tables" / "main.tex").read_text()
     paired = pd.read_csv(results / "tables" / "paired.csv")
     # latency runs are gmc only here: no partner among the estimators, a row for gmc's cost of staleness
     comparisons = {c: set(g["delay"].astype(str)) for c, g in paired.groupby("comparison")}
-    assert comparisons == {"gmc − grpo": {"0", "2"}, "gmc − none": {"2"}, "grpo: stale − on-policy": {"2"},
-                           "gmc: stale − on-policy": {"2", "latency"}}
+    assert comparisons == {"gmc − grpo": {"0", "2"}, "gmc − none": {"0", "2"}, "grpo: stale − on-policy": {"2"},
+                           "gmc: stale − on-policy": {"2", "latency"}, "none: stale − on-policy": {"2"}}
     assert "Differences whose interval excludes zero" in (results / "tables" / "paired.md").read_text()
     assert len(pd.read_csv(results / "theory" / "claims.csv")) > 0
     for name in outputs.FIGURES:
@@ -232,8 +250,9 @@ def test_end_to_end_tiny_sweep(tmp_path, snakemake):
     children = [r for r in mlflow_runs if "gmc.run_id" in r.data.tags]
     assert len(parents) == 1 and sorted(r.info.run_id for r in children) == sorted(synced["runs"].values())
     assert all(r.data.tags["mlflow.parentRunId"] == synced["sweep"] == parents[0].info.run_id for r in children)
-    assert all("eval/synthetic/pass_at_1" in r.data.metrics for r in [*children, *parents])
-    base = json.loads((results / "eval" / "base" / "synthetic.json").read_text())
+    assert all("eval/synthetic/pass_at_1" in r.data.metrics for r in children)
+    assert "seed-0/eval/synthetic/pass_at_1" in parents[0].data.metrics  # the base model of seed 0
+    base = json.loads((results / "eval" / "base" / "seed~0" / "synthetic.json").read_text())
     assert base["problems"] == 8 and base["k"] == 2
 
     # a second invocation has nothing to do
@@ -304,7 +323,7 @@ def test_default_profile_is_loaded_without_profile_option(tmp_path, snakemake):
     assert out.returncode == 0, out.stderr
     assert f"workflow specific profile {REPO / 'profiles' / 'default'}" in out.stderr
     # its set-threads reach the jobs: evaluate_base gets 2 threads
-    assert "OMP_NUM_THREADS=2 python -m gmc evaluate --model results/models/tiny" in out.stdout
+    assert "OMP_NUM_THREADS=2 python -m gmc evaluate --model results/models/tiny/seed~0" in out.stdout
 
 
 def test_slurm_profile_takes_site_values_from_the_environment(monkeypatch):

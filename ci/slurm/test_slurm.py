@@ -98,8 +98,9 @@ def test_sweep_through_slurm_equals_local_and_survives_a_cancelled_job(tmp_path)
     for name in ("local", "slurm"):
         (tmp_path / name).mkdir()
         (tmp_path / name / "config.yaml").write_text(yaml.safe_dump(config()))
-    # the base model once, for both runs (its build is not what is compared)
-    build = subprocess.run([*SNAKEMAKE, "results/models/tiny", "--cores", "2", *THREADS], cwd=tmp_path / "local",
+    # the base models (one per seed) once, for both runs (their build is not what is compared)
+    models = [f"results/models/tiny/seed~{s}" for s in config()["sweep"]["seeds"]]
+    build = subprocess.run([*SNAKEMAKE, *models, "--cores", "2", *THREADS], cwd=tmp_path / "local",
                            env=env(), capture_output=True, text=True, timeout=TIMEOUT)
     assert build.returncode == 0, build.stderr[-3000:]
     shutil.copytree(tmp_path / "local" / "results", tmp_path / "slurm" / "results")
@@ -211,7 +212,7 @@ def test_a_training_job_signalled_before_its_time_limit_is_requeued_and_resumed(
     for name in ("local", "slurm"):
         (tmp_path / name).mkdir()
         (tmp_path / name / "config.yaml").write_text(yaml.safe_dump(cfg))
-    build = subprocess.run([*SNAKEMAKE, "results/models/tiny", "--cores", "2", *THREADS], cwd=tmp_path / "local",
+    build = subprocess.run([*SNAKEMAKE, "results/models/tiny/seed~0", "--cores", "2", *THREADS], cwd=tmp_path / "local",
                            env=env(), capture_output=True, text=True, timeout=TIMEOUT)
     assert build.returncode == 0, build.stderr[-3000:]
     shutil.copytree(tmp_path / "local" / "results", tmp_path / "slurm" / "results")
@@ -257,11 +258,11 @@ def test_a_ray_training_job_inside_a_slurm_allocation(tmp_path):
     assert os.environ.get("GMC_SLURM_ACCOUNT"), "start the cluster first: ci/slurm/run.sh"
     cfg = config()
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
-    build = subprocess.run([*SNAKEMAKE, "results/models/tiny", "--cores", "2", *THREADS], cwd=tmp_path, env=env(),
+    build = subprocess.run([*SNAKEMAKE, "results/models/tiny/seed~0", "--cores", "2", *THREADS], cwd=tmp_path, env=env(),
                            capture_output=True, text=True, timeout=TIMEOUT)
     assert build.returncode == 0, build.stderr[-3000:]
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "gmc", "train", "--set", f"model={tmp_path / 'results/models/tiny'}", "--set",
+    cmd = [sys.executable, "-m", "gmc", "train", "--set", f"model={tmp_path / 'results/models/tiny/seed~0'}", "--set",
            "device=cpu", "--set", "steps=4", "--set", "prompts_per_step=4", "--set", "group_size=4", "--set",
            "delay.mode=ray", "--set", "delay.workers=2", "--set", "delay.max_staleness=2", "--set",
            "delay.ray_address=auto", "--out", str(out)]

@@ -8,13 +8,19 @@ from gmc.preflight import check_model_dir
 from gmc.settings import to_dict
 from gmc.sweep import (
     ALGO_WILDCARD,
+    base_eval_dirs,
+    BUILT_MODELS,
+    PER_SEED_MODELS,
     POINT,
+    SHARED_FILE,
     Point,
     delay_wildcard,
     eval_values,
     model_dir,
+    model_settings,
     resolve_eval,
     resolve_run,
+    shared_runs,
     sweep_points,
 )
 
@@ -45,7 +51,8 @@ wildcard_constraints:
 
 
 MODEL_NAME = config["model"]["name"]
-MODEL_DIR = model_dir(config)
+# one base model for every seed, or one per seed (the tiny model's warm start: gmc.sweep.PER_SEED_MODELS)
+MODEL_DIR = None if MODEL_NAME in PER_SEED_MODELS else model_dir(config)
 # a local folder of weights is used where it is (checked now, before any job: config, weights,
 # tokenizer); a hub id is fetched once into the results folder, a built model made there
 LOCAL_MODEL = MODEL_DIR == MODEL_NAME
@@ -53,15 +60,35 @@ if LOCAL_MODEL:
     check_model_dir(MODEL_NAME)
 
 
+def per_seed(path, ext=""):
+    """``path`` with a ``seed~{seed}`` level where each seed has its own base model, then ``ext``."""
+    return (
+        f"{path}/seed~{{seed}}{ext}"
+        if MODEL_NAME in PER_SEED_MODELS
+        else f"{path}{ext}"
+    )
+
+
+def base_model(wildcards):
+    """The base model of a point's (or a base evaluation's) seed."""
+    return model_dir(
+        config, int(wildcards.seed) if "seed" in wildcards.keys() else None
+    )
+
+
 POINTS = sweep_points(config)
+# points whose run is provably identical to another's (on-policy, one on-policy class): trained once
+SHARED = shared_runs(config, POINTS)
 RUN_DIRS = [f"{RESULTS}/train/{p.path}" for p in POINTS]
 # the training set every run reads (the train section's, shared by the sweep)
 TRAIN_DATA = resolve_run(config, POINTS[0]).train_data
-TRAIN_DONE = [f"{d}/summary.json" for d in RUN_DIRS]
+TRAIN_DONE = [
+    f"{RESULTS}/train/{p.path}/{SHARED_FILE if p in SHARED else 'summary.json'}"
+    for p in POINTS
+]
 EVAL_DIRS = [
-    str(Path(RESULTS, "eval", Path(d).relative_to(Path(RESULTS, "train"))))
-    for d in RUN_DIRS
-] + [f"{RESULTS}/eval/base"]
+    f"{RESULTS}/eval/{p.path}" for p in POINTS if p not in SHARED
+] + base_eval_dirs(config)
 EVAL_DONE = [f"{d}/{b}.json" for d in EVAL_DIRS for b in BENCHMARKS]
 MLFLOW_DONE = f"{RESULTS}/mlflow/synced.json"
 TABLE_FILES = [f"{RESULTS}/tables/{f}" for t in TABLES for f in table_files(t)]
@@ -77,3 +104,12 @@ def run_config(wildcards):
         wildcards.algo, wildcards.delay, int(wildcards.group), int(wildcards.seed)
     )
     return to_dict(resolve_run(config, point))
+
+
+def shared_run(wildcards):
+    """The point whose run a shared point's is."""
+    return SHARED[
+        Point(
+            wildcards.algo, wildcards.delay, int(wildcards.group), int(wildcards.seed)
+        )
+    ]

@@ -35,15 +35,19 @@ rule evaluate:
         "--config {input.cfg} > {log} 2>&1"
 
 
+# the starting point, per seed where each seed has its own base model
+BASE_EVAL = per_seed(f"{RESULTS}/eval/base")
+
+
 rule evaluate_base:
-    """The starting point: the base model before RL."""
+    """The starting point: the base model before RL (of each seed, where each has its own)."""
     input:
-        model=MODEL_DIR,
+        model=base_model,
         cfg=f"{RESULTS}/configs/eval.yaml",
     output:
-        [f"{RESULTS}/eval/base/{b}.json" for b in BENCHMARKS],
+        [f"{BASE_EVAL}/{b}.json" for b in BENCHMARKS],
     log:
-        f"{RESULTS}/logs/eval/base.log",
+        per_seed(f"{RESULTS}/logs/eval/base", ".log"),
     conda:
         conda_env("evaluate_base", config["resources"]["eval_gpus"])
     threads: 1

@@ -45,7 +45,9 @@ rule mlflow_sync:
     conda:
         CONDA_ENV
     params:
-        dirs=lambda wildcards, input: " ".join(str(Path(p).parent) for p in input.train),
+        dirs=lambda wildcards, input: " ".join(
+            str(Path(p).parent) for p in input.train if p.endswith("summary.json")
+        ),
         results=lambda wildcards, output: str(Path(output[0]).parents[1]),
         uri=shlex.quote(MLFLOW_URI),
         experiment=shlex.quote(MLFLOW_EXPERIMENT),

@@ -1,23 +1,20 @@
-MODEL_SETTINGS = {
-    "tiny": dict(config["model"]["tiny"], synthetic=config["synthetic"]),
-    "random-qwen3": config["model"]["random"],
-}
-
-
-if MODEL_NAME in MODEL_SETTINGS:
+if MODEL_NAME in BUILT_MODELS:
+    # a model built per seed has a config and a folder per seed (gmc.sweep.PER_SEED_MODELS)
 
     rule model_config:
         """The settings of the locally built base model (TinyModelConfig or RandomModelConfig)."""
         output:
-            f"{RESULTS}/configs/model.yaml",
+            per_seed(f"{RESULTS}/configs/model", ".yaml"),
         log:
-            f"{RESULTS}/logs/model_config.log",
+            per_seed(f"{RESULTS}/logs/model_config", ".log"),
         localrule: True
         conda:
             CONDA_ENV
         params:
             kind=MODEL_NAME,
-            values=MODEL_SETTINGS[MODEL_NAME],
+            values=lambda wildcards: model_settings(
+                config, int(wildcards.seed) if "seed" in wildcards.keys() else None
+            ),
         script:
             "../scripts/write_config.py"
 
@@ -25,16 +22,16 @@ if MODEL_NAME in MODEL_SETTINGS:
 if MODEL_NAME == "tiny":
 
     rule build_tiny_model:
-        """Build and warm-start the tiny Qwen3-architecture policy on the synthetic task."""
+        """Build and warm-start the tiny Qwen3-architecture policy on the synthetic task, once per seed."""
         input:
-            cfg=f"{RESULTS}/configs/model.yaml",
+            cfg=f"{RESULTS}/configs/model/seed~{{seed}}.yaml",
         output:
-            directory(MODEL_DIR),
+            directory(f"{RESULTS}/models/tiny/seed~{{seed}}"),
         log:
-            f"{RESULTS}/logs/build_tiny_model.log",
+            f"{RESULTS}/logs/build_tiny_model/seed~{{seed}}.log",
         conda:
             CONDA_ENV
-        threads: 2
+        threads: 1
         shell:
             "OMP_NUM_THREADS={threads} python -m gmc build-tiny-model --out {output} --config {input.cfg} "
             "> {log} 2>&1"

@@ -19,7 +19,7 @@ rule train_config:
 rule train:
     """One training run; rerunning a killed job resumes from its checkpoint."""
     input:
-        model=MODEL_DIR,
+        model=base_model,
         cfg=f"{RESULTS}/configs/train/{POINT}.yaml",
         data=f"{RESULTS}/data/manifest.json",
         mlflow=MLFLOW_TRAIN_INPUT,
@@ -45,3 +45,21 @@ rule train:
         '&& [ "$(squeue -h -j $SLURM_JOB_ID -o %T)" = RUNNING ]; then '
         "scontrol requeue $SLURM_JOB_ID && sleep 3 && scontrol update JobId=$SLURM_JOB_ID StartTime=now; sleep 60; fi; "
         "exit $status; }}"
+
+
+rule share_run:
+    """A point whose run is provably identical to another's: the record of which (no training)."""
+    input:
+        cfg=f"{RESULTS}/configs/train/{POINT}.yaml",
+        run_cfg=lambda wildcards: f"{RESULTS}/configs/train/{shared_run(wildcards).path}.yaml",
+        run=lambda wildcards: f"{RESULTS}/train/{shared_run(wildcards).path}/summary.json",
+    output:
+        f"{RESULTS}/train/{POINT}/{SHARED_FILE}",
+    log:
+        f"{RESULTS}/logs/share_run/{POINT}.log",
+    conda:
+        CONDA_ENV
+    params:
+        run=lambda wildcards: shared_run(wildcards).path,
+    script:
+        "../scripts/share_run.py"
