@@ -9,7 +9,7 @@ CORES ?= all
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run unlock figures report test test-slurm test-vllm test-peers test-paper-smoke lint clean
+.PHONY: install run unlock figures publish check-reproduction report test test-slurm test-vllm test-peers test-paper-smoke lint clean
 
 install: $(STAMP)
 
@@ -33,6 +33,16 @@ unlock: $(STAMP)
 # every table and figure again from the run directories in results/ (no training)
 figures: $(STAMP)
 	$(BIN)/gmc report --results results
+
+# the bundle of the default run (README's tables and figures): results/ -> published/default/
+publish: $(STAMP)
+	$(BIN)/gmc publish --results results --out published/default
+	$(BIN)/gmc report --results published/default
+
+# the default run's results/ (after make run) against the published bundle: every estimate, and
+# whether each published conclusion holds (exit 0), does not (1), or a file cannot be read (2)
+check-reproduction: $(STAMP)
+	$(BIN)/gmc compare-results published/default results
 
 # the HTML report of the last run
 report: $(STAMP)

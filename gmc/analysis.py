@@ -22,6 +22,7 @@ from gmc.estimator_info import REGISTRY, SHARED_DIAGNOSTICS
 from gmc.evaluate import SE, eval_scores
 from gmc.io import atomic_path, write_csv, write_text
 from gmc.outputs import TABLES
+from gmc.rundir import CONFIG, GROUPS, INFO, METRICS, SUMMARY
 from gmc.stats import LEVEL, mean_interval, paired_difference
 from gmc.sweep import SHARED_FILE, delay_order, parse_point
 
@@ -49,7 +50,7 @@ def collect(results: str | Path) -> pd.DataFrame:
         if marker.name == SHARED_FILE:
             shared = json.loads(marker.read_text())["run"]
             run_dir, extra = results / "train" / shared, {"shared_with": parse_point(shared)["algorithm"]}
-        row = {**point, **json.loads((run_dir / "summary.json").read_text()), "run_dir": str(run_dir), **extra}
+        row = {**point, **json.loads((run_dir / SUMMARY).read_text()), "run_dir": str(run_dir), **extra}
         row.update(eval_scores(results / "eval" / run_dir.relative_to(results / "train")))
         rows.append(row)
     if not rows:
@@ -188,9 +189,11 @@ def _difference_rows(comparison: str, both: pd.DataFrame, metrics: list[str]) ->
     side (columns ``<metric>:a`` and ``<metric>:b``)."""
     rows = []
     for (delay, group), grp in both.groupby(["delay", "group"], sort=False):
+        # a run shared by both sides (gmc.sweep.shared_runs) is one evaluation: no noise between them
+        one = grp["run_dir:a"] == grp["run_dir:b"] if "run_dir:a" in grp.columns else False
         for m in metrics:
-            se_a = grp[f"{m}{SE}:a"] if f"{m}{SE}:a" in grp.columns else None
-            se_b = grp[f"{m}{SE}:b"] if f"{m}{SE}:b" in grp.columns else None
+            se_a = grp[f"{m}{SE}:a"].where(~one, 0.0) if f"{m}{SE}:a" in grp.columns else None
+            se_b = grp[f"{m}{SE}:b"].where(~one, 0.0) if f"{m}{SE}:b" in grp.columns else None
             p = paired_difference(grp[f"{m}:a"], grp[f"{m}:b"], se_a, se_b)
             iv = p.interval
             rows.append(dict(comparison=comparison, delay=delay, group=group, metric=m, diff=iv.mean, lo=iv.lo,
@@ -369,15 +372,18 @@ def paired_markdown(paired: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n\n" + (_markdown(_paired_display(paired)) if len(paired) else "")
 
 
+def make_tables(results: str | Path) -> dict[str, Rendered]:
+    """Every table of :data:`gmc.outputs.TABLES` from the runs and evaluations under ``results``."""
+    runs, base = collect(results), base_scores(results)
+    return {name: entry.resolve()(runs, base) for name, entry in TABLES.items()}
+
+
 def write_tables(results: str | Path, out: str | Path | None = None) -> dict[str, pd.DataFrame]:
     """Every table of :data:`gmc.outputs.TABLES` as CSV, Markdown and LaTeX under ``out``
     (default ``<results>/tables``); returns the tidy frames by name."""
     out = Path(out or Path(results) / "tables")
-    runs = collect(results)
-    base = base_scores(results)
     tables = {}
-    for name, entry in TABLES.items():
-        table = entry.resolve()(runs, base)
+    for name, table in make_tables(results).items():
         write_csv(table.frame, out / f"{name}.csv")
         write_text(out / f"{name}.md", table.markdown)
         write_text(out / f"{name}.tex", table.latex)
@@ -389,7 +395,7 @@ def write_tables(results: str | Path, out: str | Path | None = None) -> dict[str
 # results bundles: what tables and figures need, without checkpoints
 
 
-BUNDLE_FILES = ("summary.json", "metrics.jsonl", "groups.jsonl", "config.yaml", "run.json", SHARED_FILE)
+BUNDLE_FILES = (SUMMARY, METRICS, GROUPS, CONFIG, INFO, SHARED_FILE)
 
 
 def export_bundle(results: str | Path, bundle: str | Path) -> int:

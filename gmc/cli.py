@@ -120,6 +120,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True)
     p.set_defaults(func=_export)
 
+    p = sub.add_parser("publish", help="the bundle of a finished sweep: what redraws its tables and figures, "
+                       "no checkpoints (then draw its figures with gmc report --results BUNDLE)")
+    p.add_argument("--results", default="results")
+    p.add_argument("--out", required=True, help="the bundle's folder, replaced whole (e.g. published/default)")
+    p.set_defaults(func=_publish)
+
+    p = sub.add_parser("compare-results", help="a re-run's tables against a published bundle: every estimate, "
+                       "and whether each published conclusion holds (exit 0: all hold, 1: not, 2: unreadable)")
+    p.add_argument("bundle")
+    p.add_argument("results")
+    p.set_defaults(func=_compare_results)
+
     p = sub.add_parser("import-results", help="unpack an archive made by export-results")
     p.add_argument("bundle")
     p.add_argument("--results", default="results")
@@ -224,6 +236,24 @@ def _export(args: argparse.Namespace) -> None:
     from gmc.analysis import export_bundle
 
     print(f"{export_bundle(args.results, args.out)} files -> {args.out}")
+
+
+def _publish(args: argparse.Namespace) -> None:
+    from gmc.published import publish
+
+    print(f"{publish(args.results, args.out)} files -> {args.out}")
+
+
+def _compare_results(args: argparse.Namespace) -> None:
+    from gmc.published import Unreadable, compare, report
+
+    try:
+        comparison = compare(args.bundle, args.results)
+    except Unreadable as err:
+        print(f"gmc compare-results: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+    print(report(comparison))
+    raise SystemExit(0 if comparison.holds else 1)
 
 
 def _theory(args: argparse.Namespace) -> None:

@@ -21,6 +21,7 @@ import pandas as pd  # noqa: E402
 from gmc.estimator_info import REGISTRY  # noqa: E402
 from gmc.io import save_figure  # noqa: E402
 from gmc.outputs import FIGURES  # noqa: E402
+from gmc.rundir import GROUPS, METRICS  # noqa: E402
 from gmc.stats import mean_interval  # noqa: E402
 from gmc.sweep import delay_order, delay_title  # noqa: E402
 
@@ -170,7 +171,7 @@ def reward_vs_step(frame: pd.DataFrame, out: Path) -> list[Path]:
     for ax, delay in zip(axes, delays):
         for algo, grp in sub[sub["delay"] == delay].groupby("algorithm"):
             curves = pd.concat([pd.Series([r.get("rollout/reward_mean", np.nan)
-                                           for r in read_jsonl(Path(d) / "metrics.jsonl")]).rolling(10, min_periods=1).mean()
+                                           for r in read_jsonl(Path(d) / METRICS)]).rolling(10, min_periods=1).mean()
                                 for d in grp["run_dir"]], axis=1)  # [step, seed]
             band = [mean_interval(row) for row in curves.to_numpy()]
             mean = np.array([iv.mean for iv in band])
@@ -264,7 +265,7 @@ def staleness_vs_length(frame: pd.DataFrame, out: Path) -> list[Path]:
     fig, ax = plt.subplots(figsize=(5, 3.6), layout="constrained")
     named = frame[~frame["delay"].str.isdigit()]
     for (delay, algo), grp in named.groupby(["delay", "algorithm"]):
-        rows = [r for d in grp["run_dir"] for r in read_jsonl(Path(d) / "groups.jsonl")]
+        rows = [r for d in grp["run_dir"] for r in read_jsonl(Path(d) / GROUPS)]
         gdf = pd.DataFrame(rows)
         bins = pd.cut(gdf["length_max"], bins=8)
         stats = gdf.groupby(bins, observed=True)["staleness"].mean()
@@ -296,7 +297,7 @@ def staleness_distribution(frame: pd.DataFrame, out: Path) -> list[Path]:
     width = 0.8 / max(1, len(delays))
     for i, delay in enumerate(delays):
         runs = named[named["delay"] == delay]
-        lags = np.array([r["staleness"] for d in runs["run_dir"] for r in read_jsonl(Path(d) / "groups.jsonl")])
+        lags = np.array([r["staleness"] for d in runs["run_dir"] for r in read_jsonl(Path(d) / GROUPS)])
         values, counts = np.unique(lags, return_counts=True)
         ax.bar(values + (i - (len(delays) - 1) / 2) * width, counts / counts.sum(), width=width,
                label=f"{delay_title(delay)} ({runs['seed'].nunique()} seeds, mean {lags.mean():.2f})")

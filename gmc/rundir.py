@@ -52,9 +52,16 @@ CHECKPOINT = "checkpoint.pt"
 PREVIOUS = "checkpoint.prev.pt"
 REJECTED = "checkpoint.rejected.pt"
 SUMMARY = "summary.json"
+INFO = "run.json"
 MODEL = "model"
-LOGS = ("metrics.jsonl", "groups.jsonl", "staleness_trace.jsonl")
-RUN_FILES = (CONFIG, "run.json", *LOGS, CHECKPOINT, PREVIOUS, REJECTED, SUMMARY, MODEL)
+METRICS = "metrics.jsonl"
+"""One line per optimizer step."""
+GROUPS = "groups.jsonl"
+"""One line per consumed group: its staleness, lengths, rewards."""
+TRACE = "staleness_trace.jsonl"
+"""The run's consumption order, replayable by the trace delay mode."""
+LOGS = (METRICS, GROUPS, TRACE)
+RUN_FILES = (CONFIG, INFO, *LOGS, CHECKPOINT, PREVIOUS, REJECTED, SUMMARY, MODEL)
 """Everything a run writes into its directory (besides the lock)."""
 
 

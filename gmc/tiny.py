@@ -126,6 +126,7 @@ def build_tiny_model(out: str | Path, cfg: TinyModelConfig = TinyModelConfig(), 
         acc = accuracy()
     model.eval()
     summary = {"steps": step, "greedy_accuracy": acc, "seconds": round(time.time() - start, 1),
+               "threads": torch.get_num_threads(),
                "parameters": count_parameters(model), "history": history,
                "config": to_dict(cfg)}
     save_model(out, model, tokenizer, summary)

@@ -30,6 +30,7 @@ from typing import Any
 import yaml
 
 from gmc.io import flatten, read_jsonl
+from gmc.rundir import CONFIG, INFO, METRICS, SUMMARY
 
 log = logging.getLogger(__name__)
 
@@ -220,13 +221,13 @@ def sync_run(run_dir: str | Path, uri: str | None = None, experiment: str | None
     """Import a run directory into MLflow, or bring its earlier import up to date (new steps,
     evaluation scores, files, status). Returns the MLflow run id."""
     run_dir = Path(run_dir)
-    info_path, cfg_path = run_dir / "run.json", run_dir / "config.yaml"
+    info_path, cfg_path = run_dir / INFO, run_dir / CONFIG
     for path in (info_path, cfg_path):
         if not path.exists():
             raise FileNotFoundError(f"{path}: missing; {run_dir} is not a gmc run directory")
     info = json.loads(info_path.read_text())
     config = yaml.safe_load(cfg_path.read_text())
-    metrics_path = run_dir / "metrics.jsonl"
+    metrics_path = run_dir / METRICS
     records = read_jsonl(metrics_path)
     uri = resolve_uri(uri)
     client = _client(uri)
@@ -238,11 +239,11 @@ def sync_run(run_dir: str | Path, uri: str | None = None, experiment: str | None
     before = int(run.data.tags.get(STEPS_TAG, 0))
     default_ms = int(metrics_path.stat().st_mtime * 1000) if metrics_path.exists() else 0
     synced = _append(client, mlflow_run_id, records, before, default_ms)
-    finished = (run_dir / "summary.json").exists()
+    finished = (run_dir / SUMMARY).exists()
     root = sweep_root(run_dir)
     if finished and root is not None:
         _log_new_scores(client, run, root / "eval" / run_dir.resolve().relative_to(root / "train"), max(synced - 1, 0))
-    for name in ("summary.json", "config.yaml", "run.json"):
+    for name in (SUMMARY, CONFIG, INFO):
         if (run_dir / name).exists():
             client.log_artifact(mlflow_run_id, str(run_dir / name))
     client.set_terminated(mlflow_run_id, "FINISHED" if finished else "KILLED")

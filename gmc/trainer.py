@@ -40,12 +40,22 @@ from gmc.estimator_info import diagnostic_names
 from gmc.io import atomic_dir, read_jsonl, truncate_jsonl, write_json, write_text
 from gmc.policy import DTYPES, load_policy, parameter_bytes
 from gmc.rewards import Grader
-from gmc.rundir import STOP, CheckpointError, RunDir, nonfinite_tensors, provenance
+from gmc.rundir import (
+    CONFIG,
+    GROUPS,
+    INFO,
+    METRICS,
+    STOP,
+    TRACE,
+    CheckpointError,
+    RunDir,
+    nonfinite_tensors,
+    provenance,
+)
 from gmc.update import Update
 
 log = logging.getLogger(__name__)
 
-TRACE = "staleness_trace.jsonl"
 """One line per consumed group: ``prompt_index``, ``version``, ``consumed_version`` (what the
 ``trace`` delay mode replays)."""
 TIME_PREFIX = "time/"
@@ -170,10 +180,10 @@ class Trainer:
 
     def _start_fresh(self) -> None:
         self.rundir.reset()
-        write_text(self.out / "config.yaml", yaml.safe_dump(to_dict(self.cfg), sort_keys=False))
-        self.run_info = provenance(seed=self.cfg.seed, device=str(self.device),
+        write_text(self.out / CONFIG, yaml.safe_dump(to_dict(self.cfg), sort_keys=False))
+        self.run_info = provenance(seed=self.cfg.seed, device=str(self.device), threads=torch.get_num_threads(),
                                    parameter_bytes=parameter_bytes(self.model))
-        write_json(self.out / "run.json", self.run_info)
+        write_json(self.out / INFO, self.run_info)
 
     # -- one step -----------------------------------------------------------------------------
 
@@ -283,7 +293,7 @@ class Trainer:
             self.rundir.unfinish()
         if self.engine is not None:
             self.engine.sync_weights(self.model)
-        for name in ("metrics.jsonl", "groups.jsonl"):
+        for name in (METRICS, GROUPS):
             truncate_jsonl(self.out / name, self.step)
         truncate_jsonl(self.out / TRACE, self.step, key="consumed_version")
         log.info("resumed %s at step %d", self.out, self.step)
@@ -303,7 +313,7 @@ class Trainer:
         STOP.install()  # again, if gmc train installed it: whatever replaced it since (Ray) is overruled
         last_checkpoint = self.clock()
         try:
-            with (self.out / "metrics.jsonl").open("a") as mfile, (self.out / "groups.jsonl").open("a") as gfile, \
+            with (self.out / METRICS).open("a") as mfile, (self.out / GROUPS).open("a") as gfile, \
                     (self.out / TRACE).open("a") as tfile:
                 while self.step < cfg.steps:
                     step = self.train_step()
@@ -338,7 +348,7 @@ class Trainer:
                          for k, v in self.model.state_dict().items()}
                 self.model.save_pretrained(tmp, state_dict=state)
                 self.tokenizer.save_pretrained(tmp)
-            summary = summarize_metrics(self.out / "metrics.jsonl")
+            summary = summarize_metrics(self.out / METRICS)
             summary["run_id"] = self.run_info["run_id"]
             self.rundir.finish(summary)
         finally:

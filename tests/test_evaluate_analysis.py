@@ -118,6 +118,23 @@ def test_a_base_model_per_seed_gives_the_base_row_an_interval(tmp_path):
     assert base["algorithm"] == "base" and base["n_seeds"] == 1 and math.isnan(base["eval/synthetic/greedy:half"])
 
 
+def test_a_shared_run_appears_under_both_names_and_differs_from_itself_by_exactly_zero(tmp_path):
+    r = tmp_path / "results"
+    for seed, score in enumerate((0.40, 0.55, 0.47)):
+        fake_run(r, "gmc", 0, 8, seed, score, score, se=0.02)
+        tic = r / "train" / "algo~tic" / "delay~0" / "group~8" / f"seed~{seed}"
+        tic.mkdir(parents=True)
+        (tic / "shared.json").write_text(json.dumps({"run": f"algo~gmc/delay~0/group~8/seed~{seed}"}))
+    frame = collect(r)
+    assert sorted(frame["algorithm"]) == ["gmc"] * 3 + ["tic"] * 3
+    assert set(frame.loc[frame.algorithm == "tic", "shared_with"]) == {"gmc"}
+    tables = write_tables(r)
+    row = tables["paired"][(tables["paired"].comparison == "gmc − tic")
+                           & (tables["paired"].metric == "eval/synthetic/pass_at_1")].iloc[0]
+    assert row["diff"] == 0 and row["half"] == 0  # one evaluation: no evaluation noise between them
+    assert "tic (run of gmc)" in (r / "tables" / "main.md").read_text()
+
+
 def test_parse_point_and_missing_runs(tmp_path):
     assert parse_point("results/train/algo~gmc/delay~latency/group~8/seed~2") == {
         "algorithm": "gmc", "delay": "latency", "group": 8, "seed": 2}

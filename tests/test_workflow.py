@@ -62,8 +62,9 @@ def test_paper_preset_dry_run_plans_the_full_sweep(tmp_path, snakemake):
 
 
 @pytest.mark.parametrize("preset,n_train,corrections", [
-    # at delay 0 the 13 estimators train three runs per seed, one per on-policy class
-    ("corrections.yaml", 3 * 3 * 3 + 10 * 2 * 3 - 10 * 3, ["cispo", "icepop", "seq_mask", "m2po", "gmpo", "dppo"]),
+    # at delay 0 the 14 estimators train three runs per seed, one per on-policy class
+    ("corrections.yaml", 3 * 3 * 3 + 11 * 2 * 3 - 11 * 3,
+     ["cispo", "icepop", "seq_mask", "m2po", "gmpo", "dppo", "sapo"]),
     ("corrections_long.yaml", 3 * 2 * 3 + 2 * 2 * 3 - 2 * 3, ["is", "cispo"]),
 ])
 def test_the_league_presets_plan_every_correction_and_their_table(tmp_path, snakemake, load_workflow, preset, n_train,
@@ -319,11 +320,12 @@ SITE_VARS = ("GMC_SLURM_ACCOUNT", "GMC_SLURM_PARTITION", "GMC_SLURM_GPU_PARTITIO
 
 
 def test_default_profile_is_loaded_without_profile_option(tmp_path, snakemake):
-    out = snakemake(["-n", "-p", "--cores", "2"], cwd=workdir(tmp_path, REPO / "config.yaml"))
+    out = snakemake(["-n", "--cores", "2"], cwd=workdir(tmp_path, REPO / "config.yaml"))
     assert out.returncode == 0, out.stderr
     assert f"workflow specific profile {REPO / 'profiles' / 'default'}" in out.stderr
-    # its set-threads reach the jobs: evaluate_base gets 2 threads
-    assert "OMP_NUM_THREADS=2 python -m gmc evaluate --model results/models/tiny/seed~0" in out.stdout
+    # its settings reach the jobs: commands printed (printshellcmds), one thread per job
+    assert "OMP_NUM_THREADS=1 python -m gmc evaluate --model results/models/tiny/seed~0" in out.stdout
+    assert "OMP_NUM_THREADS=1 python -m gmc build-tiny-model --out results/models/tiny/seed~0" in out.stdout
 
 
 def test_slurm_profile_takes_site_values_from_the_environment(monkeypatch):

@@ -1,0 +1,121 @@
+"""Published bundles: what they keep, that they redraw the tables and figures alone, and the
+check of a re-run against them (every estimate, each resolved conclusion, the exit status)."""
+
+import json
+import math
+
+import pytest
+
+from gmc.cli import main
+from gmc.published import PROVENANCE, Conclusion, compare, publish
+
+SCORES = {"gmc": (0.60, 0.64, 0.62), "grpo": (0.40, 0.45, 0.41)}
+"""Greedy accuracy per seed at delay 16: gmc − grpo is resolved."""
+
+
+def sweep(results, scores=SCORES, base=(0.30, 0.33, 0.31)):
+    """A finished sweep's results folder: two estimators at delays 0 and 16, three seeds, a base
+    model per seed, each run with a checkpoint the bundle must leave out."""
+    for algo, per_seed in scores.items():
+        for delay in (0, 16):
+            for seed, score in enumerate(per_seed):
+                point = f"algo~{algo}/delay~{delay}/group~8/seed~{seed}"
+                run = results / "train" / point
+                run.mkdir(parents=True)
+                (run / "summary.json").write_text(json.dumps({"steps": 3, "rollout/reward_mean_last20": score}))
+                (run / "config.yaml").write_text(f"algorithm: {algo}\nseed: {seed}\n")
+                (run / "run.json").write_text(json.dumps({"git_revision": "abc123", "seed": seed, "threads": 1}))
+                (run / "metrics.jsonl").write_text("".join(json.dumps(
+                    {"step": t, "rollout/reward_mean": score, "loss": 0.1, "time/step_seconds": 1.0}) + "\n"
+                    for t in range(3)))
+                (run / "checkpoint.pt").write_bytes(b"weights")
+                ev = results / "eval" / point
+                ev.mkdir(parents=True)
+                s = score if delay else score + 0.05
+                (ev / "synthetic.json").write_text(json.dumps({"benchmark": "synthetic", "greedy": s,
+                                                               "pass_at_1": s, "pass_at_1_se": 0.01, "problems": 500}))
+                (ev / "synthetic.completions.jsonl").write_text("{}\n")
+    for seed, score in enumerate(base):
+        ev = results / "eval" / "base" / f"seed~{seed}"
+        ev.mkdir(parents=True)
+        (ev / "synthetic.json").write_text(json.dumps({"benchmark": "synthetic", "greedy": score, "pass_at_1": score,
+                                                       "pass_at_1_se": 0.01, "problems": 500}))
+    (results / "configs" / "train").mkdir(parents=True)
+    (results / "configs" / "eval.yaml").write_text("benchmarks: [synthetic]\n")
+    return results
+
+
+@pytest.fixture()
+def bundle(tmp_path):
+    out = tmp_path / "published"
+    publish(sweep(tmp_path / "results"), out)
+    return out
+
+
+def test_a_bundle_keeps_what_tables_and_figures_read_and_no_weights(bundle, tmp_path):
+    run = bundle / "train" / "algo~gmc" / "delay~16" / "group~8" / "seed~1"
+    assert sorted(p.name for p in run.iterdir()) == ["config.yaml", "metrics.jsonl", "run.json", "summary.json"]
+    assert json.loads((run / "metrics.jsonl").read_text().splitlines()[0]) == {"step": 0, "rollout/reward_mean": 0.64}
+    assert not list(bundle.glob("**/*.pt")) and not list(bundle.glob("**/*completions*"))
+    assert (bundle / "eval" / "base" / "seed~2" / "synthetic.json").exists()
+    assert (bundle / "configs" / "eval.yaml").exists() and not (bundle / "configs" / "train").exists()
+    provenance = json.loads((bundle / PROVENANCE).read_text())
+    assert provenance["commit"] == "abc123" and provenance["machine"]["cores"] >= 1
+    assert provenance["threads"] == {"train": [1], "build": "not recorded"}
+    # the tables, and the figures drawn from the bundle alone
+    assert (bundle / "tables" / "main.csv").exists() and (bundle / "tables" / "paired.md").exists()
+    main(["report", "--results", str(bundle)])
+    assert (bundle / "figures" / "score_vs_delay.png").stat().st_size > 5000
+    assert (bundle / "figures" / "reward_vs_step.png").exists()
+
+
+def test_a_re_run_of_the_same_numbers_agrees_everywhere(bundle, tmp_path, capsys):
+    comparison = compare(bundle, tmp_path / "results")
+    assert comparison.checks and all(c.inside is not False for c in comparison.checks)
+    resolved = [c.key for c in comparison.conclusions]
+    assert "gmc − grpo at delay 16, G = 8, eval/synthetic/greedy" in resolved
+    assert comparison.holds
+    with pytest.raises(SystemExit) as stop:
+        main(["compare-results", str(bundle), str(tmp_path / "results")])
+    assert stop.value.code == 0
+    out = capsys.readouterr().out
+    assert "0 of" in out and "one in twenty" in out and f"{len(resolved)} of {len(resolved)} published conclusions hold" in out
+    base = next(c for c in comparison.checks if c.key == "base/-/0 eval/synthetic/greedy")
+    assert base.published_half > 0  # the base row has an interval: a base model per seed
+
+
+def test_a_re_run_that_reverses_a_conclusion_exits_1(bundle, tmp_path, capsys):
+    other = sweep(tmp_path / "other", scores={"gmc": (0.40, 0.45, 0.41), "grpo": (0.60, 0.64, 0.62)})
+    comparison = compare(bundle, other)
+    reversed_ = next(c for c in comparison.conclusions if c.key == "gmc − grpo at delay 16, G = 8, eval/synthetic/greedy")
+    assert reversed_.verdict == "does not hold: the sign changed" and not comparison.holds
+    assert any(c.inside is False for c in comparison.checks)
+    with pytest.raises(SystemExit) as stop:
+        main(["compare-results", str(bundle), str(other)])
+    assert stop.value.code == 1 and "does not hold" in capsys.readouterr().out
+
+
+def test_an_unreadable_bundle_or_results_folder_exits_2_naming_the_file(bundle, tmp_path, capsys):
+    for args, named in (([str(tmp_path / "nothing"), str(tmp_path / "results")], "nothing/provenance.json"),
+                        ([str(bundle), str(tmp_path / "empty")], "empty/train")):
+        (tmp_path / "empty").mkdir(exist_ok=True)
+        with pytest.raises(SystemExit) as stop:
+            main(["compare-results", *args])
+        assert stop.value.code == 2 and named in capsys.readouterr().err
+    (bundle / "tables" / "paired.csv").write_text("")
+    with pytest.raises(SystemExit) as stop:
+        main(["compare-results", str(bundle), str(tmp_path / "results")])
+    assert stop.value.code == 2 and "paired.csv" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("new,resolved,verdict", [
+    ((0.10, 0.02, 0.18), True, "holds: same sign, resolved again"),
+    ((0.05, -0.01, 0.11), False, "holds: same sign, not resolved, overlaps the published interval"),
+    ((0.01, -0.01, 0.03), False, "does not hold: same sign but unresolved and outside the published interval"),
+    ((-0.10, -0.18, -0.02), True, "does not hold: the sign changed"),
+    (None, False, "not in the re-run: cannot be checked"),
+    ((math.nan, math.nan, math.nan), False, "does not hold: the sign changed"),
+])
+def test_a_conclusion_holds_when_its_sign_stays_and_it_is_resolved_or_overlaps(new, resolved, verdict):
+    c = Conclusion("gmc − grpo", (0.12, 0.06, 0.18), new, resolved)
+    assert c.verdict == verdict and c.holds == verdict.startswith("holds")
