@@ -9,13 +9,12 @@ every engine takes are :class:`SamplingConfig`.
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from pydantic import Field
 
-from gmc.settings import ConfigError, Fraction, NonNegative, PositiveInt, settings
+from gmc.settings import ConfigError, Fraction, NonNegative, PositiveInt, load_named, settings
 
 Dtype = Literal["float32", "bfloat16", "float16"]
 
@@ -103,5 +102,4 @@ def make_engine(name: str, model, tokenizer, model_path: str | None = None, seed
         settings = settings if settings is not None else entry.settings()
     if not entry.shares_model and model_path is None:
         raise ValueError(f"the {name} engine loads its own copy of the weights: it needs model_path")
-    module, name = entry.make.split(":")
-    return getattr(importlib.import_module(module), name)(model, tokenizer, model_path, seed, settings, dtype)
+    return load_named(entry.make)(model, tokenizer, model_path, seed, settings, dtype)

@@ -11,7 +11,6 @@ that the declared on-policy classes and batch-statistics flags hold.
 
 from __future__ import annotations
 
-import importlib
 import typing
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
@@ -19,7 +18,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from gmc.settings import NonNegative, Positive, PositiveInt, settings
+from gmc.settings import NonNegative, Positive, PositiveInt, load_named, settings
 
 Aggregation = Literal["token_mean", "seq_mean", "seq_sum_const"]
 AGGREGATIONS: tuple[str, ...] = typing.get_args(Aggregation)
@@ -163,8 +162,7 @@ class Estimator:
 
     def resolve(self) -> Callable:
         """The loss function named by :attr:`loss` (imports its module)."""
-        module, name = self.loss.split(":")
-        return getattr(importlib.import_module(module), name)
+        return load_named(self.loss)
 
 
 PG_TOKEN_MEAN = ("pg", "token_mean")

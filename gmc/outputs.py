@@ -13,9 +13,10 @@ and writes ``<name>.png`` and ``.pdf``.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from gmc.settings import load_named
 
 
 @dataclass(frozen=True)
@@ -28,8 +29,7 @@ class Output:
     """What it shows, in a sentence (the report's caption starts with it)."""
 
     def resolve(self) -> Callable:
-        module, name = self.function.split(":")
-        return getattr(importlib.import_module(module), name)
+        return load_named(self.function)
 
 
 TABLES: dict[str, Output] = {
