@@ -43,7 +43,7 @@ def quartiles(xs: list[float]) -> list[float]:
 
 
 def main() -> None:
-    model_dir = sys.argv[1] if len(sys.argv) > 1 else "results/models/tiny"
+    model_dir = sys.argv[1] if len(sys.argv) > 1 else "results/models/tiny/seed~0"
     rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 12
     per_round = int(sys.argv[3]) if len(sys.argv) > 3 else 5
     steps = 1 + rounds * per_round

@@ -4,7 +4,7 @@
 # shape built on the GPU: the update's peak per budget with and without a stand-in for vLLM
 # against the memory plan, its MFU with causal against masked attention, log-prob identity on
 # CUDA, the top kernels of one micro-batch; vLLM when installed (bench/gpu_check.py says more).
-#   device run: bash bench/gpu.sh   (with results/models/tiny carried for the tokenizer)
+#   device run: bash bench/gpu.sh   (with results/models/tiny/seed~0 carried for the tokenizer)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-bench/results}"

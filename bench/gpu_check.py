@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 OUT = Path(sys.argv[1] if len(sys.argv) > 1 else "bench/results")
-TOKENIZER = Path("results/models/tiny")
+TOKENIZER = Path("results/models/tiny/seed~0")
 SMALL = os.environ.get("GMC_GPU_CHECK_SMALL") == "1"
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"

@@ -20,7 +20,7 @@ from gmc.trainer import Trainer  # noqa: E402
 
 
 def main() -> None:
-    model_dir = sys.argv[1] if len(sys.argv) > 1 else "results/models/tiny"
+    model_dir = sys.argv[1] if len(sys.argv) > 1 else "results/models/tiny/seed~0"
     steps = int(sys.argv[2]) if len(sys.argv) > 2 else 15
     overrides = sys.argv[3:]
     cfg = our_config(model_dir, steps + 2, *overrides)

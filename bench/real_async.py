@@ -48,7 +48,7 @@ def run(model_dir: str, steps: int, token_seconds: float, sets: list[str], out: 
 
 
 def main() -> None:
-    model_dir = sys.argv[1] if len(sys.argv) > 1 else "results/models/tiny"
+    model_dir = sys.argv[1] if len(sys.argv) > 1 else "results/models/tiny/seed~0"
     steps = int(sys.argv[2]) if len(sys.argv) > 2 else 12
     rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 2
     token_seconds = float(sys.argv[4]) if len(sys.argv) > 4 else 0.01

@@ -27,7 +27,7 @@ PROMPTS, N, MAX_NEW = 8, 8, 48
 
 
 def main() -> None:
-    model_dir = sys.argv[1] if len(sys.argv) > 1 else "results/models/tiny"
+    model_dir = sys.argv[1] if len(sys.argv) > 1 else "results/models/tiny/seed~0"
     model, tok = load_policy(model_dir, device="cpu")
     model.eval()
     prompts = [PLAIN_TEMPLATE.format(problem=r.problem) for r in SyntheticTask().generate("test", PROMPTS, seed=3)]

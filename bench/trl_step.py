@@ -118,7 +118,7 @@ def main() -> None:
         i = args.index("--baseline")
         baseline = str(Path(args[i + 1]).resolve())
         del args[i : i + 2]
-    model_dir = args[0] if len(args) > 0 else "results/models/tiny"
+    model_dir = args[0] if len(args) > 0 else "results/models/tiny/seed~0"
     steps = int(args[1]) if len(args) > 1 else 20
     repeats = int(args[2]) if len(args) > 2 else 2
     variants = {"gmc": run_ours, "trl": run_trl}

@@ -45,7 +45,7 @@ class TrainConfig:
     CPU run's.
     """
 
-    model: str = "results/models/tiny"
+    model: str = "results/models/tiny/seed~0"
     """Local folder of HF weights, or a hub name (``gmc build-tiny-model`` makes the default)."""
     model_dtype: Dtype = "float32"
     """Compute dtype: ``float32``, ``bfloat16`` or ``float16``. Below float32, forwards run under

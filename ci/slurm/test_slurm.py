@@ -139,7 +139,8 @@ def test_sweep_through_slurm_equals_local_and_survives_a_cancelled_job(tmp_path)
     by_rule = {}
     for j in jobs:
         by_rule.setdefault(j["comment"].split("_wildcards")[0].removeprefix("rule_"), []).append(j)
-    assert {r: len(v) for r, v in by_rule.items()} == {"train": 3, "evaluate": 2, "evaluate_base": 1}, jobs
+    # a base model per seed: two base evaluations
+    assert {r: len(v) for r, v in by_rule.items()} == {"train": 3, "evaluate": 2, "evaluate_base": 2}, jobs
     assert all(j["account"] == os.environ["GMC_SLURM_ACCOUNT"] for j in jobs)
     assert all(j["partition"] == os.environ["GMC_SLURM_PARTITION"] for j in jobs)
     for j in by_rule["train"]:  # the profile's train request: 16 CPUs, 125 GB, one GPU
@@ -159,8 +160,9 @@ def test_sweep_through_slurm_equals_local_and_survives_a_cancelled_job(tmp_path)
     files = sorted(p.relative_to(results["local"]) for pattern in
                    ("train/**/metrics.jsonl", "train/**/summary.json", "eval/**/*.json")
                    for p in results["local"].glob(pattern))
+    # two runs, their evaluations, and each seed's base model evaluation
     assert sorted(f.name for f in files) == sorted(["metrics.jsonl", "summary.json"] * 2
-                                                   + ["eval_config.json", "synthetic.json"] * 3), files
+                                                   + ["eval_config.json", "synthetic.json"] * 4), files
     trained = [rows(p) for p in (tmp_path / "slurm" / "results").glob("train/**/metrics.jsonl")]
     assert any(r["train/grad_norm"] > 0 for run in trained for r in run), "no update: the comparison is vacuous"
     for rel in files:
