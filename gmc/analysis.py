@@ -41,7 +41,7 @@ def collect(results: str | Path) -> pd.DataFrame:
     name, with ``shared_with`` naming the estimator that trained it."""
     results = Path(results)
     rows = []
-    found = [*(results / "train").glob(f"**/{SHARED_FILE}"), *(results / "train").glob("**/summary.json")]
+    found = [*(results / "train").glob(f"**/{SHARED_FILE}"), *(results / "train").glob(f"**/{SUMMARY}")]
     for marker in sorted(found):
         point = parse_point(marker.parent)
         if point is None:
@@ -121,10 +121,9 @@ def base_scores(results: str | Path) -> pd.DataFrame:
     warm-starts its own base model, else the one model's ``eval/base`` as seed 0. Empty where
     nothing evaluated the base model."""
     root = Path(results) / "eval" / "base"
-    rows = [{"seed": int(d.name.split("~", 1)[1]), **eval_scores(d)} for d in sorted(root.glob("seed~*"))]
-    if not rows and eval_scores(root):
-        rows = [{"seed": 0, **eval_scores(root)}]
-    return pd.DataFrame([r for r in rows if len(r) > 1])
+    per_seed = {int(d.name.split("~", 1)[1]): d for d in sorted(root.glob("seed~*"))} or {0: root}
+    rows = [{"seed": seed, **scores} for seed, d in per_seed.items() if (scores := eval_scores(d))]
+    return pd.DataFrame(rows)
 
 
 def with_base(runs: pd.DataFrame, base: pd.DataFrame) -> pd.DataFrame:
@@ -190,7 +189,7 @@ def _difference_rows(comparison: str, both: pd.DataFrame, metrics: list[str]) ->
     rows = []
     for (delay, group), grp in both.groupby(["delay", "group"], sort=False):
         # a run shared by both sides (gmc.sweep.shared_runs) is one evaluation: no noise between them
-        one = grp["run_dir:a"] == grp["run_dir:b"] if "run_dir:a" in grp.columns else False
+        one = grp["run_dir:a"] == grp["run_dir:b"] if "run_dir:a" in grp.columns else pd.Series(False, grp.index)
         for m in metrics:
             se_a = grp[f"{m}{SE}:a"].where(~one, 0.0) if f"{m}{SE}:a" in grp.columns else None
             se_b = grp[f"{m}{SE}:b"].where(~one, 0.0) if f"{m}{SE}:b" in grp.columns else None

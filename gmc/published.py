@@ -5,8 +5,9 @@ A bundle (``published/default/`` for the default run) is a results folder withou
 models or completions: per run its ``summary.json``, ``config.yaml``, ``run.json`` (or
 ``shared.json``), its per-step curves reduced to what the figures read
 (:data:`FIGURE_FIELDS`), every evaluation's scores, the resolved configuration (the runs'
-``config.yaml``, ``configs/`` of the evaluation and the base models), the tables and figures, and :data:`PROVENANCE` (the commit, the machine, the
-threads). ``gmc report --results <bundle>`` redraws its tables and figures from it alone.
+``config.yaml``, ``configs/`` of the evaluation and the base models), the tables and figures,
+and :data:`PROVENANCE` (the commit, the machine, the thread counts the runs recorded).
+``gmc report --results <bundle>`` redraws its tables and figures from it alone.
 
 :func:`compare` reads a bundle and a finished run's results: every cell of the main table and
 every paired difference, published against new, whether the new estimate lies in the published
@@ -82,7 +83,6 @@ def publish(results: str | Path, bundle: str | Path) -> int:
     results = Path(results)
     if not (results / "train").is_dir():
         raise FileNotFoundError(f"{results}/train: not a results folder of a finished sweep")
-    count = 0
     with atomic_dir(bundle) as tmp:
         for run in sorted((results / "train").glob("**/seed~*")):
             if parse_point(run) is None or not ((run / SUMMARY).exists() or (run / SHARED_FILE).exists()):
@@ -92,28 +92,26 @@ def publish(results: str | Path, bundle: str | Path) -> int:
             for name in RUN_FILES:
                 if (run / name).exists():
                     shutil.copy2(run / name, out / name)
-                    count += 1
             named = not parse_point(run)["delay"].isdigit()
             for name, keep in FIGURE_FIELDS.items():
                 if (run / name).exists() and (name != GROUPS or named):
                     rows = [{k: r[k] for k in keep if k in r} for r in read_jsonl(run / name)]
                     (out / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
-                    count += 1
         for path in sorted((results / "eval").glob("**/*.json")):
             (tmp / path.relative_to(results)).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(path, tmp / path.relative_to(results))
-            count += 1
         if (results / "configs").is_dir():  # the runs' own config.yaml are their resolved train configs
             shutil.copytree(results / "configs", tmp / "configs", ignore=shutil.ignore_patterns("train"))
-            count += sum(1 for p in (tmp / "configs").glob("**/*") if p.is_file())
         commits = sorted({json.loads(p.read_text()).get("git_revision", "unknown")
                           for p in (tmp / "train").glob(f"**/{INFO}")})
         write_json(tmp / PROVENANCE, {
-            "commit": commits[0] if len(commits) == 1 else commits, "published_with": git_revision(), "made": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "commit": commits[0] if len(commits) == 1 else commits, "published_with": git_revision(),
+            "made": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "machine": machine(), "threads": _threads(results, tmp), "packages": package_versions(),
             "python": platform.python_version(), "from": str(results)})
-        count += 3 * len(write_tables(tmp))
-    return count + 1
+        write_tables(tmp)
+        count = sum(1 for p in tmp.rglob("*") if p.is_file())
+    return count
 
 
 # ---------------------------------------------------------------------------------------------

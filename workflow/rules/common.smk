@@ -69,11 +69,14 @@ def per_seed(path, ext=""):
     )
 
 
+def seed_of(wildcards):
+    """The seed of a job whose paths have one (a model built per seed), else None."""
+    return int(wildcards.seed) if "seed" in wildcards.keys() else None
+
+
 def base_model(wildcards):
     """The base model of a point's (or a base evaluation's) seed."""
-    return model_dir(
-        config, int(wildcards.seed) if "seed" in wildcards.keys() else None
-    )
+    return model_dir(config, seed_of(wildcards))
 
 
 POINTS = sweep_points(config)

@@ -12,9 +12,7 @@ if MODEL_NAME in BUILT_MODELS:
             CONDA_ENV
         params:
             kind=MODEL_NAME,
-            values=lambda wildcards: model_settings(
-                config, int(wildcards.seed) if "seed" in wildcards.keys() else None
-            ),
+            values=lambda wildcards: model_settings(config, seed_of(wildcards)),
         script:
             "../scripts/write_config.py"
 
@@ -24,11 +22,11 @@ if MODEL_NAME == "tiny":
     rule build_tiny_model:
         """Build and warm-start the tiny Qwen3-architecture policy on the synthetic task, once per seed."""
         input:
-            cfg=f"{RESULTS}/configs/model/seed~{{seed}}.yaml",
+            cfg=per_seed(f"{RESULTS}/configs/model", ".yaml"),
         output:
-            directory(f"{RESULTS}/models/tiny/seed~{{seed}}"),
+            directory(per_seed(f"{RESULTS}/models/tiny")),
         log:
-            f"{RESULTS}/logs/build_tiny_model/seed~{{seed}}.log",
+            per_seed(f"{RESULTS}/logs/build_tiny_model", ".log"),
         conda:
             CONDA_ENV
         threads: 1
