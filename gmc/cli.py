@@ -50,6 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
     _settings_arguments(p, "TrainConfig (gmc/config.py)")
     p.add_argument("--out", required=True, help="run directory")
     p.add_argument("--resume", action="store_true", help="continue from the run directory's checkpoint")
+    p.add_argument("--evaluate", default=None, metavar="EVAL_CONFIG",
+                   help="then evaluate the trained model in this process with this EvalConfig file (as gmc evaluate "
+                        "does: the same scores, without a second start-up); needs --eval-out")
+    p.add_argument("--eval-out", default=None, help="with --evaluate: the folder for <benchmark>.json and completions")
     p.set_defaults(func=_train)
 
     p = sub.add_parser("plan-memory", help="the predicted peak memory of a training run, item by item, per phase",
@@ -274,8 +278,11 @@ def _train(args: argparse.Namespace) -> int:
     STOP.install()  # before the heavy imports: a stop signal during start-up is kept, not fatal
     from gmc.trainer import PREEMPTED, Preempted, main_train
 
+    if (args.evaluate is None) != (args.eval_out is None):
+        raise SystemExit("gmc train: --evaluate and --eval-out go together (the evaluation's config and its folder)")
+    evaluation = (args.evaluate, args.eval_out) if args.evaluate else None
     try:
-        summary = main_train(args.config, args.overrides, args.out, args.resume)
+        summary = main_train(args.config, args.overrides, args.out, args.resume, evaluation)
     except Preempted as e:
         print(f"gmc train: {e}", file=sys.stderr)
         return PREEMPTED

@@ -11,6 +11,7 @@ files and guarantees are :mod:`gmc.rundir`'s.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import math
@@ -439,9 +440,30 @@ def summarize_metrics(path: str | Path, window: int = 20) -> dict:
     return {k: v for k, v in out.items() if v is not None}
 
 
-def main_train(config: str | None, overrides: list[str], out: str, resume: bool) -> dict:
+def main_train(config: str | None, overrides: list[str], out: str, resume: bool,
+               evaluation: tuple[str, str] | None = None) -> dict:
+    """Train the run of ``config`` (with ``overrides``) into ``out``; with ``evaluation``
+    (``(EvalConfig file, folder)``), then evaluate its final model in this process, exactly as
+    ``gmc evaluate`` would (:func:`gmc.evaluate.evaluate`), without paying a second start-up. A bad
+    evaluation config is refused before training."""
     from gmc.config import load_train_config
 
     cfg = load_train_config(config, overrides)
+    eval_cfg = None
+    if evaluation is not None:
+        from gmc.evaluate import EvalConfig
+        from gmc.settings import load_config
+
+        eval_cfg = load_config(EvalConfig, evaluation[0])
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    return Trainer(cfg, out, resume=resume).run()
+    trainer = Trainer(cfg, out, resume=resume)
+    summary = trainer.run()
+    if eval_cfg is not None:
+        from gmc.evaluate import evaluate
+
+        del trainer  # the policy, optimizer and engine go before the evaluation's model loads
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        evaluate(str(Path(out) / "model"), evaluation[1], eval_cfg)
+    return summary

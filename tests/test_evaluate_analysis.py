@@ -11,6 +11,9 @@ from gmc.analysis import base_scores, collect, parse_point, to_latex, to_markdow
 from gmc.evaluate import EvalConfig, evaluate, pass_at_k, summarize
 from gmc.stats import mean_interval
 
+SMALL_TRAIN = dict(device="cpu", steps=2, group_size=2, prompts_per_step=2, checkpoint_every=0, seed=0)
+"""A two-step training run of the tiny model, as a config file holds it."""
+
 
 def test_pass_at_k_hand_computed():
     assert pass_at_k(4, 0, 1) == 0.0
@@ -42,6 +45,44 @@ def test_evaluate_writes_summary_and_completions(tmp_path, tiny_model_dir):
     assert len(rows) == 6 + 12 and {r["mode"] for r in rows} == {"greedy", "sample"}
     greedy = [r for r in rows if r["mode"] == "greedy"]
     assert s["greedy"] == pytest.approx(sum(r["correct"] for r in greedy) / 6)
+
+
+def test_a_training_job_that_evaluates_writes_what_an_evaluation_job_writes(tmp_path, tiny_model_dir):
+    """``gmc train --evaluate`` (resources.eval_with_training) and ``gmc evaluate`` on the model it
+    trained: the same function on the same weights, so the same scores and completions."""
+    import yaml
+
+    from gmc.cli import main
+    from gmc.settings import to_dict
+
+    train_cfg, eval_cfg = tmp_path / "train.yaml", tmp_path / "eval.yaml"
+    train_cfg.write_text(yaml.safe_dump({"model": str(tiny_model_dir), **SMALL_TRAIN}))
+    eval_cfg.write_text(yaml.safe_dump(to_dict(EvalConfig(benchmarks=("synthetic",), samples={"synthetic": 2},
+                                                          synthetic_problems=6, max_new_tokens=12, device="cpu"))))
+    run = tmp_path / "run"
+    assert main(["train", "--config", str(train_cfg), "--out", str(run), "--evaluate", str(eval_cfg),
+                 "--eval-out", str(tmp_path / "in_job")]) in (0, None)
+    assert main(["evaluate", "--model", str(run / "model"), "--out", str(tmp_path / "own_job"),
+                 "--config", str(eval_cfg)]) in (0, None)
+    for name in ("synthetic.completions.jsonl", "eval_config.json"):
+        assert (tmp_path / "in_job" / name).read_text() == (tmp_path / "own_job" / name).read_text()
+    in_job, own_job = (json.loads((tmp_path / d / "synthetic.json").read_text()) for d in ("in_job", "own_job"))
+    assert {k: v for k, v in in_job.items() if k != "seconds"} == {k: v for k, v in own_job.items() if k != "seconds"}
+
+
+def test_a_bad_evaluation_config_stops_a_training_job_before_it_trains(tmp_path, tiny_model_dir, capsys):
+    import yaml
+
+    from gmc.cli import main
+
+    train_cfg, eval_cfg = tmp_path / "train.yaml", tmp_path / "eval.yaml"
+    train_cfg.write_text(yaml.safe_dump({"model": str(tiny_model_dir), **SMALL_TRAIN}))
+    eval_cfg.write_text("temprature: 0.6\n")
+    assert main(["train", "--config", str(train_cfg), "--out", str(tmp_path / "run"), "--evaluate", str(eval_cfg),
+                 "--eval-out", str(tmp_path / "eval")]) != 0
+    assert "temprature" in capsys.readouterr().err and not (tmp_path / "run").exists()
+    with pytest.raises(SystemExit, match="go together"):
+        main(["train", "--config", str(train_cfg), "--out", str(tmp_path / "run"), "--evaluate", str(eval_cfg)])
 
 
 def test_evaluate_on_a_real_benchmark(tmp_path, tiny_model_dir, shared_data):

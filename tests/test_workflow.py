@@ -44,6 +44,8 @@ def test_default_config_dry_run_plans_the_sweep(tmp_path, snakemake):
     assert jobs["train"] == (3 * 2 + 2 + 1) * 4 - 4
     assert "results/train/algo~gmc/delay~0/group~8/seed~3/shared.json" in text
     assert "results/models/tiny/seed~3" in text and "results/eval/base/seed~3/synthetic.json" in text
+    # resources.eval_with_training: each training job evaluates its run, no evaluation job of its own
+    assert "evaluate" not in jobs and "results/eval/algo~gmc/delay~128/group~8/seed~3/synthetic.json" in text
 
 
 def test_paper_preset_dry_run_plans_the_full_sweep(tmp_path, snakemake):
@@ -375,6 +377,9 @@ def test_small_jobs_run_on_the_submitting_machine(tmp_path, load_rules):
 def test_conda_env_per_rule_follows_the_gpus_the_profile_gives(tmp_path, load_rules):
     cpu_only = load_rules(tmp_path / "cpu")
     assert {r.conda_env for r in cpu_only.values() if r.conda_env} == {"../../envs/cpu.yaml"}
+    (tmp_path / "gpu").mkdir()  # evaluation jobs of their own, on the GPUs the profile gives them
+    (tmp_path / "gpu" / "config.yaml").write_text(
+        (REPO / "config.yaml").read_text().replace("eval_with_training: true", "eval_with_training: false"))
     with_gpus = load_rules(tmp_path / "gpu", {"train": {"gpu": 1}, "evaluate": {"gpu": 1}})
     gpu_rules = {name for name, r in with_gpus.items() if r.conda_env == "../../envs/gpu.yaml"}
     assert gpu_rules == {"train", "evaluate"}  # tables, figures, MLflow, data: the CPU env

@@ -47,6 +47,7 @@ def config() -> dict:
     cfg["sweep"].update(algorithms=["gmc"], delays=[0], group_sizes=[4], seeds=[0, 1])
     cfg["sweep"].pop("references")  # the reduced sweep is the grid only
     cfg["latency"]["enabled"] = False
+    cfg["resources"]["eval_with_training"] = False  # evaluation jobs of their own, as at paper scale
     return cfg
 
 

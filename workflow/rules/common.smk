@@ -93,6 +93,9 @@ EVAL_DIRS = [
     f"{RESULTS}/eval/{p.path}" for p in POINTS if p not in SHARED
 ] + base_eval_dirs(config)
 EVAL_DONE = [f"{d}/{b}.json" for d in EVAL_DIRS for b in BENCHMARKS]
+# each trained run evaluated by its own training job (gmc train --evaluate), not a job of its own
+EVAL_WITH_TRAINING = config["resources"]["eval_with_training"]
+POINT_EVAL = [f"{RESULTS}/eval/{POINT}/{b}.json" for b in BENCHMARKS]
 MLFLOW_DONE = f"{RESULTS}/mlflow/synced.json"
 TABLE_FILES = [f"{RESULTS}/tables/{f}" for t in TABLES for f in table_files(t)]
 FIGURE_FILES = [

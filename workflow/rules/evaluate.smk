@@ -13,26 +13,29 @@ rule eval_config:
         "../scripts/write_config.py"
 
 
-rule evaluate:
-    """Greedy accuracy and Pass@1 of one trained checkpoint on every benchmark (model loaded once)."""
-    input:
-        summary=f"{RESULTS}/train/{POINT}/summary.json",
-        cfg=f"{RESULTS}/configs/eval.yaml",
-    output:
-        [f"{RESULTS}/eval/{POINT}/{b}.json" for b in BENCHMARKS],
-    log:
-        f"{RESULTS}/logs/eval/{POINT}.log",
-    conda:
-        conda_env("evaluate", config["resources"]["eval_gpus"])
-    threads: 1
-    resources:
-        gpu=config["resources"]["eval_gpus"],
-    params:
-        model=lambda wildcards, input: str(Path(input.summary).parent / "model"),
-        out=lambda wildcards, output: str(Path(output[0]).parent),
-    shell:
-        "OMP_NUM_THREADS={threads} python -m gmc evaluate --model {params.model} --out {params.out} "
-        "--config {input.cfg} > {log} 2>&1"
+# a trained run's evaluation, where its training job does not make it (resources.eval_with_training)
+if not EVAL_WITH_TRAINING:
+
+    rule evaluate:
+        """Greedy accuracy and Pass@1 of one trained checkpoint on every benchmark (model loaded once)."""
+        input:
+            summary=f"{RESULTS}/train/{POINT}/summary.json",
+            cfg=f"{RESULTS}/configs/eval.yaml",
+        output:
+            POINT_EVAL,
+        log:
+            f"{RESULTS}/logs/eval/{POINT}.log",
+        conda:
+            conda_env("evaluate", config["resources"]["eval_gpus"])
+        threads: 1
+        resources:
+            gpu=config["resources"]["eval_gpus"],
+        params:
+            model=lambda wildcards, input: str(Path(input.summary).parent / "model"),
+            out=lambda wildcards, output: str(Path(output[0]).parent),
+        shell:
+            "OMP_NUM_THREADS={threads} python -m gmc evaluate --model {params.model} --out {params.out} "
+            "--config {input.cfg} > {log} 2>&1"
 
 
 # the starting point, per seed where each seed has its own base model

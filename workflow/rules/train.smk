@@ -17,14 +17,18 @@ rule train_config:
 
 
 rule train:
-    """One training run; rerunning a killed job resumes from its checkpoint."""
+    """One training run; rerunning a killed job resumes from its checkpoint. With
+    resources.eval_with_training, the job then evaluates the trained model (rule evaluate's files).
+    """
     input:
         model=base_model,
         cfg=f"{RESULTS}/configs/train/{POINT}.yaml",
         data=f"{RESULTS}/data/manifest.json",
         mlflow=MLFLOW_TRAIN_INPUT,
+        eval_cfg=[f"{RESULTS}/configs/eval.yaml"] if EVAL_WITH_TRAINING else [],
     output:
-        f"{RESULTS}/train/{POINT}/summary.json",
+        summary=f"{RESULTS}/train/{POINT}/summary.json",
+        evaluations=POINT_EVAL if EVAL_WITH_TRAINING else [],
     log:
         f"{RESULTS}/logs/train/{POINT}.log",
     conda:
@@ -33,14 +37,19 @@ rule train:
     resources:
         gpu=config["resources"]["train_gpus"],
     params:
-        dir=lambda wildcards, output: str(Path(output[0]).parent),
+        dir=lambda wildcards, output: str(Path(output.summary).parent),
+        evaluate=lambda wildcards, input, output: (
+            f"--evaluate {input.eval_cfg[0]} --eval-out {Path(output.evaluations[0]).parent}"
+            if EVAL_WITH_TRAINING
+            else ""
+        ),
     # exit status 75: stopped by SIGTERM/SIGUSR1 with a checkpoint written. Under SLURM a job still
     # RUNNING got its time-limit warning: it requeues itself and resumes, as often as the run needs
     # (retries are not spent); a cancelled one (scancel: COMPLETING) is not requeued.
     # The trap keeps this shell alive through the signal until the trainer has checkpointed.
     shell:
         "trap true TERM USR1; OMP_NUM_THREADS={threads} TQDM_MININTERVAL=10 python -m gmc train --config {input.cfg} "
-        "--out {params.dir} --resume > {log} 2>&1 "
+        "--out {params.dir} --resume {params.evaluate} > {log} 2>&1 "
         '|| {{ status=$?; if [ $status = 75 ] && [ -n "${{SLURM_JOB_ID:-}}" ] '
         '&& [ "$(squeue -h -j $SLURM_JOB_ID -o %T)" = RUNNING ]; then '
         "scontrol requeue $SLURM_JOB_ID && sleep 3 && scontrol update JobId=$SLURM_JOB_ID StartTime=now; sleep 60; fi; "
