@@ -12,7 +12,6 @@ tables need, without checkpoints.
 from __future__ import annotations
 
 import json
-import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,9 +19,9 @@ import pandas as pd
 
 from gmc.estimator_info import REGISTRY, SHARED_DIAGNOSTICS
 from gmc.evaluate import SE, eval_scores
-from gmc.io import atomic_path, write_csv, write_text
+from gmc.io import write_csv, write_text
 from gmc.outputs import TABLES
-from gmc.rundir import CONFIG, GROUPS, INFO, METRICS, SUMMARY
+from gmc.rundir import SUMMARY
 from gmc.stats import LEVEL, mean_interval, paired_difference
 from gmc.sweep import SHARED_FILE, delay_order, parse_point
 
@@ -388,35 +387,3 @@ def write_tables(results: str | Path, out: str | Path | None = None) -> dict[str
         write_text(out / f"{name}.tex", table.latex)
         tables[name] = table.frame
     return tables
-
-
-# ---------------------------------------------------------------------------------------------
-# results bundles: what tables and figures need, without checkpoints
-
-
-BUNDLE_FILES = (SUMMARY, METRICS, GROUPS, CONFIG, INFO, SHARED_FILE)
-
-
-def export_bundle(results: str | Path, bundle: str | Path) -> int:
-    """Archive run outputs (not checkpoints or models) and evaluations into a ``.tar.gz``."""
-    results = Path(results)
-    members = [p for p in (results / "train").glob("**/*") if p.name in BUNDLE_FILES]
-    members += [p for p in (results / "eval").glob("**/*.json")]
-    members += [p for p in (results / "theory").glob("*.csv")] if (results / "theory").exists() else []
-    with atomic_path(bundle) as tmp:
-        with tarfile.open(tmp, "w:gz") as tar:
-            for p in members:
-                tar.add(p, arcname=str(p.relative_to(results)))
-    return len(members)
-
-
-def import_bundle(bundle: str | Path, results: str | Path) -> int:
-    """Unpack a bundle made by :func:`export_bundle` under ``results``."""
-    results = Path(results)
-    with tarfile.open(bundle, "r:gz") as tar:
-        names = tar.getnames()
-        for name in names:
-            if name.startswith("/") or ".." in Path(name).parts:
-                raise ValueError(f"{bundle}: unsafe member path {name!r}")
-        tar.extractall(results, filter="data")
-    return len(names)

@@ -119,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="results/league")
     p.set_defaults(func=_league_figure)
 
-    p = sub.add_parser("export-results", help="archive run outputs and evaluations (no checkpoints) into a .tar.gz")
+    p = sub.add_parser("export-results", help="the bundle of gmc publish (no checkpoints) packed into one .tar.gz")
     p.add_argument("--results", default="results")
     p.add_argument("--out", required=True)
     p.set_defaults(func=_export)
@@ -237,9 +237,9 @@ def _report(args: argparse.Namespace) -> None:
 
 
 def _export(args: argparse.Namespace) -> None:
-    from gmc.analysis import export_bundle
+    from gmc.published import export_results
 
-    print(f"{export_bundle(args.results, args.out)} files -> {args.out}")
+    print(f"{export_results(args.results, args.out)} files -> {args.out}")
 
 
 def _publish(args: argparse.Namespace) -> None:
@@ -267,9 +267,9 @@ def _theory(args: argparse.Namespace) -> None:
 
 
 def _import(args: argparse.Namespace) -> None:
-    from gmc.analysis import import_bundle
+    from gmc.published import import_results
 
-    print(f"{import_bundle(args.bundle, args.results)} files -> {args.results}")
+    print(f"{import_results(args.bundle, args.results)} files -> {args.results}")
 
 
 def _train(args: argparse.Namespace) -> int:

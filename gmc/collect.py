@@ -133,6 +133,10 @@ class Collector:
         self.generation = generation or contextlib.nullcontext
         self.pad_id = tokenizer.pad_token_id
 
+    def close(self) -> None:
+        """End the grading pool."""
+        self.grader.close()
+
     def collect(self, records: Sequence[tuple[int, Record]], version: int) -> Collected:
         """One group per ``(prompt index, record)``, generated with the engine's current weights
         and labelled ``version``."""
@@ -181,14 +185,22 @@ class Collector:
         )
 
 
-def build_collector(cfg, update: Update, tokenizer, engine, grader, behaviour: Behaviour) -> Collector:
-    """The collector of :class:`gmc.config.TrainConfig` ``cfg`` around ``engine``, with ``update``'s
-    numerics for the behaviour pass (the trainer's, or a rollout worker's own copy); an engine that
-    samples with the trainer's module generates under its autocast."""
+def rollout_side(cfg, update: Update, tokenizer, behaviour: Behaviour, grader_workers: int | None = None) -> Collector:
+    """The rollout side of a run of :class:`gmc.config.TrainConfig` ``cfg`` on ``update.model``, in
+    one place for the trainer and a Ray rollout worker: the engine (``cfg.engine`` with its
+    settings, seeded by the run), a grading pool of ``grader_workers`` processes and ``update``'s
+    numerics for the behaviour pass (the trainer's own, or a worker's copy), held by the collector
+    (its ``engine`` and ``grader``; :meth:`Collector.close` ends the pool). An engine that samples
+    with the trainer's module generates under its autocast."""
+    from gmc.engines import make_engine
+    from gmc.rewards import Grader
+
+    engine = make_engine(cfg.engine, update.model, tokenizer, model_path=cfg.model, seed=cfg.seed,
+                         settings=getattr(cfg, cfg.engine, None), dtype=cfg.model_dtype)
     shares = ENGINES[cfg.engine].shares_model
-    return Collector(engine, tokenizer, grader, group_size=cfg.group_size, sampling=cfg.sampling,
-                     behaviour=behaviour, logprobs=lambda rows: update.logprobs(update.model, rows),
-                     thinking=cfg.thinking,
+    return Collector(engine, tokenizer, Grader(workers=grader_workers), group_size=cfg.group_size,
+                     sampling=cfg.sampling, behaviour=behaviour,
+                     logprobs=lambda rows: update.logprobs(update.model, rows), thinking=cfg.thinking,
                      generation=(lambda: precision(update.model, update.compute_dtype)) if shares else None)
 
 

@@ -43,7 +43,7 @@ from torch import Tensor
 
 from gmc.estimator_info import AGGREGATIONS, DIVERGENCE_METRICS, REGISTRY, EstimatorConfig
 
-TRAJECTORY_METHODS: tuple[str, ...] = ("tic", "gmc", "is", "none")
+TRAJECTORY_ALGORITHMS: tuple[str, ...] = ("tic", "gmc", "is", "none")
 ADV_EPS = 1e-6
 
 
@@ -88,7 +88,7 @@ def log_group_mass(log_ratio: Tensor) -> Tensor:
     return torch.logsumexp(log_ratio.float(), dim=-1) - math.log(log_ratio.shape[-1])
 
 
-def trajectory_weights(method: str, log_ratio: Tensor, eps: float, is_clamp: float = 20.0) -> Tensor:
+def trajectory_weights(algorithm: str, log_ratio: Tensor, eps: float, is_clamp: float = 20.0) -> Tensor:
     """Detached trajectory weights ``[B, G]`` from log-ratios ``L [B, G]``.
 
     ``tic``: ``min(rho, 1+eps)``; ``gmc``: ``rho * min(1, (1+eps)/m)``; ``is``:
@@ -97,20 +97,20 @@ def trajectory_weights(method: str, log_ratio: Tensor, eps: float, is_clamp: flo
     """
     L = log_ratio.detach().float()
     log_cap = math.log1p(eps)
-    if method == "tic":
+    if algorithm == "tic":
         return torch.exp(torch.clamp(L, max=log_cap))
-    if method == "gmc":
+    if algorithm == "gmc":
         G = L.shape[-1]
         capped = (log_group_mass(L) > log_cap).unsqueeze(-1)
         rescaled = (1.0 + eps) * G * torch.softmax(L, dim=-1)
         # an untouched group has m <= 1+eps, so each of its rho <= G (1+eps): the clamp is inert
         untouched = torch.exp(torch.clamp(L, max=log_cap + math.log(G)))
         return torch.where(capped, rescaled, untouched)
-    if method == "is":
+    if algorithm == "is":
         return torch.exp(torch.clamp(L, max=is_clamp))
-    if method == "none":
+    if algorithm == "none":
         return torch.ones_like(L)
-    raise ValueError(f"unknown trajectory weight method {method!r}; expected one of {TRAJECTORY_METHODS}")
+    raise ValueError(f"unknown trajectory-weight algorithm {algorithm!r}; expected one of {TRAJECTORY_ALGORITHMS}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -140,16 +140,16 @@ def _pg_loss(
     logp: Tensor,
     mask: Tensor,
     cfg: EstimatorConfig,
-    name: str,
+    algorithm: str,
     ref_logp: Tensor | None,
     kept: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """``aggregate(-coef * exp(logp - sg(logp)))`` (+ k3 KL); ``coef`` broadcasts to ``[B,G,T]``.
-    The aggregation is ``cfg.aggregation``, else the default of estimator ``name``'s registry entry.
+    The aggregation is ``cfg.aggregation``, else the default of ``algorithm``'s registry entry.
     ``kept`` (bool, broadcasting to ``[B,G,T]``): what a masking estimator keeps; its coefficient
     is 0 elsewhere, and under ``mask_denominator="kept"`` the policy-gradient term divides by the
     kept tokens (and counts the responses that keep one) instead of every valid one."""
-    entry = REGISTRY[name]
+    entry = REGISTRY[algorithm]
     how = cfg.aggregation or entry.aggregation
     m = mask.bool()
     lp = torch.where(m, logp.float(), torch.zeros_like(logp, dtype=torch.float32))
@@ -246,37 +246,37 @@ def grpo_loss(logp, logp_behavior, mask, advantages, cfg: EstimatorConfig, ref_l
     return loss, stats
 
 
-def _trajectory_loss(method: str):
+def _trajectory_loss(algorithm: str):
     def loss_fn(logp, logp_behavior, mask, advantages, cfg: EstimatorConfig, ref_logp=None):
         _check_shapes(logp, logp_behavior, mask, advantages)
         l_tok = token_log_ratios(logp, logp_behavior, mask)
         L = l_tok.sum(-1)
         A = advantages.float()
-        w = trajectory_weights(method, L, cfg.eps, cfg.is_log_ratio_clamp)
+        w = trajectory_weights(algorithm, L, cfg.eps, cfg.is_log_ratio_clamp)
         coef = w * A
         stats: dict[str, float] = {}
-        if method == "tic":
+        if algorithm == "tic":
             capped = L > math.log1p(cfg.eps)
             if cfg.tic_mode == "ppo_min":
                 # min(rho A, min(rho,1+eps) A): gradient rho A grad L unless A > 0 and rho capped.
                 rho = torch.exp(L.clamp(max=cfg.is_log_ratio_clamp))
                 coef = torch.where(capped & (A > 0), torch.zeros_like(A), rho * A)
             stats["ratio/frac_traj_capped"] = float(capped.float().mean())
-        elif method == "gmc":
+        elif algorithm == "gmc":
             capped = log_group_mass(L) > math.log1p(cfg.eps)
             stats["ratio/frac_groups_capped"] = float(capped.float().mean())
-        loss, pg_stats = _pg_loss(coef.unsqueeze(-1), logp, mask, cfg, method, ref_logp)
+        loss, pg_stats = _pg_loss(coef.unsqueeze(-1), logp, mask, cfg, algorithm, ref_logp)
         stats.update(pg_stats)
         # unit weights (none) are no cap of rho: they have no shortfall
-        stats.update(_weight_stats(w, L, shortfall=method != "none"))
+        stats.update(_weight_stats(w, L, shortfall=algorithm != "none"))
         stats.update(_ratio_stats(L, l_tok, mask))
         return loss, stats
 
-    loss_fn.__name__ = f"{method}_loss"
+    loss_fn.__name__ = f"{algorithm}_loss"
     loss_fn.__doc__ = (
-        f"Trajectory estimator ``{method}``: detached weights from :func:`trajectory_weights`"
+        f"Trajectory estimator ``{algorithm}``: detached weights from :func:`trajectory_weights`"
         " times the advantage on every response token."
-        + (" ``cfg.tic_mode`` picks ``truncate`` or ``ppo_min``." if method == "tic" else "")
+        + (" ``cfg.tic_mode`` picks ``truncate`` or ``ppo_min``." if algorithm == "tic" else "")
     )
     return loss_fn
 
@@ -544,9 +544,9 @@ def sapo_loss(logp, logp_behavior, mask, advantages, cfg: EstimatorConfig, ref_l
 LossFn = Callable[..., tuple[Tensor, dict[str, float]]]
 
 
-def get_estimator(name: str) -> LossFn:
-    """The loss of estimator ``name`` (its :data:`gmc.estimator_info.REGISTRY` entry resolved), with
-    an error that lists the known ones."""
-    if name not in REGISTRY:
-        raise ValueError(f"unknown estimator {name!r}; known: {sorted(REGISTRY)}")
-    return REGISTRY[name].resolve()
+def get_estimator(algorithm: str) -> LossFn:
+    """The loss of ``algorithm`` (its :data:`gmc.estimator_info.REGISTRY` entry resolved), with an
+    error that lists the known ones."""
+    if algorithm not in REGISTRY:
+        raise ValueError(f"unknown estimator {algorithm!r}; known: {sorted(REGISTRY)}")
+    return REGISTRY[algorithm].resolve()

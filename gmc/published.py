@@ -8,6 +8,8 @@ models or completions: per run its ``summary.json``, ``config.yaml``, ``run.json
 ``config.yaml``, ``configs/`` of the evaluation and the base models), the tables and figures,
 and :data:`PROVENANCE` (the commit, the machine, the thread counts the runs recorded).
 ``gmc report --results <bundle>`` redraws its tables and figures from it alone.
+:func:`export_results` packs the same bundle into one ``.tar.gz`` to carry it elsewhere, and
+:func:`import_results` unpacks it into a results folder.
 
 :func:`compare` reads a bundle and a finished run's results: every cell of the main table and
 every paired difference, published against new, whether the new estimate lies in the published
@@ -24,13 +26,15 @@ import math
 import os
 import platform
 import shutil
+import tarfile
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
 from gmc.analysis import make_tables, write_tables
-from gmc.io import atomic_dir, read_jsonl, write_json
+from gmc.io import atomic_dir, atomic_path, read_jsonl, write_json
 from gmc.rundir import CONFIG, GROUPS, INFO, METRICS, SUMMARY, git_revision, package_versions
 from gmc.sweep import SHARED_FILE, parse_point
 
@@ -112,6 +116,31 @@ def publish(results: str | Path, bundle: str | Path) -> int:
         write_tables(tmp)
         count = sum(1 for p in tmp.rglob("*") if p.is_file())
     return count
+
+
+def export_results(results: str | Path, archive: str | Path) -> int:
+    """The bundle of ``results`` (:func:`publish`) packed into the ``.tar.gz`` ``archive`` (written
+    atomically); returns the number of files."""
+    with tempfile.TemporaryDirectory() as tmp:
+        bundle = Path(tmp) / "bundle"
+        count = publish(results, bundle)
+        with atomic_path(archive) as out, tarfile.open(out, "w:gz") as tar:
+            for path in sorted(bundle.rglob("*")):
+                if path.is_file():
+                    tar.add(path, arcname=str(path.relative_to(bundle)))
+    return count
+
+
+def import_results(archive: str | Path, results: str | Path) -> int:
+    """Unpack an archive made by :func:`export_results` under ``results``; returns the number of
+    files. A member path outside the folder is refused, naming the archive."""
+    with tarfile.open(archive, "r:gz") as tar:
+        names = tar.getnames()
+        for name in names:
+            if name.startswith("/") or ".." in Path(name).parts:
+                raise ValueError(f"{archive}: unsafe member path {name!r}")
+        tar.extractall(results, filter="data")
+    return len(names)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -139,6 +139,16 @@ PER_SEED_MODELS = ("tiny",)
 model is part of what a seed varies, so intervals and paired differences cover it."""
 
 
+def per_seed_path(config: dict[str, Any], path: str, seed: int | str = "{seed}", ext: str = "") -> str:
+    """``path`` with a ``seed~<seed>`` level where each seed has its own base model
+    (:data:`PER_SEED_MODELS`), then ``ext``; ``seed`` defaults to the workflow's ``{seed}``
+    wildcard. The one home of the per-seed layout: base models, their configs, logs and
+    evaluations."""
+    if config["model"]["name"] in PER_SEED_MODELS:
+        return f"{path}/seed~{seed}{ext}"
+    return f"{path}{ext}"
+
+
 def model_dir(config: dict[str, Any], seed: int | None = None) -> str:
     """The base model's folder for the runs of ``seed``: a local folder of weights where it is; a
     built or fetched model under ``<results>/models/`` (``<name>/seed~<seed>`` for a model built
@@ -147,7 +157,7 @@ def model_dir(config: dict[str, Any], seed: int | None = None) -> str:
     if name in PER_SEED_MODELS:
         if seed is None:
             raise ValueError(f"model.name {name} is built once per seed: give the seed")
-        return f"{results}/models/{name}/seed~{seed}"
+        return per_seed_path(config, f"{results}/models/{name}", seed)
     if name in BUILT_MODELS:
         return f"{results}/models/{name}"
     if looks_local(name):
@@ -170,9 +180,7 @@ def base_eval_dirs(config: dict[str, Any]) -> list[str]:
     """Where the base model's evaluations go: ``eval/base/seed~<s>`` for each seed of a model built
     per seed, else ``eval/base``."""
     root = f"{config['results']}/eval/base"
-    if config["model"]["name"] in PER_SEED_MODELS:
-        return [f"{root}/seed~{s}" for s in config["sweep"]["seeds"]]
-    return [root]
+    return list(dict.fromkeys(per_seed_path(config, root, s) for s in config["sweep"]["seeds"]))
 
 
 def delay_values(config: dict[str, Any], delay: str) -> dict[str, Any]:

@@ -570,7 +570,7 @@ def test_is_weight_clamp_and_unknown_method():
     L = torch.tensor([[100.0, 0.0]])
     assert float(trajectory_weights("is", L, 0.2, is_clamp=20.0)[0, 0]) == pytest.approx(math.exp(20), rel=1e-6)
     assert torch.all(trajectory_weights("none", L, 0.2) == 1)
-    with pytest.raises(ValueError, match="unknown trajectory weight method 'foo'"):
+    with pytest.raises(ValueError, match="unknown trajectory-weight algorithm 'foo'"):
         trajectory_weights("foo", L, 0.2)
     with pytest.raises(ValueError, match="known:"):
         get_estimator("ppo")

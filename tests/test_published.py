@@ -69,6 +69,25 @@ def test_a_bundle_keeps_what_tables_and_figures_read_and_no_weights(bundle, tmp_
     assert (bundle / "figures" / "reward_vs_step.png").exists()
 
 
+def test_an_exported_archive_is_the_bundle_and_imports_back(bundle, tmp_path):
+    import tarfile
+
+    from gmc.published import export_results, import_results
+
+    archive = tmp_path / "results.tar.gz"
+    count = export_results(tmp_path / "results", archive)
+    assert import_results(archive, tmp_path / "elsewhere") == count
+    files = {p.relative_to(bundle) for p in bundle.rglob("*") if p.is_file() and p.parent.name != "figures"}
+    assert {p.relative_to(tmp_path / "elsewhere") for p in (tmp_path / "elsewhere").rglob("*") if p.is_file()} == files
+    for path in files - {PROVENANCE}:
+        assert (tmp_path / "elsewhere" / path).read_bytes() == (bundle / path).read_bytes(), path
+    unsafe = tmp_path / "unsafe.tar.gz"
+    with tarfile.open(unsafe, "w:gz") as tar:
+        tar.add(archive, arcname="../outside.tar.gz")
+    with pytest.raises(ValueError, match=r"unsafe.tar.gz: unsafe member path '../outside.tar.gz'"):
+        import_results(unsafe, tmp_path / "again")
+
+
 def test_a_re_run_of_the_same_numbers_agrees_everywhere(bundle, tmp_path, capsys):
     comparison = compare(bundle, tmp_path / "results")
     assert comparison.checks and all(c.inside is not False for c in comparison.checks)

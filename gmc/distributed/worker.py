@@ -17,11 +17,9 @@ import time
 import ray
 import torch
 
-from gmc.collect import build_collector
+from gmc.collect import rollout_side
 from gmc.config import TrainConfig
-from gmc.engines import make_engine
 from gmc.policy import load_policy
-from gmc.rewards import Grader
 from gmc.settings import from_dict
 from gmc.update import Update
 
@@ -35,12 +33,9 @@ class RolloutWorker:
         torch.manual_seed(cfg.seed)
         params = "float32" if cfg.master_weights else cfg.model_dtype
         self.model, self.tokenizer = load_policy(cfg.model, params, cfg.delay.worker_device)
-        self.engine = make_engine(cfg.engine, self.model, self.tokenizer, model_path=cfg.model, seed=cfg.seed,
-                                  settings=getattr(cfg, cfg.engine, None), dtype=cfg.model_dtype)
-        self.update = Update.from_config(cfg, self.model, self.tokenizer.pad_token_id)
-        self.grader = Grader(workers=1)
-        self.collector = build_collector(cfg, self.update, self.tokenizer, self.engine, self.grader,
-                                         cfg.behaviour_logprobs)
+        update = Update.from_config(cfg, self.model, self.tokenizer.pad_token_id)
+        self.collector = rollout_side(cfg, update, self.tokenizer, cfg.behaviour_logprobs, grader_workers=1)
+        self.engine = self.collector.engine
         self.records, self.worker, self.version = records, worker, -1
         self.incoming: dict | None = None
         self.incoming_version = -1
@@ -92,4 +87,4 @@ class RolloutWorker:
             self.arrived.notify_all()
 
     def close(self) -> None:
-        self.grader.close()
+        self.collector.close()

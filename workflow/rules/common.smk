@@ -18,6 +18,7 @@ from gmc.sweep import (
     eval_values,
     model_dir,
     model_settings,
+    per_seed_path,
     resolve_eval,
     resolve_run,
     shared_runs,
@@ -62,11 +63,7 @@ if LOCAL_MODEL:
 
 def per_seed(path, ext=""):
     """``path`` with a ``seed~{seed}`` level where each seed has its own base model, then ``ext``."""
-    return (
-        f"{path}/seed~{{seed}}{ext}"
-        if MODEL_NAME in PER_SEED_MODELS
-        else f"{path}{ext}"
-    )
+    return per_seed_path(config, path, ext=ext)
 
 
 def seed_of(wildcards):
