@@ -275,11 +275,11 @@ def _import(args: argparse.Namespace) -> None:
 def _train(args: argparse.Namespace) -> int:
     from gmc.rundir import STOP
 
+    if (args.evaluate is None) != (args.eval_out is None):
+        raise SystemExit("gmc train: --evaluate and --eval-out go together (the evaluation's config and its folder)")
     STOP.install()  # before the heavy imports: a stop signal during start-up is kept, not fatal
     from gmc.trainer import PREEMPTED, Preempted, main_train
 
-    if (args.evaluate is None) != (args.eval_out is None):
-        raise SystemExit("gmc train: --evaluate and --eval-out go together (the evaluation's config and its folder)")
     evaluation = (args.evaluate, args.eval_out) if args.evaluate else None
     try:
         summary = main_train(args.config, args.overrides, args.out, args.resume, evaluation)
