@@ -112,7 +112,8 @@ def memory_4b() -> dict:
 
 
 def mfu_4b() -> dict:
-    """bench/update.py on the GPU: causal against masked attention, model-FLOPs utilisation."""
+    """bench/update.py on the GPU: one pass against a no-grad pass first, causal against masked
+    attention, forwards per token and model-FLOPs utilisation."""
     from update import measure  # bench/, the script's folder, is on the path
 
     return measure(gpu=CUDA and not SMALL, micro_batches_timed=2, rounds=3)

@@ -1,8 +1,16 @@
-"""One update (gmc.update.Update.backward: the no-grad pass, the whole-batch loss, the
-micro-batched backward) with ``attention: causal`` (right-padded rows, no mask: SDPA's causal
-kernels) against ``attention: masked`` (the explicit padding mask, the previous path), on the
-same rows, interleaved; the largest log-prob difference between them; each pass's share of the
-step; and, on a GPU, the model-FLOPs utilisation (6 x parameters x tokens per second over the
+"""One update (gmc.update.Update.backward) two ways on the same rows, interleaved:
+
+- the work per token: a loss that needs no statistics of the batch (grpo) back-propagated
+  micro-batch by micro-batch in one forward (``per_row``, what the trainer runs for it) against
+  the same step with a no-grad pass over every row first (what a loss with batch statistics,
+  such as gmc's group mass, needs); the forwards per token each path runs (layer calls counted by
+  a hook: the no-grad pass, the training forward and, under checkpointing, its recompute; a
+  backward counts as two), and their times;
+- ``attention: causal`` (right-padded rows, no mask: SDPA's causal kernels) against
+  ``attention: masked`` (the explicit padding mask), gmc's step, and the largest log-prob
+  difference between them;
+
+and, on a GPU, the model-FLOPs utilisation of each (6 x parameters x tokens per second over the
 dense bf16 matmul rate measured on the same GPU in the same run).
 
 CPU (default): a random Qwen3 of hidden 256, 4 layers, vocabulary 4,096, 16 stale rows of
@@ -24,7 +32,7 @@ from common import interleaved, random_qwen3, write_result
 from gmc.asynchrony import Group
 from gmc.estimators import EstimatorConfig, get_estimator
 from gmc.memory import ModelShape
-from gmc.update import Rows, Update, _forward, micro_batches, precision, sequence_logprobs
+from gmc.update import Rows, Update, padded_tokens, sequence_logprobs
 
 
 def groups(vocab: int, B: int, G: int, lengths, prompt: int, seed: int = 0) -> list[Group]:
@@ -53,8 +61,26 @@ def matmul_tflops(device, dtype=torch.bfloat16, n: int = 8192) -> float:
     return 2 * n**3 / sorted(times[2:])[5] / 1e12
 
 
+def forwards_per_token(model, run) -> dict[str, float]:
+    """Layer-0 tokens forwarded while ``run()`` runs, per token of the batch's plan: without
+    gradient (a no-grad pass) and with it (the training forward, and its recompute under
+    checkpointing); ``work``: forwards plus two per backward, in forward-equivalents."""
+    seen = {False: 0, True: 0}
+
+    def count(_module, args, kwargs):
+        hidden = args[0] if args else kwargs["hidden_states"]
+        seen[torch.is_grad_enabled()] += hidden.shape[0] * hidden.shape[1]
+
+    hook = model.get_decoder().layers[0].register_forward_pre_hook(count, with_kwargs=True)
+    try:
+        run()
+    finally:
+        hook.remove()
+    return {"no_grad": seen[False], "grad": seen[True]}
+
+
 def measure(gpu: bool = False, micro_batches_timed: int = 4, rounds: int = 5) -> dict:
-    """The comparison of the module docstring; returns what ``main`` writes."""
+    """The comparisons of the module docstring; returns what ``main`` writes."""
     torch.manual_seed(0)
     if gpu:
         shape = ModelShape.of("Qwen/Qwen3-4B")
@@ -71,45 +97,47 @@ def measure(gpu: bool = False, micro_batches_timed: int = 4, rounds: int = 5) ->
     params = sum(p.numel() for p in model.parameters())
     rows = Rows.from_groups(batch)
     tokens = sum(len(s) for s in rows.sequences)
-    updates = {att: Update(model, get_estimator("gmc"), EstimatorConfig(max_new_tokens=1024), budget, pad_id=0,
-                           chunk_size=1024, compute_dtype=dtype, attention=att) for att in ("masked", "causal")}
+    padded = sum(padded_tokens(rows, budget))
+    cfg = EstimatorConfig(max_new_tokens=1024)
 
-    def step(att):
+    def update(name, **kw):
+        return Update(model, get_estimator(name), cfg, budget, pad_id=0, chunk_size=1024, compute_dtype=dtype, **kw)
+
+    updates = {"one_pass": update("grpo", per_row=True), "no_grad_pass_first": update("grpo", per_row=False),
+               "causal": update("gmc", attention="causal"), "masked": update("gmc", attention="masked")}
+
+    def step(name):
         def run():
-            updates[att].backward(batch, on_policy=False)
+            updates[name].backward(batch, on_policy=False)
             model.zero_grad(set_to_none=True)
             if gpu:
                 torch.cuda.synchronize()
         return run
 
-    timed = interleaved({att: step(att) for att in updates}, rounds=rounds)
+    timed = interleaved({name: step(name) for name in updates}, rounds=rounds)
+    work = {}
+    for name in ("one_pass", "no_grad_pass_first"):
+        seen = forwards_per_token(model, step(name))
+        forwards = (seen["no_grad"] + seen["grad"]) / padded
+        work[name] = {"forwards_per_token": forwards, "backwards_per_token": 1.0,
+                      "work_per_token": forwards + 2.0}
     with torch.no_grad():
         a = sequence_logprobs(model, rows, budget, 0, compute_dtype=dtype, attention="masked")
         b = sequence_logprobs(model, rows, budget, 0, compute_dtype=dtype, attention="causal")
     live = torch.arange(a.shape[1], device=a.device)[None] < torch.tensor(rows.lengths, device=a.device)[:, None]
-    # each pass's share of a causal step: the no-grad pass, the loss, the micro-batched backward
-    t0 = time.perf_counter()
-    sequence_logprobs(model, rows, budget, 0, compute_dtype=dtype, attention="causal")
-    t1 = time.perf_counter()
-    for idx in micro_batches([len(s) for s in rows.sequences], budget):
-        with precision(model, dtype):
-            _forward(model, rows, idx, 0, 1.0, 1024, "causal").sum().backward()
-    if gpu:
-        torch.cuda.synchronize()
-    t2 = time.perf_counter()
-    model.zero_grad(set_to_none=True)
-    result = {"device": device, "parameters": params, "rows": len(rows), "tokens": tokens, "budget": budget,
-              "dtype": str(dtype), **{f"{att}_seconds": t["median_s"] for att, t in timed.items()},
-              "tokens_per_s_masked": tokens / timed["masked"]["median_s"],
-              "tokens_per_s_causal": tokens / timed["causal"]["median_s"],
+    result = {"device": device, "parameters": params, "rows": len(rows), "tokens": tokens, "padded_tokens": padded,
+              "budget": budget, "dtype": str(dtype), "checkpointing": gpu,
+              **{f"{name}_seconds": t["median_s"] for name, t in timed.items()},
+              **{f"tokens_per_s_{name}": tokens / t["median_s"] for name, t in timed.items()},
+              "work_per_token": work,
+              "speedup_one_pass": timed["no_grad_pass_first"]["median_s"] / timed["one_pass"]["median_s"],
               "speedup_causal_over_masked": timed["masked"]["median_s"] / timed["causal"]["median_s"],
-              "max_logprob_diff": float((a - b).abs()[live].max()),
-              "share_no_grad_pass": (t1 - t0) / (t2 - t0), "share_forward_backward": (t2 - t1) / (t2 - t0)}
+              "max_logprob_diff": float((a - b).abs()[live].max())}
     if gpu:
         peak = matmul_tflops(device)
-        result.update(matmul_tflops=peak, mfu_causal=6 * params * result["tokens_per_s_causal"] / 1e12 / peak,
-                      mfu_masked=6 * params * result["tokens_per_s_masked"] / 1e12 / peak,
-                      step_seconds_1024_rows_extrapolated=1024 / len(rows) * timed["causal"]["median_s"])
+        result.update(matmul_tflops=peak,
+                      **{f"mfu_{name}": 6 * params * result[f"tokens_per_s_{name}"] / 1e12 / peak for name in updates},
+                      step_seconds_1024_rows_extrapolated=1024 / len(rows) * timed["one_pass"]["median_s"])
     return result
 
 

@@ -160,6 +160,13 @@ class Estimator:
     """For an estimator that drops tokens or responses, its default ``EstimatorConfig.mask_denominator``:
     that of the peer it follows; None: it drops nothing (both denominators are then the same)."""
 
+    def needs_batch_stats_under(self, cfg) -> bool:
+        """Whether its loss under ``EstimatorConfig`` ``cfg`` needs statistics of the batch before
+        the backward pass: its own (:attr:`needs_batch_stats`), or, for an estimator that drops
+        tokens or responses, a ``kept`` denominator (the tokens every row keeps)."""
+        return self.needs_batch_stats or (self.mask_denominator is not None
+                                          and (cfg.mask_denominator or self.mask_denominator) == "kept")
+
     def resolve(self) -> Callable:
         """The loss function named by :attr:`loss` (imports its module)."""
         return load_named(self.loss)

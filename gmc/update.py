@@ -2,8 +2,9 @@
 gradient, within a token budget of padded tokens per forward. Every pass over rollouts (the
 behaviour pass, the KL reference, the training forward/backward) runs in *canonical
 micro-batches* (:func:`micro_batches`), so a row's log-probs do not depend on the rows it is
-batched with; :class:`Update` gives the gradient of the estimator's whole-batch loss through
-a no-grad pass, the loss on the whole batch, and one backward per micro-batch.
+batched with; :class:`Update` gives the gradient of the estimator's whole-batch loss with one
+forward and backward per micro-batch, and a no-grad pass first only for losses that need the
+batch's statistics before backward.
 """
 
 from __future__ import annotations
@@ -166,16 +167,23 @@ class Update:
     step runs (1) a no-grad pass for every row's ``logp`` (skipped on-policy without KL, where
     the ratios are exactly 1 and ``g`` does not depend on ``logp``), (2) the estimator on the
     whole batch with ``logp`` as a leaf, giving the loss, its statistics and ``g``, (3) one
-    forward/backward per micro-batch of ``sum(g * logp)``. Loss, statistics and gradient equal
+    forward/backward per micro-batch of ``sum(g * logp)``. With ``per_row`` (the loss needs no
+    statistics of the batch: a row's ``g`` follows from its own log-probs,
+    :meth:`gmc.estimator_info.Estimator.needs_batch_stats_under`) there is no pass (1): each
+    micro-batch's forward enters the whole-batch loss in place of its rows, the other rows held
+    at fixed values, and its backward gives those rows' gradient; the loss and statistics then
+    come from every row's log-probs of those forwards. So a step costs one forward and one
+    backward per token, not two forwards and one backward. Loss, statistics and gradient equal
     the whole-batch step's (float32, to rounding). Without a budget (0) every canonical bucket
     is forwarded with its graph kept and the loss back-propagated once."""
 
     def __init__(self, model, loss_fn: Callable, est_cfg: EstimatorConfig, budget: int, pad_id: int,
                  temperature: float = 1.0, chunk_size: int = 4096, reference=None,
-                 compute_dtype: torch.dtype | None = None, attention: Attention = "causal"):
+                 compute_dtype: torch.dtype | None = None, attention: Attention = "causal",
+                 per_row: bool = False):
         if est_cfg.kl_coef > 0 and reference is None:
             raise ValueError("kl_coef > 0 needs a reference model")
-        self.model, self.loss_fn, self.cfg = model, loss_fn, est_cfg
+        self.model, self.loss_fn, self.cfg, self.per_row = model, loss_fn, est_cfg, per_row
         self.budget, self.pad_id, self.temperature, self.chunk_size = budget, pad_id, temperature, chunk_size
         self.reference = reference if est_cfg.kl_coef > 0 else None
         self.compute_dtype, self.attention = compute_dtype, attention
@@ -183,14 +191,17 @@ class Update:
     @classmethod
     def from_config(cls, cfg, model, pad_id: int, reference=None) -> Update:
         """The update of :class:`gmc.config.TrainConfig` ``cfg`` for ``model``: its estimator, budget,
-        temperature, LM-head chunk, compute dtype and attention; every pass over rollouts of a run
-        (the trainer's, a rollout worker's behaviour pass) goes through one of these."""
+        temperature, LM-head chunk, compute dtype and attention, and whether its loss splits per
+        row; every pass over rollouts of a run (the trainer's, a rollout worker's behaviour pass)
+        goes through one of these."""
+        from gmc.estimator_info import REGISTRY
         from gmc.estimators import get_estimator
         from gmc.policy import DTYPES
 
         return cls(model, get_estimator(cfg.algorithm), cfg.estimator, cfg.micro_batch_tokens, pad_id,
                    temperature=cfg.sampling.temperature, chunk_size=cfg.logprob_chunk_size, reference=reference,
-                   compute_dtype=DTYPES[cfg.model_dtype], attention=cfg.attention)
+                   compute_dtype=DTYPES[cfg.model_dtype], attention=cfg.attention,
+                   per_row=not REGISTRY[cfg.algorithm].needs_batch_stats_under(cfg.estimator))
 
     def logprobs(self, model, rows: Rows) -> Tensor:
         return sequence_logprobs(model, rows, self.budget, self.pad_id, self.temperature, self.chunk_size,
@@ -219,6 +230,9 @@ class Update:
             return loss.detach(), stats, rewards
         if on_policy and ref is None:
             values = torch.zeros(B, G, T, device=device)  # ratios are exactly 1: g needs no log-probs
+        elif self.per_row:
+            loss, stats = self._row_by_row(rows, behaviour, mask, adv, ref)
+            return loss, stats, rewards
         else:
             values = self.logprobs(self.model, rows).view(B, G, T)
         leaf = values.clone().requires_grad_(True)
@@ -231,6 +245,26 @@ class Update:
             at = torch.tensor(idx, device=device)
             (lp * coef[at, : lp.shape[1]]).sum().backward()
         return loss.detach(), stats, rewards
+
+    def _row_by_row(self, rows: Rows, behaviour: Tensor | None, mask: Tensor, adv: Tensor,
+                    ref: Tensor | None) -> tuple[Tensor, dict[str, float]]:
+        """The micro-batched step of a loss that splits per row (``behaviour`` None: on-policy,
+        the rows' own log-probs are their behaviour); returns the loss and statistics."""
+        B, G, T = mask.shape
+        values = torch.zeros(B * G, T, device=mask.device)  # every row's log-probs, filled as forwarded
+        held = values if behaviour is None else behaviour.reshape(B * G, T)  # the other rows: any finite values
+        for idx in rows.plan(self.budget):
+            with precision(self.model, self.compute_dtype):
+                lp = _forward(self.model, rows, idx, self.pad_id, self.temperature, self.chunk_size, self.attention)
+            at = torch.tensor(idx, device=mask.device)
+            logp = held.index_put((at,), torch.nn.functional.pad(lp, (0, T - lp.shape[1]))).view(B, G, T)
+            loss, _ = self.loss_fn(logp, logp.detach() if behaviour is None else behaviour, mask, adv, self.cfg,
+                                   ref_logp=ref)
+            loss.backward()
+            values[at, : lp.shape[1]] = lp.detach()
+        logp = values.view(B, G, T)
+        with torch.no_grad():
+            return self.loss_fn(logp, logp if behaviour is None else behaviour, mask, adv, self.cfg, ref_logp=ref)
 
     def _behaviour(self, groups, B: int, G: int, T: int, device) -> Tensor:
         out = torch.zeros(B, G, T, device=device)

@@ -484,13 +484,17 @@ def test_members_of_an_on_policy_class_give_its_loss_and_gradient_at_ratio_one(o
             assert torch.equal(loss.detach(), first[0]) and torch.equal(x.grad, first[1]), name
 
 
+@pytest.mark.parametrize("denominator", [None, "all", "kept"])
 @pytest.mark.parametrize("name", list(REGISTRY))
-def test_needs_batch_stats_says_whether_a_rows_gradient_depends_on_the_other_rows(name):
+def test_needs_batch_stats_says_whether_a_rows_gradient_depends_on_the_other_rows(name, denominator):
     """Without batch statistics, the gradient of each response computed alone (times its share
-    ``1/(B G)`` of ``seq_sum_const``) is its gradient in the batch; with them, it is not."""
+    ``1/(B G)`` of ``seq_sum_const``) is its gradient in the batch; with them (the estimator's
+    own, or a ``kept`` denominator of one that drops tokens), it is not."""
     logp, logp_b, mask, rewards = random_batch(B=3, G=4, T=6, seed=8, scale=0.4)
     adv = group_advantages(rewards)
-    cfg = EstimatorConfig(aggregation="seq_sum_const", max_new_tokens=6, m2po_tau=0.01)
+    cfg = EstimatorConfig(aggregation="seq_sum_const", max_new_tokens=6, m2po_tau=0.01, icepop_low=0.8,
+                          icepop_high=1.25, seq_mask_high=1.2, dppo_delta_low=0.05, dppo_delta_high=0.05,
+                          mask_denominator=denominator)  # every mask drops a token here
     loss_fn = get_estimator(name)
     x = logp.clone().requires_grad_(True)
     loss_fn(x, logp_b, mask, adv, cfg)[0].backward()
@@ -502,7 +506,7 @@ def test_needs_batch_stats_says_whether_a_rows_gradient_depends_on_the_other_row
             loss_fn(y, logp_b[b : b + 1, g : g + 1], mask[b : b + 1, g : g + 1], adv[b : b + 1, g : g + 1],
                     cfg)[0].backward()
             alone[b, g] = y.grad[0, 0] / (B * G)
-    if REGISTRY[name].needs_batch_stats:
+    if REGISTRY[name].needs_batch_stats_under(cfg):
         assert not torch.allclose(alone, x.grad, rtol=1e-4, atol=1e-7)
     else:
         torch.testing.assert_close(alone, x.grad, rtol=1e-5, atol=1e-8)

@@ -170,12 +170,47 @@ def test_logprobs_equal_a_naive_full_forward(temperature):
             assert torch.all(fast[i, len(ref) :] == 0)
 
 
-def step(model, groups, name, budget, kl_coef=0.0, on_policy=False, reference=None):
+def step(model, groups, name, budget, kl_coef=0.0, on_policy=False, reference=None, per_row=None,
+         mask_denominator=None):
+    """One update's ``(loss, stats, gradients)``; ``per_row`` None: as the trainer decides it."""
     model.zero_grad(set_to_none=True)
-    cfg = EstimatorConfig(kl_coef=kl_coef, max_new_tokens=20)
-    update = Update(model, get_estimator(name), cfg, budget, pad_id=0, reference=reference, chunk_size=16)
+    cfg = EstimatorConfig(kl_coef=kl_coef, max_new_tokens=20, mask_denominator=mask_denominator)
+    if per_row is None:
+        per_row = not REGISTRY[name].needs_batch_stats_under(cfg)
+    update = Update(model, get_estimator(name), cfg, budget, pad_id=0, reference=reference, chunk_size=16,
+                    per_row=per_row)
     loss, stats, _ = update.backward(groups, on_policy)
     return loss, stats, grads(model)
+
+
+def no_grad_forwards(model, run):
+    """``run()``'s result and how many of the model's forwards while it ran were without gradient."""
+    calls = []
+    hook = model.get_decoder().register_forward_hook(lambda *_: calls.append(torch.is_grad_enabled()))
+    try:
+        result = run()
+    finally:
+        hook.remove()
+    return result, calls.count(False)
+
+
+@pytest.mark.parametrize("denominator", [None, "kept"])
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_a_loss_that_splits_per_row_needs_no_pass_before_backward(name, denominator):
+    """The trainer's choice: an estimator whose loss needs no batch statistics runs each
+    micro-batch's forward once, with gradient, and gives the loss, statistics and gradient of the
+    step with the no-grad pass (``per_row=False``) to the bit; one that needs them keeps the pass."""
+    model, reference = random_model(seed=1), random_model(seed=2)
+    groups = random_groups(seed=3)
+    needs = REGISTRY[name].needs_batch_stats_under(EstimatorConfig(mask_denominator=denominator))
+    for kl_coef, on_policy in ((0.0, False), (0.3, False), (0.3, True)):
+        args = (model, groups, name, 64, kl_coef, on_policy, reference if kl_coef else None)
+        two_pass = step(*args, per_row=False, mask_denominator=denominator)
+        chosen, passes = no_grad_forwards(model, lambda a=args: step(*a, mask_denominator=denominator))
+        assert passes == (len(Rows.from_groups(groups).plan(64)) if needs else 0)
+        assert torch.equal(chosen[0], two_pass[0]) and chosen[1] == two_pass[1]
+        for a, b in zip(chosen[2], two_pass[2]):
+            assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("name", sorted(REGISTRY))
