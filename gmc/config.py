@@ -118,6 +118,11 @@ class TrainConfig:
     """Also write one when this many minutes of wall clock passed since the last (bounds what a
     kill loses when steps are long); 0: off. A run also checkpoints when SIGTERM or SIGUSR1 stops
     it at a step boundary (exit status 75: continue with ``--resume``)."""
+    keep_checkpoints: Literal["last", "all", "none"] = "last"
+    """What a finished run keeps of its checkpoints beside its final model: ``last``, the final
+    checkpoint (float32 masters, optimizer, queued rollouts: what continuing the run needs);
+    ``all``, the previous one too; ``none``, neither (the run can then only be run again).
+    README "Disk"."""
     max_nonfinite_steps: PositiveInt = 3
     """Stop after this many consecutive steps with a non-finite loss or gradient."""
     logprob_chunk_size: PositiveInt = 4096

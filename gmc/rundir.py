@@ -14,8 +14,8 @@ On load a checkpoint must pass a full zip test (the CRC-32 of every record, whic
 fails falls back to the previous one, with a warning, and is kept aside as
 ``checkpoint.rejected.pt``. A checkpoint is read onto the CPU, whichever device wrote it, so
 a run resumes on any device. Temporary files of interrupted writes are removed when the next
-owner starts. ``summary.json`` is written last and marks a finished run; starting afresh
-removes it first.
+owner starts. ``summary.json`` is written last and marks a finished run (whose checkpoints
+are then pruned as ``keep_checkpoints`` says); starting afresh removes it first.
 """
 
 from __future__ import annotations
@@ -293,8 +293,14 @@ class RunDir:
     def finished(self) -> bool:
         return (self.path / SUMMARY).exists()
 
-    def finish(self, summary: dict) -> None:
+    def finish(self, summary: dict, keep_checkpoints: str = "all") -> None:
+        """Mark the run finished, then prune its checkpoints: ``last`` keeps the latest, ``none``
+        keeps no checkpoint, ``all`` keeps every file (the previous one, and a rejected one for
+        inspection)."""
         write_json(self.path / SUMMARY, summary)
+        prune = {"all": [], "last": [PREVIOUS, REJECTED], "none": [CHECKPOINT, PREVIOUS, REJECTED]}
+        for name in prune[keep_checkpoints]:
+            (self.path / name).unlink(missing_ok=True)
 
 
 def _parse_owner(text: str) -> dict:

@@ -347,7 +347,7 @@ class Trainer:
                 self.tokenizer.save_pretrained(tmp)
             summary = summarize_metrics(self.out / METRICS)
             summary["run_id"] = self.run_info["run_id"]
-            self.rundir.finish(summary)
+            self.rundir.finish(summary, cfg.keep_checkpoints)
         finally:
             try:  # the stop signals stay recorded while the workers and Ray shut down
                 self.source.close()

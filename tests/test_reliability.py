@@ -5,6 +5,7 @@ directory, damaged checkpoints, a checkpoint mapped to another device, a stop ha
 replaced by another, non-finite weights, nonsense config values, hostile grading
 input, bad data and model folders, and leftovers of interrupted writes."""
 
+import json
 import logging
 import os
 import re
@@ -23,8 +24,9 @@ from gmc.config import ConfigError, load_config, load_train_config
 from gmc.rundir import CheckpointError, ConfigMismatch, RunDir, RunDirBusy
 from gmc.trainer import NonFiniteError, Trainer, read_jsonl, without_time
 
-RUN = dict(steps=4, prompts_per_step=2, checkpoint_every=2, **{"sampling.max_new_tokens": 24})
-"""Four steps with checkpoints at steps 2 and 4."""
+RUN = dict(steps=4, prompts_per_step=2, checkpoint_every=2, keep_checkpoints="all",
+           **{"sampling.max_new_tokens": 24})
+"""Four steps with checkpoints at steps 2 and 4, both kept when the run finishes."""
 
 
 @pytest.fixture(scope="session")
@@ -160,6 +162,26 @@ def test_checkpoint_write_is_durable_and_rotates(tmp_path, monkeypatch):
     # the temporary file is synced before its rename, the folder after it
     assert [p.endswith(".tmp") for p in synced] == [True, False, True, False]
     assert synced[1] == str(tmp_path)
+
+
+@pytest.mark.parametrize("keep,left", [("all", {"checkpoint.pt", "checkpoint.prev.pt", "checkpoint.rejected.pt"}),
+                                       ("last", {"checkpoint.pt"}), ("none", set())])
+def test_a_finished_run_keeps_the_checkpoints_its_setting_says(tmp_path, keep, left):
+    with RunDir(tmp_path) as rd:
+        rd.open({"a": 1}, resume=False)
+        for step in (1, 2):
+            rd.write_checkpoint({"step": step})
+        (tmp_path / "checkpoint.rejected.pt").write_bytes(b"")
+        rd.finish({"steps": 2}, keep)
+    assert {p.name for p in tmp_path.glob("checkpoint*")} == left
+    assert json.loads((tmp_path / "summary.json").read_text()) == {"steps": 2}
+
+
+def test_a_run_keeps_its_last_checkpoint_by_default(tmp_path, small):
+    Trainer(small(keep_checkpoints="last"), tmp_path / "run", progress=False).run()
+    assert load_train_config(None, []).keep_checkpoints == "last"
+    assert sorted(p.name for p in (tmp_path / "run").glob("checkpoint*")) == ["checkpoint.pt"]
+    assert torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=False)["step"] == 4
 
 
 def on_meta(value):
