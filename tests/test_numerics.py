@@ -6,6 +6,8 @@ import pytest
 import torch
 
 from gmc.config import ConfigError, load_train_config
+from gmc.io import read_jsonl
+from gmc.rewards import Grade
 from gmc.trainer import Trainer, without_time
 
 FROZEN = 1e-30  # an Adam step of this size leaves every float32 weight unchanged
@@ -33,20 +35,43 @@ def test_fixed_weights_give_zero_log_ratios(tmp_path, train_small, dtype, delay,
         assert r["ratio/frac_groups_capped"] == 0
 
 
-def mean_weight_change(out, train_small, tiny_model_dir, **overrides):
+class HalfRight:
+    """A grader that marks every other answer of a group right whatever it says, so that every
+    step has a gradient: the warm-started policy of the test session answers about 5% right, and
+    whether any of a step's answers is right depends on the rounding of the machine it samples on
+    (with ``MKL_CBWR=COMPATIBLE`` no answer of a 4-step run was)."""
+
+    def grade_batch(self, texts, golds):
+        return [Grade(i % 2 == 0, float(i % 2 == 0), None, "ok" if i % 2 == 0 else "wrong")
+                for i in range(len(texts))]
+
+    def close(self):
+        pass
+
+
+def train_half_right(out, small_config, **overrides):
+    """A small run whose answers :class:`HalfRight` grades; returns its metrics lines."""
+    trainer = Trainer(small_config(**overrides), out, progress=False)
+    trainer.collector.close()
+    trainer.collector.grader = HalfRight()
+    trainer.run()
+    return read_jsonl(out / "metrics.jsonl")
+
+
+def mean_weight_change(out, small_config, tiny_model_dir, **overrides):
     from gmc.policy import load_policy
 
-    train_small(out, steps=4, lr=1e-6, checkpoint_every=4, **overrides)
+    train_half_right(out, small_config, steps=4, lr=1e-6, checkpoint_every=4, **overrides)
     final = torch.load(out / "checkpoint.pt", weights_only=False)["model"]
     start, _ = load_policy(str(tiny_model_dir), "float32", "cpu")
     deltas = [(final[k].float() - v.to(final[k].dtype).float()).abs().mean() for k, v in start.state_dict().items()]
     return float(torch.stack(deltas).mean())
 
 
-def test_bfloat16_at_small_lr_moves_the_weights_like_float32(tmp_path, train_small, tiny_model_dir):
-    f32 = mean_weight_change(tmp_path / "f32", train_small, tiny_model_dir)
-    bf16 = mean_weight_change(tmp_path / "bf16", train_small, tiny_model_dir, model_dtype="bfloat16")
-    rounded = mean_weight_change(tmp_path / "bf16_inplace", train_small, tiny_model_dir, model_dtype="bfloat16",
+def test_bfloat16_at_small_lr_moves_the_weights_like_float32(tmp_path, small_config, tiny_model_dir):
+    f32 = mean_weight_change(tmp_path / "f32", small_config, tiny_model_dir)
+    bf16 = mean_weight_change(tmp_path / "bf16", small_config, tiny_model_dir, model_dtype="bfloat16")
+    rounded = mean_weight_change(tmp_path / "bf16_inplace", small_config, tiny_model_dir, model_dtype="bfloat16",
                                  master_weights=False)
     assert 0.5 < bf16 / f32 < 2, (f32, bf16)
     assert rounded < 0.2 * f32, (f32, rounded)  # without masters, most updates round away
@@ -62,7 +87,7 @@ def test_micro_batched_run_matches_the_whole_batch_run(tmp_path, train_small):
             assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-5), key  # 1e-5: float32 rounding
 
 
-def test_kl_to_a_frozen_reference(tmp_path, tiny_model_dir, train_small):
+def test_kl_to_a_frozen_reference(tmp_path, tiny_model_dir, small_config):
     cfg = load_train_config(None, [f"model={tiny_model_dir}", "device=cpu", "estimator.kl_coef=0.1"])
     trainer = Trainer(cfg, tmp_path / "kl_setup", progress=False)
     ref = trainer.update.reference
@@ -72,7 +97,8 @@ def test_kl_to_a_frozen_reference(tmp_path, tiny_model_dir, train_small):
                     progress=False)
     assert plain.update.reference is None
     plain.collector.close()
-    metrics = train_small(tmp_path / "kl", lr=1e-3, micro_batch_tokens=64, **{"estimator.kl_coef": 0.1})
+    metrics = train_half_right(tmp_path / "kl", small_config, lr=1e-3, micro_batch_tokens=64,
+                               **{"estimator.kl_coef": 0.1})
     assert metrics[0]["loss/kl"] == 0  # the reference is the starting policy
     assert metrics[-1]["loss/kl"] > 0
     for r in metrics:
