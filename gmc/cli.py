@@ -156,7 +156,7 @@ def _plan_memory(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from gmc.config import TrainConfig
-    from gmc.memory import device_limit, plan
+    from gmc.memory import GIB, checkpoint_host_bytes, device_limit, plan
     from gmc.settings import apply_overrides, from_dict, load_config
 
     if args.preset:  # the run of the preset's sweep that needs the most memory, resolved as its job is
@@ -180,6 +180,9 @@ def _plan_memory(args: argparse.Namespace) -> int:
           f"{cfg.optimizer}, engine {cfg.engine}"
           + (f" (share {cfg.vllm.gpu_memory_utilization}, sleep {cfg.vllm.sleep})" if cfg.engine == "vllm" else ""))
     print(p.table())
+    print(f"gradient checkpointing: {'on' if p.gradient_checkpointing else 'off'}"
+          f"{' (auto)' if cfg.gradient_checkpointing == 'auto' else ''}; a resume reads the checkpoint into "
+          f"{checkpoint_host_bytes(cfg) / GIB:.1f} GiB of host memory (its queued rollouts stay there)")
     if not p.fits:
         print(f"largest items: {p.advice()}")
     return 0 if p.fits else 1

@@ -197,8 +197,10 @@ def rollout_side(cfg, update: Update, tokenizer, behaviour: Behaviour, grader_wo
 
     engine = make_engine(cfg.engine, update.model, tokenizer, model_path=cfg.model, seed=cfg.seed,
                          settings=getattr(cfg, cfg.engine, None), dtype=cfg.model_dtype)
-    shares = ENGINES[cfg.engine].shares_model
-    return Collector(engine, tokenizer, Grader(workers=grader_workers), group_size=cfg.group_size,
+    entry = ENGINES[cfg.engine]
+    shares = entry.shares_model
+    return Collector(engine, tokenizer, Grader(workers=grader_workers, start_method=entry.grading_start),
+                     group_size=cfg.group_size,
                      sampling=cfg.sampling, behaviour=behaviour,
                      logprobs=lambda rows: update.logprobs(update.model, rows), thinking=cfg.thinking,
                      generation=(lambda: precision(update.model, update.compute_dtype)) if shares else None)

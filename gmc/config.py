@@ -57,8 +57,10 @@ class TrainConfig:
     the parameter memory; small updates round away)."""
     device: str = "auto"
     """``auto`` (CUDA when available), ``cpu`` or ``cuda[:i]``."""
-    gradient_checkpointing: bool = False
-    """Recompute activations in the backward pass (less memory, more time)."""
+    gradient_checkpointing: bool | Literal["auto"] = False
+    """Recompute activations in the backward pass (less memory, more time); ``auto``: only when
+    the memory plan without it does not fit the device (:func:`gmc.memory.plan`; off on a CPU
+    without ``memory_limit_gib``)."""
     train_data: str = "synthetic"
     """``synthetic``, a registered training set (``math``) or a JSONL/JSON/Parquet file."""
     data_source: Literal["local", "hub"] = "local"

@@ -50,9 +50,10 @@ class VLLMConfig:
     gradients, optimizer state) needs the rest. Ignored on CPU, where vLLM sizes its KV cache
     by ``VLLM_CPU_KVCACHE_SPACE`` (GiB)."""
     sleep: bool = False
-    """Sleep mode (CUDA only): after each generation vLLM moves its weights to CPU memory and
-    frees its KV cache (``LLM.sleep(level=1)``) while the trainer holds the GPU, and wakes up
-    before the next weight sync and generation."""
+    """Sleep mode (CUDA only): before every update vLLM discards its weights and KV cache
+    (``LLM.sleep(level=2)``: the weights are reloaded after the update anyway) while the trainer
+    holds the GPU; the weights wake for the reload, the KV cache for the next generation, each
+    after the trainer's cached blocks went back to the driver."""
     max_model_len: PositiveInt | None = None
     """Longest prompt plus answer in tokens; None: the model's own limit."""
     enforce_eager: bool = False
@@ -80,12 +81,21 @@ class Engine:
     """It samples with the trainer's own module (no copy of the weights: nothing to sync, and
     generation runs under the trainer's autocast); otherwise it holds its own copy, updated by
     ``sync_weights`` after every optimizer step."""
+    own_threads: bool = False
+    """It runs threads of its own in the process (vLLM's engine core, CUDA's): the grading pool
+    of a process that holds it starts its workers from a forkserver rather than by forking that
+    process (:data:`gmc.rewards.StartMethod`)."""
+
+    @property
+    def grading_start(self) -> str:
+        """The start method of the grading pool beside this engine."""
+        return "forkserver" if self.own_threads else "fork"
 
 
 ENGINES: dict[str, Engine] = {
     "hf": Engine("gmc.rollout:hf_engine", "Hugging Face KV-cache decoding", ("cpu", "cuda"), settings=HFConfig,
                  shares_model=True),
-    "vllm": Engine("gmc.rollout:vllm_engine", "vLLM", ("cuda", "cpu"), settings=VLLMConfig),
+    "vllm": Engine("gmc.rollout:vllm_engine", "vLLM", ("cuda", "cpu"), settings=VLLMConfig, own_threads=True),
 }
 """Every rollout engine by config name (``engine``); the one place to add one. ``vllm`` runs on
 CPU only with vLLM's CPU build (``make test-vllm``)."""

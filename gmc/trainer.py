@@ -11,6 +11,7 @@ files and guarantees are :mod:`gmc.rundir`'s.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import logging
@@ -113,7 +114,7 @@ class Trainer:
         # bad data and a plan that does not fit the device fail here, before the model loads
         records = training_records(cfg.train_data, cfg.synthetic, cfg.seed, cfg.data_source, cfg.data_root)
         check_delay(cfg)
-        check_memory(cfg)
+        self.memory_plan = check_memory(cfg)
         random.seed(cfg.seed)
         np.random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
@@ -122,7 +123,8 @@ class Trainer:
         # and every forward runs under autocast to model_dtype (method.md section 7)
         params_dtype = "float32" if cfg.master_weights else cfg.model_dtype
         self.compute_dtype = DTYPES[cfg.model_dtype]
-        self.model, self.tokenizer = load_policy(cfg.model, params_dtype, cfg.device, cfg.gradient_checkpointing)
+        checkpointing = self.memory_plan.gradient_checkpointing if self.memory_plan else cfg.gradient_checkpointing is True
+        self.model, self.tokenizer = load_policy(cfg.model, params_dtype, cfg.device, checkpointing)
         self.device = next(self.model.parameters()).device
         reference = None
         if cfg.estimator.kl_coef > 0:  # the frozen starting policy, loaded like the policy
@@ -185,11 +187,17 @@ class Trainer:
     # -- one step -----------------------------------------------------------------------------
 
     def train_step(self) -> Step:
-        """One optimizer step on the source's next batch."""
+        """One optimizer step on the source's next batch; the rollout engine releases the device
+        for the update (:meth:`gmc.rollout.RolloutEngine.release_memory`). A device that runs out
+        of memory stops the run with the plan beside the measured peak (:func:`out_of_memory`)."""
         t0 = time.perf_counter()
-        batch = self.source.next_batch(self.step)
+        with out_of_memory(self.memory_plan, "generation", self.device):
+            batch = self.source.next_batch(self.step)
         t1 = time.perf_counter()
-        loss, stats, rewards = self.update.backward(batch.groups, self.on_policy)
+        if self.engine is not None:
+            self.engine.release_memory()
+        with out_of_memory(self.memory_plan, "training", self.device):
+            loss, stats, rewards = self.update.backward(batch.groups, self.on_policy)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
         finite = self._optimizer_step(bool(torch.isfinite(loss)) and bool(torch.isfinite(grad_norm)))
         if self.engine is not None:
@@ -380,22 +388,46 @@ def _cpu_bytes(state) -> torch.Tensor:
     return torch.as_tensor(state).detach().to(device="cpu", dtype=torch.uint8)
 
 
-def check_memory(cfg: TrainConfig) -> None:
-    """Refuse a run whose memory plan exceeds its device (``memory_limit_gib``, else the CUDA
-    device's memory; no check on a CPU without a limit)."""
+def check_memory(cfg: TrainConfig):
+    """The run's memory plan (:class:`gmc.memory.Plan`) against its device (``memory_limit_gib``,
+    else the CUDA device's free memory); a run whose plan does not fit is refused. None on a
+    CPU without a limit, or for a model whose shape cannot be read."""
     from gmc.memory import GIB, ModelShape, check_fits, device_limit, plan
 
     limit = device_limit(cfg)
     if limit is None:
-        return
+        return None
     try:
         shape = ModelShape.of(cfg.model)
     except (ValueError, OSError, KeyError) as e:
         log.warning("no memory plan: %s", e)
-        return
+        return None
     p = plan(cfg, limit, shape)
     log.info("memory plan (peak %.1f of %.1f GiB):\n%s", p.peak / GIB, limit / GIB, p.table())
     check_fits(p)
+    return p
+
+
+@contextlib.contextmanager
+def out_of_memory(memory_plan, phase: str, device):
+    """Turn the device's out-of-memory error in ``phase`` into a :class:`gmc.memory.MemoryPlanError`
+    that shows the plan beside the peak the device measured, so a wrong plan says which item it
+    missed instead of a bare CUDA error."""
+    from gmc.memory import GIB, MemoryPlanError
+
+    try:
+        yield
+    except torch.OutOfMemoryError as e:
+        if device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(device)
+            measured = (f"measured: peak allocated {torch.cuda.max_memory_allocated(device) / GIB:.2f} GiB, peak "
+                        f"reserved {torch.cuda.max_memory_reserved(device) / GIB:.2f} GiB, free now {free / GIB:.2f} "
+                        f"of {total / GIB:.2f} GiB")
+        else:
+            measured = f"measured: no peak counter on {device.type}"
+        planned = (f"planned: {getattr(memory_plan, phase) / GIB:.2f} GiB for {phase} of "
+                   f"{memory_plan.limit / GIB:.2f} GiB\n{memory_plan.table()}") if memory_plan else "no memory plan"
+        raise MemoryPlanError(f"out of memory in {phase}; {measured}; {planned}\n({e})") from e
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,12 +1,21 @@
 """The memory plan: its parameter and saved-activation counts against what the model and autograd
-report (random Qwen3 shapes on CPU), the paper preset on an 80 GB card, and a run that refuses
-to start when its plan does not fit."""
+report (random Qwen3 shapes on CPU), the paper preset on an 80 GB card in its three phases with
+the allocator's reserve, checkpointing chosen by the plan, a run that refuses to start when its
+plan does not fit, and an out-of-memory error reported beside the plan."""
 
 import pytest
 import torch
 
 from gmc.config import load_train_config
-from gmc.memory import GIB, MemoryPlanError, ModelShape, plan
+from gmc.memory import (
+    ALLOCATOR_RESERVE,
+    GIB,
+    PHASES,
+    MemoryPlanError,
+    ModelShape,
+    checkpoint_host_bytes,
+    plan,
+)
 from gmc.models import qwen3_model
 from gmc.random_model import QWEN3_VOCAB_ROWS, RandomModelConfig
 from gmc.update import Rows, _forward, precision
@@ -71,6 +80,51 @@ def test_the_paper_settings_fit_an_80_gb_card_with_vllm_asleep():
     assert asleep.items["parameters"][0] == asleep.items["gradients"][0] == 4 * 4_022_468_096
 
 
+def test_the_plan_has_the_resume_phase_and_the_allocators_reserve():
+    """A resume holds what generation holds (vLLM awake as built, weights and optimizer states
+    loaded; the checkpoint itself in host memory); every phase reserves a share of what PyTorch
+    holds for the caching allocator."""
+    p = plan(paper("vllm.sleep=true", "vllm.gpu_memory_utilization=0.45"), int(79.6 * GIB))
+    assert all(len(b) == len(PHASES) for b in p.items.values())
+    assert p.resume == p.generation and p.items["vLLM"][2] == p.items["vLLM"][1] > 30 * GIB
+    torch_held = [sum(b[k] for name, b in p.items.items() if name not in ("allocator reserve", "vLLM", "CUDA runtime"))
+                  for k in range(3)]
+    assert p.items["allocator reserve"] == tuple(int(ALLOCATOR_RESERVE * h) for h in torch_held)
+    assert 3 * GIB < p.items["allocator reserve"][0] < 5 * GIB
+    host = checkpoint_host_bytes(paper("delay.d=128"))
+    assert host == 4 * 4_022_468_096 + 2 * 4_022_468_096 + 128 * 32 * 32 * 4096 * 17
+
+
+def test_checkpointing_is_chosen_by_the_plan():
+    """``gradient_checkpointing: auto``: off where the update's activations fit, on where only
+    checkpointed ones do."""
+    card = int(79.6 * GIB)
+    big = plan(paper("gradient_checkpointing=auto", "vllm.sleep=true", "vllm.gpu_memory_utilization=0.45"), card)
+    assert big.gradient_checkpointing and big.fits
+    assert big.items == plan(paper("vllm.sleep=true", "vllm.gpu_memory_utilization=0.45"), card).items
+    small = plan(paper("gradient_checkpointing=auto", "micro_batch_tokens=512"), 400 * GIB)
+    assert not small.gradient_checkpointing and small.fits
+    assert small.items["saved activations"][0] > plan(paper("micro_batch_tokens=512"), 400 * GIB).items[
+        "saved activations"][0]
+    assert not plan(paper("gradient_checkpointing=auto"), None).gradient_checkpointing  # no limit: it fits
+
+
+def test_an_out_of_memory_error_names_the_plan_beside_the_measured_peak(tmp_path, small_config):
+    from gmc.trainer import Trainer
+
+    trainer = Trainer(small_config(memory_limit_gib=64), tmp_path / "run", progress=False)
+    assert trainer.memory_plan is not None and trainer.memory_plan.fits
+
+    def exhausted(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    trainer.update.backward = exhausted
+    with pytest.raises(MemoryPlanError, match=r"(?s)out of memory in training; measured: .*planned: .* GiB for "
+                                              r"training of 64.00 GiB\nitem .*saved activations.*Tried to allocate"):
+        trainer.run()
+    assert not (tmp_path / "run" / "summary.json").exists()
+
+
 def test_a_run_whose_plan_does_not_fit_stops_before_the_model_loads(tmp_path, small_config, monkeypatch):
     from gmc import trainer
 
@@ -86,5 +140,6 @@ def test_plan_memory_command(capsys, tiny_model_dir):
     assert main(["plan-memory", "--preset", "workflow/presets/paper.yaml", "--gpu-gib", "79.6"]) == 0
     out = capsys.readouterr().out
     assert "Qwen/Qwen3-4B" in out and "fits (peak" in out and "saved activations" in out
+    assert "resume" in out and "allocator reserve" in out and "GiB of host memory" in out
     assert main(["plan-memory", "--set", f"model={tiny_model_dir}", "--gpu-gib", "0.001"]) == 1
     assert "does NOT fit" in capsys.readouterr().out

@@ -145,17 +145,24 @@ def _pid():
     return os.getpid()
 
 
-def test_grading_goes_on_through_a_jobs_stop_signal_and_the_pool_still_closes():
+def _parent():
+    return os.getppid()
+
+
+@pytest.mark.parametrize("start_method", ["fork", "forkserver"])
+def test_grading_goes_on_through_a_jobs_stop_signal_and_the_pool_still_closes(start_method):
     """SLURM signals every process of a job: the grading workers ignore SIGTERM and SIGUSR1 (and
-    never run the handlers of the run that forked them), so the step in progress finishes its
-    grading; the pool's terminate() still ends them."""
+    never run the handlers of the run that started them), so the step in progress finishes its
+    grading; the pool's terminate() still ends them. Forked workers are the run's children;
+    a forkserver's are not (they copy none of the run's threads)."""
     received = []
     previous = {s: signal.signal(s, lambda signum, frame: received.append(signum))
                 for s in (signal.SIGTERM, signal.SIGUSR1)}
     try:
-        g = Grader(workers=2)
+        g = Grader(workers=2, start_method=start_method)
         pool = g._ensure_pool()
         assert pool.apply(_worker_dispositions) == (True, True)
+        assert (pool.apply(_parent) == os.getpid()) == (start_method == "fork")
         pids = {pool.apply(_pid) for _ in range(8)}
         for pid in pids:  # what the job's stop signal does to them
             os.kill(pid, signal.SIGTERM)
@@ -189,14 +196,15 @@ def _stop_the_workers(pool):
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+@pytest.mark.parametrize("start_method", ["fork", "forkserver"])
 @pytest.mark.parametrize("fault", [_kill_the_worker_handler, _stop_the_workers],
                          ids=["worker_handler_gone", "workers_stopped"])
-def test_close_ends_within_its_bound_whatever_the_pools_state(fault, caplog):
+def test_close_ends_within_its_bound_whatever_the_pools_state(fault, start_method, caplog):
     """A pool whose terminate() never returns (it waits, without a timeout, for a lock an idle
     worker holds): close() kills the workers after its grace period and returns within twice
     that, with no worker left and the pool's threads ended."""
     grace = 1.0
-    g = Grader(workers=2, close_grace=grace)
+    g = Grader(workers=2, close_grace=grace, start_method=start_method)
     pool = g._ensure_pool()
     assert all(x.correct for x in g.grade_batch(["\\boxed{\\frac{1}{2}}"] * 4, ["0.5"] * 4))
     pids = [w.pid for w in pool._pool]
@@ -258,6 +266,11 @@ def test_a_process_ends_at_exit_with_an_unclosed_broken_pool():
     err = proc.stderr.read()[-3000:]
     assert len(pids) == 2 and proc.returncode == 0, err
     assert seconds < 2 * 1.0 + 2.0 and survivors == [], (seconds, survivors, err)
+
+
+def test_an_unknown_start_method_is_refused():
+    with pytest.raises(ValueError, match="start_method"):
+        Grader(start_method="spawn")
 
 
 def test_grade_batch_length_mismatch():
