@@ -60,12 +60,12 @@ def main() -> None:
             for name in names[r % len(names):] + names[: r % len(names)]:
                 trainer, block = trainers[name], []
                 for _ in range(1 if r < 0 else per_round):
-                    block.append(trainer.train_step())
+                    block.append(trainer.train_step().metrics)
                     trainer.step += 1
                 if r >= 0:
                     rows[name].append(block)
         for trainer in trainers.values():
-            trainer.grader.close()
+            trainer.collector.close()
 
     def median_of(name: str, key: str, r: int | None = None) -> float:
         blocks = rows[name] if r is None else [rows[name][r]]

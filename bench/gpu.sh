@@ -1,12 +1,34 @@
 #!/usr/bin/env bash
-# GPU check (installs nothing; one call of under 8 minutes; JSON written to $OUT after each part,
-# default bench/results): every estimator on CUDA (the regression check), then a random Qwen3-4B
-# shape built on the GPU: the update's peak per budget with and without a stand-in for vLLM
-# against the memory plan, its MFU with causal against masked attention, log-prob identity on
-# CUDA, the top kernels of one micro-batch; vLLM when installed (bench/gpu_check.py says more).
-#   device run: bash bench/gpu.sh   (with results/models/tiny/seed~0 carried for the tokenizer)
-set -euo pipefail
+# The GPU check (bench/gpu_check.py says what each part measures), self-contained for a fresh
+# clone on a GPU machine: it installs the project as the README's GPU line does, from wheels
+# carried beside the clone when the machine has no network (GMC_WHEELS, default ./wheels; what
+# the machine already has is used as it is), builds what it reads (the tiny model), then runs
+# every part in a process of its own under its own time limit (bench/gpu_check.py --parts), so
+# a part that fails, hangs or breaks CUDA costs only itself. Within ten minutes on one GPU.
+# JSON per part and merged into $OUT/gpu.json (default bench/results).
+#   device run: bash bench/gpu.sh
+set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-bench/results}"
+WHEELS="${GMC_WHEELS:-wheels}"
+PYTHON="${PYTHON:-python3}"
 mkdir -p "$OUT"
-PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 python3 bench/gpu_check.py "$OUT" 2>&1 | tee "$OUT/gpu.log"
+export PYTHONPATH="$PWD:$PWD/bench${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+if [ -d "$WHEELS" ]; then  # make install TORCH=torch==2.14.0 EXTRAS=dev,gpu, offline
+  "$PYTHON" -m pip install -q --no-index --find-links "$WHEELS" -e ".[gpu]" 2>&1 | tail -3 || echo "install from $WHEELS failed"
+fi
+"$PYTHON" - <<'PY' 2>&1 | tee "$OUT/gpu.log" || exit 1
+import importlib.util
+import sys
+found = {name: importlib.util.find_spec(name) is not None
+         for name in ("torch", "transformers", "bitsandbytes", "vllm", "math_verify")}
+print(", ".join(f"{name}: {'present' if ok else 'missing'}" for name, ok in found.items()))
+sys.exit(0 if found["torch"] and found["transformers"] else "torch and transformers are needed: install as the README says")
+PY
+"$PYTHON" bench/gpu_check.py "$OUT" --parts | while read -r part limit; do
+  start=$(date +%s)
+  timeout --signal=TERM --kill-after=10 "$limit" "$PYTHON" bench/gpu_check.py "$OUT" "$part" >> "$OUT/gpu.log" 2>&1
+  echo "== $part: exit $? after $(( $(date +%s) - start )) s (limit $limit s)" | tee -a "$OUT/gpu.log"
+done
+"$PYTHON" bench/gpu_check.py "$OUT" --merge > /dev/null
+echo "merged: $OUT/gpu.json"

@@ -1,16 +1,25 @@
-"""The GPU half of the benchmarks (see bench/gpu.sh), in one run of under 8 minutes: every
-estimator trained a few stale steps on CUDA (the device regression check); a random-init
-Qwen3-4B shape built on the GPU (no weights travel): the update's peak at budgets 8,192 /
-16,384 / 32,768, with and without a 28 GiB allocation standing in for vLLM, against the memory
-plan (gmc.memory); the update's model-FLOPs utilisation, causal against masked attention
-interleaved on the same rows (bench/update.py: a stated number of micro-batches timed and
-extrapolated) with the largest log-prob difference between them; whether a row's log-probs are
-identical alone, beside others and in a partial last micro-batch on CUDA; a profiler table of
-the top kernels of one micro-batch; vLLM when it is installed. Memory in GiB.
+"""The GPU half of the benchmarks, one part per process (``bench/gpu.sh`` runs each under its own
+time limit, so a part that hangs, fails or breaks its CUDA context costs only itself):
 
-Each part runs on its own: a part that fails records its error and the others still run, and
-the JSON is rewritten after every part, so a run cut short keeps what it measured.
-``GMC_GPU_CHECK_SMALL=1`` shrinks every shape so that the script can be checked on a CPU."""
+- ``setup``: the check's tiny model (``results/gpu_check/tiny``) built when missing;
+- ``estimators``: every estimator trained a few stale steps on CUDA (the device regression check);
+- ``memory_4b``: a random-init Qwen3-4B shape built on the GPU (no weights travel): the update's
+  peak at budgets 8,192 / 16,384 / 32,768, with and without a 28 GiB allocation standing in for
+  vLLM, against the memory plan (gmc.memory);
+- ``mfu_0.6b``, ``mfu_4b``: bench/update.py at each shape: one pass against a no-grad pass
+  first, causal against masked attention, forwards per token and model-FLOPs utilisation (a
+  stated number of micro-batches timed and extrapolated);
+- ``logprob_identity``: a row's log-probs alone, beside others and in a partial last
+  micro-batch on CUDA;
+- ``resume_cuda``: a CUDA run stopped after two steps and resumed, against the same run
+  uninterrupted (every metric but wall-clock ones);
+- ``vllm_cycle``: a training run on vLLM with sleep mode, the device's used memory at every
+  hand-over (after generation, asleep, after the update, after the reload) against the plan.
+
+Memory in GiB. ``python bench/gpu_check.py OUT PART`` writes ``OUT/gpu.PART.json``; ``--merge``
+gathers them into ``OUT/gpu.json`` (a part with no file ran out of time); ``--parts`` lists
+each part and its time limit. ``GMC_GPU_CHECK_SMALL=1`` shrinks every shape so that the script
+can be checked on a CPU."""
 
 import importlib.util
 import json
@@ -24,13 +33,12 @@ from pathlib import Path
 import torch
 
 OUT = Path(sys.argv[1] if len(sys.argv) > 1 else "bench/results")
-TOKENIZER = Path("results/models/tiny/seed~0")
+TOKENIZER = Path("results/gpu_check/tiny")  # the check's own tiny model, apart from any sweep's
 SMALL = os.environ.get("GMC_GPU_CHECK_SMALL") == "1"
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
 HAS_BNB = importlib.util.find_spec("bitsandbytes") is not None
-result: dict = {"cuda": CUDA, "torch": torch.__version__, "small": SMALL,
-                "gpu": torch.cuda.get_device_name() if CUDA else None, "bitsandbytes": HAS_BNB}
+OPTIMIZER = "adamw8bit" if HAS_BNB and CUDA else "adamw"
 
 
 def sync() -> None:
@@ -111,12 +119,12 @@ def memory_4b() -> dict:
     return out
 
 
-def mfu_4b() -> dict:
-    """bench/update.py on the GPU: one pass against a no-grad pass first, causal against masked
-    attention, forwards per token and model-FLOPs utilisation."""
+def mfu(model: str) -> dict:
+    """bench/update.py on the GPU for the shape of ``model``: one pass against a no-grad pass
+    first, causal against masked attention, forwards per token and model-FLOPs utilisation."""
     from update import measure  # bench/, the script's folder, is on the path
 
-    return measure(gpu=CUDA and not SMALL, micro_batches_timed=2, rounds=3)
+    return measure(gpu=CUDA and not SMALL, micro_batches_timed=2, rounds=1 if SMALL else 3, model=model)
 
 
 def logprob_identity() -> dict:
@@ -172,11 +180,10 @@ def estimators() -> dict:
     from gmc.trainer import Trainer
 
     out = {}
-    optimizer = "adamw8bit" if HAS_BNB else "adamw"
     with tempfile.TemporaryDirectory() as tmp:
         for name in sorted(REGISTRY):
             cfg = load_train_config(None, [f"model={TOKENIZER}", f"device={DEVICE}", "model_dtype=bfloat16",
-                                           f"optimizer={optimizer}", "steps=3", "checkpoint_every=0", f"algorithm={name}",
+                                           f"optimizer={OPTIMIZER}", "steps=3", "checkpoint_every=0", f"algorithm={name}",
                                            "delay.d=2", "gradient_checkpointing=true", "micro_batch_tokens=256"])
             reset_peak()
             Trainer(cfg, Path(tmp) / name, progress=False).run()
@@ -186,58 +193,142 @@ def estimators() -> dict:
     return out
 
 
-def vllm_engine(model_dir: str, model) -> dict:
-    from gmc.data import PLAIN_TEMPLATE
-    from gmc.engines import SamplingConfig, VLLMConfig
-    from gmc.rollout import VLLMEngine
-    from gmc.synthetic import SyntheticTask
+def setup() -> dict:
+    """The tiny model the other parts read (its tokenizer, the estimators' runs), built when missing."""
+    from gmc.tiny import TinyModelConfig, build_tiny_model
 
-    engine = VLLMEngine(model_dir, cfg=VLLMConfig(gpu_memory_utilization=0.3, dtype="bfloat16"))
-    prompts = [PLAIN_TEMPLATE.format(problem=r.problem) for r in SyntheticTask().generate("test", 64)]
-    t = time.perf_counter()
-    groups = engine.generate(prompts, 8, SamplingConfig(max_new_tokens=256))
-    dt = time.perf_counter() - t
-    tokens = sum(s.length for g in groups for s in g)
-    t = time.perf_counter()
-    engine.sync_weights(model.to(DEVICE))
-    sync()
-    return {"tokens": tokens, "tokens_per_s": tokens / dt, "weight_sync_s": time.perf_counter() - t}
+    if (TOKENIZER / "config.json").exists():
+        return {"tiny_model": str(TOKENIZER), "built": False}
+    summary = build_tiny_model(TOKENIZER, TinyModelConfig(max_steps=100, eval_every=100), progress=False)
+    return {"tiny_model": str(TOKENIZER), "built": True, "seconds": summary["seconds"]}
 
 
-def part(name: str, fn, *args) -> None:
-    """Run one part, record its result or its error, and write everything measured so far."""
-    print(f"== {name}", flush=True)
-    t = time.perf_counter()
-    try:
-        result[name] = fn(*args)
-    except Exception as exc:  # one part's failure must not lose the others' numbers
-        traceback.print_exc()
-        result[name] = {"error": f"{type(exc).__name__}: {exc}"}
-    print(f"== {name}: {time.perf_counter() - t:.1f} s", flush=True)
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "gpu.json").write_text(json.dumps(result, indent=2))
+def _small_run(out: Path, *overrides: str):
+    from gmc.config import load_train_config
+
+    return load_train_config(None, [f"model={TOKENIZER}", f"device={DEVICE}", "model_dtype=bfloat16",
+                                    f"optimizer={OPTIMIZER}", "delay.d=2", "micro_batch_tokens=256",
+                                    "checkpoint_every=2", *overrides])
+
+
+def resume_cuda() -> dict:
+    """A four-step CUDA run at delay 2 (checkpoints at steps 2 and 4, both kept), then a copy of
+    it resumed by a new trainer from the checkpoint of step 2 (queued groups, random states,
+    8-bit optimizer states), against the uninterrupted run: the metrics (wall clock aside) and
+    the final weights."""
+    import os
+    import shutil
+
+    from gmc.io import read_jsonl
+    from gmc.trainer import Trainer, without_time
+
+    with tempfile.TemporaryDirectory() as tmp:
+        straight, resumed = Path(tmp) / "straight", Path(tmp) / "resumed"
+        cfg = _small_run(straight, "steps=4", "keep_checkpoints=all")
+        Trainer(cfg, straight, progress=False).run()
+        shutil.copytree(straight, resumed)
+        (resumed / "summary.json").unlink()
+        os.replace(resumed / "checkpoint.prev.pt", resumed / "checkpoint.pt")
+        trainer = Trainer(cfg, resumed, resume=True, progress=False)
+        at = trainer.step
+        trainer.run()
+        a, b = without_time(read_jsonl(straight / "metrics.jsonl")), without_time(read_jsonl(resumed / "metrics.jsonl"))
+        differing = sorted({k for x, y in zip(a, b) for k in x if x[k] != y.get(k)})
+        wa = torch.load(straight / "checkpoint.pt", weights_only=False)["model"]
+        wb = torch.load(resumed / "checkpoint.pt", weights_only=False)["model"]
+        return {"resumed_at_step": at, "steps": len(b), "metrics_equal": a == b, "differing_metrics": differing,
+                "weights_equal": all(torch.equal(wa[k], wb[k]) for k in wa)}
+
+
+def vllm_cycle() -> dict:
+    """Three steps of a run on vLLM with sleep mode (a random Qwen3-0.6B shape, bfloat16 over
+    float32 masters): the device's used memory (total - free: vLLM's and PyTorch's) at every
+    hand-over, against the plan's phases."""
+    if importlib.util.find_spec("vllm") is None:
+        return {"skipped": "vllm is not installed"}
+    from transformers import AutoTokenizer
+
+    from gmc.memory import GIB, plan
+    from gmc.models import Qwen3Shape, qwen3_model
+    from gmc.trainer import Trainer
+
+    def used() -> float:
+        free, total = torch.cuda.mem_get_info()
+        return (total - free) / GIB
+
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp) / "model"
+        shape = Qwen3Shape(hidden_size=1024, intermediate_size=3072, num_layers=28, num_heads=16, num_kv_heads=8)
+        qwen3_model(shape, 151936, head_dim=128).to(torch.bfloat16).save_pretrained(folder)
+        AutoTokenizer.from_pretrained(TOKENIZER).save_pretrained(folder)
+        cfg = _small_run(Path(tmp) / "run", f"model={folder}", "engine=vllm", "vllm.sleep=true",
+                         "vllm.gpu_memory_utilization=0.3", "steps=3", "micro_batch_tokens=4096",
+                         "sampling.max_new_tokens=256", "gradient_checkpointing=auto")
+        before = used()
+        trainer = Trainer(cfg, Path(tmp) / "run", progress=False)
+        engine, marks = trainer.engine, []
+
+        def mark(name, fn):
+            def wrapped(*args, **kwargs):
+                out = fn(*args, **kwargs)
+                marks.append((name, round(used(), 2)))
+                return out
+            return wrapped
+
+        engine.generate = mark("after generation", engine.generate)
+        engine.release_memory = mark("asleep", engine.release_memory)
+        engine.sync_weights = mark("after the reload", engine.sync_weights)
+        t = time.perf_counter()
+        trainer.run()
+        p = plan(cfg, trainer.memory_plan.limit if trainer.memory_plan else None)
+        return {"used_before_gib": round(before, 2), "marks": marks, "seconds": time.perf_counter() - t,
+                "peak_allocated_gib": peak_gb(), "plan_gib": {k: round(p.total(k) / GIB, 2) for k in ("training",
+                                                                                                    "generation", "resume")},
+                "measured_peak_gib": max(u for _, u in marks)}
+
+
+PARTS = {
+    "setup": (setup, 60),
+    "estimators": (estimators, 60),
+    "memory_4b": (memory_4b, 90),
+    "mfu_0.6b": (lambda: mfu("Qwen/Qwen3-0.6B"), 45),
+    "mfu_4b": (lambda: mfu("Qwen/Qwen3-4B"), 75),
+    "logprob_identity": (logprob_identity, 20),
+    "profile_micro_batch": (profile_micro_batch, 30),
+    "resume_cuda": (resume_cuda, 40),
+    "vllm_cycle": (vllm_cycle, 120),
+}
+"""Each part and its time limit in seconds (540 in all: with the processes' start-up the check
+stays within ten minutes)."""
 
 
 def main() -> None:
-    part("estimators", estimators)
-    part("memory_4b", memory_4b)
-    part("mfu_4b", mfu_4b)
-    part("logprob_identity", logprob_identity)
-    part("profile_micro_batch", profile_micro_batch)
-    if importlib.util.find_spec("vllm"):
-        with tempfile.TemporaryDirectory() as tmp:
-            from transformers import AutoTokenizer
-
-            from gmc.models import Qwen3Shape, qwen3_model
-
-            model = qwen3_model(Qwen3Shape(hidden_size=1024, intermediate_size=3072, num_layers=28, num_heads=16,
-                                           num_kv_heads=8), 151936, head_dim=128).to(torch.bfloat16)
-            model.save_pretrained(tmp)
-            AutoTokenizer.from_pretrained(TOKENIZER).save_pretrained(tmp)
-            part("vllm", vllm_engine, tmp, model)
-    else:
-        result["vllm"] = "skipped: vllm is not installed"
-    print(json.dumps(result, indent=2))
+    arg = sys.argv[2] if len(sys.argv) > 2 else "--parts"
+    if arg == "--parts":
+        scale = 3 if SMALL else 1  # the small shapes on a CPU take longer than the GPU's
+        print("\n".join(f"{name} {limit * scale}" for name, (_, limit) in PARTS.items()))
+        return
+    if arg == "--merge":
+        merged = {"cuda": CUDA, "torch": torch.__version__, "small": SMALL, "bitsandbytes": HAS_BNB,
+                  "gpu": torch.cuda.get_device_name() if CUDA else None}
+        for name in PARTS:
+            path = OUT / f"gpu.{name}.json"
+            merged[name] = json.loads(path.read_text()) if path.exists() else {"error": "no result: out of time"}
+        (OUT / "gpu.json").write_text(json.dumps(merged, indent=2))
+        print(json.dumps(merged, indent=2))
+        return
+    fn, _ = PARTS[arg]
+    t = time.perf_counter()
+    try:
+        out = fn()
+    except Exception as exc:  # recorded, so the merge tells a failure from a time-out
+        traceback.print_exc()
+        out = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
+    out = out if isinstance(out, dict) else {"value": out}
+    out["part_seconds"] = round(time.perf_counter() - t, 1)
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / f"gpu.{arg}.json").write_text(json.dumps(out, indent=2, default=str))
+    print(json.dumps(out, indent=2, default=str), flush=True)
 
 
 if __name__ == "__main__":

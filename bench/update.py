@@ -15,10 +15,11 @@ dense bf16 matmul rate measured on the same GPU in the same run).
 
 CPU (default): a random Qwen3 of hidden 256, 4 layers, vocabulary 4,096, 16 stale rows of
 300-1,000 tokens, budget 4,096, float32. GPU (``--gpu``): a random Qwen3-4B shape in bfloat16
-over float32 masters with checkpointing, budget 16,384, rows of 4,160 tokens; ``--micro-batches
-N`` times N micro-batches of the backward and extrapolates to the 1,024-row step.
+over float32 masters with checkpointing (``--model`` another Qwen3 the plan knows), budget 16,384,
+rows of 4,160 tokens; ``--micro-batches N`` times N micro-batches of the backward and
+extrapolates to the 1,024-row step.
 
-    python bench/update.py [--gpu] [--micro-batches 4]
+    python bench/update.py [--gpu] [--model Qwen/Qwen3-0.6B] [--micro-batches 4]
 """
 
 from __future__ import annotations
@@ -79,11 +80,12 @@ def forwards_per_token(model, run) -> dict[str, float]:
     return {"no_grad": seen[False], "grad": seen[True]}
 
 
-def measure(gpu: bool = False, micro_batches_timed: int = 4, rounds: int = 5) -> dict:
-    """The comparisons of the module docstring; returns what ``main`` writes."""
+def measure(gpu: bool = False, micro_batches_timed: int = 4, rounds: int = 5, model: str = "Qwen/Qwen3-4B") -> dict:
+    """The comparisons of the module docstring (on a GPU for the shape of ``model``); returns what
+    ``main`` writes."""
     torch.manual_seed(0)
     if gpu:
-        shape = ModelShape.of("Qwen/Qwen3-4B")
+        shape = ModelShape.of(model)
         dtype, budget, device = torch.bfloat16, 16384, "cuda"
         per = budget // 4608  # rows of 64 + 4,096 tokens pad to 4,608: three per micro-batch
         batch = groups(shape.vocab_size, 1, per * micro_batches_timed, [[4096] * (per * micro_batches_timed)], 64)
@@ -146,8 +148,9 @@ def main() -> None:
     parser.add_argument("--gpu", action="store_true")
     parser.add_argument("--micro-batches", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--model", default="Qwen/Qwen3-4B")
     args = parser.parse_args()
-    write_result("update", measure(args.gpu, args.micro_batches, args.rounds))
+    write_result("update", measure(args.gpu, args.micro_batches, args.rounds, args.model))
 
 
 if __name__ == "__main__":

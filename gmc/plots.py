@@ -39,6 +39,27 @@ def panel_row(n: int, width: float = 4.0, sharey: bool = False):
     return fig, axes[0]
 
 
+LEGEND_INSIDE = 6
+"""Legend entries a panel holds inside its axes; more (a league of estimators) go beside the panels."""
+
+
+def legend(fig, axes, fontsize: float = 7) -> None:
+    """One legend per panel while each fits inside its axes; otherwise one legend for the figure,
+    to the right of the panels, with every panel's entries (each label once), so that no line is
+    hidden under it."""
+    entries = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            entries.setdefault(label, handle)
+    if len(entries) <= LEGEND_INSIDE:
+        for ax in axes:
+            if ax.get_legend_handles_labels()[1]:
+                ax.legend(fontsize=fontsize)
+        return
+    fig.set_figwidth(fig.get_figwidth() + 2.6)  # the panels keep their width beside it
+    fig.legend(list(entries.values()), list(entries), loc="outside right center", fontsize=fontsize)
+
+
 def save_both(fig, out: Path, stem: str) -> list[Path]:
     paths = [out / f"{stem}.png", out / f"{stem}.pdf"]
     for p in paths:
@@ -181,7 +202,7 @@ def reward_vs_step(frame: pd.DataFrame, out: Path) -> list[Path]:
                                 color=METHOD_COLORS.get(algo), alpha=0.2, lw=0)
         ax.set_title(delay_title(delay))
         ax.set_xlabel("optimizer step")
-        ax.legend(fontsize=7)
+    legend(fig, axes)
     axes[0].set_ylabel("rollout reward (10-step mean)")
     fig.suptitle(f"Training reward of fresh rollouts, G = {G}; bands: 95% interval over seeds")
     return save_both(fig, out, "reward_vs_step")
@@ -205,7 +226,7 @@ def score_vs_delay(frame: pd.DataFrame, out: Path) -> list[Path]:
         for i, delay in enumerate(modes):  # one legend entry per line style
             ax.plot([], [], color="gray", lw=1, ls=styles[i % len(styles)], label=delay_title(delay))
         ax.set_title(f"G = {g}")
-        ax.legend(fontsize=7)
+    legend(fig, axes)
     axes[0].set_ylabel(score_label)
     fig.suptitle("Final score vs delay; bars: 95% interval over seeds")
     return save_both(fig, out, "score_vs_delay")
@@ -229,7 +250,7 @@ def score_vs_group(frame: pd.DataFrame, out: Path) -> list[Path]:
         ax.set_xticks(groups, [str(g) for g in groups])
         ax.set_xlabel("group size G")
         ax.set_title(delay_title(delay))
-        ax.legend(fontsize=7)
+    legend(fig, axes)
     axes[0].set_ylabel(score_label)
     fig.suptitle("Final score vs group size; bars: 95% interval over seeds")
     return save_both(fig, out, "score_vs_group")
@@ -252,9 +273,9 @@ def ratio_diagnostics(frame: pd.DataFrame, out: Path) -> list[Path]:
         if col in numeric.columns:
             _line_by_algorithm(ax, at, "x", col)
         ax.set_ylabel(label)
-    axes[0].legend(fontsize=8)
+    legend(fig, axes[:1], fontsize=8)
     fig.suptitle(f"Ratio diagnostics vs delay (G = {G}; capped: each estimator's own fraction, "
-                 f"{', '.join(capped_cols)})")
+                 f"the tables' 'own statistic')")
     return save_both(fig, out, "ratio_diagnostics")
 
 
