@@ -24,7 +24,7 @@ SMOKE = yaml.safe_load((PRESETS / "paper_smoke.yaml").read_text())
 PAPER = yaml.safe_load((PRESETS / "paper.yaml").read_text())
 
 KEPT = [
-    "data.source", "train.train_data", "train.model_dtype", "train.gradient_checkpointing", "train.optimizer",
+    "data.source", "train.train_data", "train.model_dtype", "train.optimizer",
     "train.lr", "train.lr_schedule", "train.checkpoint_every", "train.sampling.temperature", "train.sampling.top_p",
     "train.estimator.eps", "sweep.algorithms", "latency.enabled", "latency.algorithms",
     "latency.delay.alpha", "latency.delay.step_time", "evaluate.benchmarks", "evaluate.temperature", "evaluate.top_p",
@@ -34,12 +34,31 @@ KEPT = [
 three: the code path is the same, at a third of the cost)."""
 
 
+def paper_plan_checkpoints() -> bool:
+    """Whether the memory plan of paper.yaml's largest run checkpoints the update on 79.6 GiB."""
+    from gmc.config import TrainConfig
+    from gmc.memory import GIB, plan
+    from gmc.settings import from_dict, to_dict
+    from gmc.sweep import largest_point, resolve_run, sweep_points
+    from gmc.workflow import validate
+
+    preset = yaml.safe_load((PRESETS / "paper.yaml").read_text())
+    validate(preset)  # the schema's defaults filled in, as gmc plan-memory --preset reads it
+    values = to_dict(resolve_run(preset, largest_point(sweep_points(preset))))
+    values["model"] = PAPER["model"]["name"]  # the hub id's known shape, nothing fetched
+    return plan(from_dict(TrainConfig, values), int(79.6 * GIB)).gradient_checkpointing
+
+
 def test_smoke_preset_keeps_the_paper_settings():
     paper, smoke = flatten(PAPER), flatten(SMOKE)
     missing = sorted(k for k in paper if k not in smoke and not k.startswith("model.tiny."))
     assert not missing, f"paper.yaml settings absent from paper_smoke.yaml: {missing}"
     for key in KEPT:
         assert smoke[key] == paper[key], key
+    # paper.yaml leaves checkpointing to the memory plan, which turns it on at 4B on an 80 GB card;
+    # the smoke's toy activations always fit, so it turns it on itself: the path the paper runs
+    assert paper["train.gradient_checkpointing"] == "auto" and smoke["train.gradient_checkpointing"] is True
+    assert paper_plan_checkpoints()
     assert smoke["model.name"] == "random-qwen3" and smoke["train.engine"] == "hf"
     assert len(SMOKE["sweep"]["delays"]) > 1 and len(SMOKE["sweep"]["group_sizes"]) > 1
     assert set(SMOKE["evaluate"]["samples"]) == set(PAPER["evaluate"]["samples"]) and SMOKE["evaluate"]["limit"] >= 2
