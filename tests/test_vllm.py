@@ -142,8 +142,10 @@ def test_samples_are_independent_and_reproducible_from_the_call_counter(engine):
 
 def test_sleep_mode_order_of_calls(engine, policy):
     """Sleep mode against vLLM's engine core (on CPU its worker keeps the memory, but the core's
-    bookkeeping and paused scheduler are the real ones): asleep after a generation, weights
-    woken for the sync, everything woken for the next generation, same samples as awake."""
+    bookkeeping and paused scheduler are the real ones), in the trainer's order: awake after a
+    generation; asleep at level 2 once the memory is released for the update; a generation
+    before the weights are reloaded refused; the weights woken for the sync; everything woken for
+    the next generation, which samples as the engine did before it slept."""
     model, _ = policy
     core = engine.llm.llm_engine.engine_core.engine_core
     sampling = SamplingConfig(temperature=1.0, max_new_tokens=12)
@@ -152,17 +154,22 @@ def test_sleep_mode_order_of_calls(engine, policy):
     engine.cfg = dataclasses.replace(engine.cfg, sleep=True)
     try:
         engine.set_generator_state(state)
-        asleep = engine.generate(prompts_for(2), 2, sampling)
+        engine.generate(prompts_for(2), 2, sampling)
+        assert not core.model_executor.sleeping_tags and not core.is_scheduler_paused()
+        engine.release_memory()
         assert core.model_executor.sleeping_tags == {"weights", "kv_cache"} and core.is_scheduler_paused()
+        with pytest.raises(RuntimeError, match="sync_weights"):
+            engine.generate(prompts_for(2), 2, sampling)
         engine.sync_weights(model)
         assert core.model_executor.sleeping_tags == {"kv_cache"} and core.is_scheduler_paused()
-        engine.generate(prompts_for(2), 2, sampling)
-        assert core.model_executor.sleeping_tags == {"weights", "kv_cache"}
+        engine.set_generator_state(state)
+        woken = engine.generate(prompts_for(2), 2, sampling)
+        assert not core.model_executor.sleeping_tags and not core.is_scheduler_paused()
     finally:
         engine._wake()
         engine.cfg = dataclasses.replace(engine.cfg, sleep=False)
     assert not core.model_executor.sleeping_tags and not core.is_scheduler_paused()
-    assert [s.token_ids for s in flat(asleep)] == [s.token_ids for s in flat(awake)]
+    assert [s.token_ids for s in flat(woken)] == [s.token_ids for s in flat(awake)]
 
 
 def test_train_and_evaluate_through_vllm(tmp_path, tiny_model_dir):
