@@ -50,6 +50,15 @@ class Group:
     finish_wall: float | None = None  # finished by its worker,
     consume_wall: float | None = None  # handed to the trainer
     generation_seconds: float | None = None  # its worker's time for the call that made it
+    token_versions: Tensor | None = None  # [G, T] int64: the version that sampled each token (partial
+    # rollouts: the weights changed mid-answer; ``version`` is the oldest); None: all ``version``
+
+    @property
+    def versions(self) -> list[int]:
+        """The sorted policy versions the group's tokens came from."""
+        if self.token_versions is None:
+            return [self.version]
+        return sorted(set(self.token_versions[self.response_mask].tolist()) or {self.version})
 
     @property
     def lengths(self) -> Tensor:
@@ -68,7 +77,7 @@ class Group:
     @cached_property
     def nbytes(self) -> int:
         tensors = (self.prompt_ids, self.response_ids, self.response_mask, self.rewards, self.behaviour_logp,
-                   self.sampler_logp)
+                   self.sampler_logp, self.token_versions)
         unique = {id(t): t for t in tensors if t is not None}  # behaviour may be the sampler's tensor
         return sum(t.numel() * t.element_size() for t in unique.values())
 

@@ -169,9 +169,12 @@ class Collector:
         T = max(1, max(lengths))
         resp = torch.full((G, T), self.pad_id, dtype=torch.long)
         sampler = torch.zeros(G, T)
+        versions = torch.full((G, T), version, dtype=torch.long) if samples[0].versions is not None else None
         for j, s in enumerate(samples):
             resp[j, : s.length] = torch.tensor(s.token_ids, dtype=torch.long)
             sampler[j, : s.length] = torch.tensor(s.logprobs)
+            if versions is not None and s.length:
+                versions[j, : s.length] = torch.tensor(s.versions)
         return Group(
             prompt_index=index,
             prompt_ids=torch.tensor(samples[0].prompt_ids, dtype=torch.long),
@@ -182,6 +185,7 @@ class Collector:
             behaviour_logp=sampler if self.behaviour == "sampler" else None,
             sampler_logp=sampler,
             version=version,
+            token_versions=versions,
         )
 
 

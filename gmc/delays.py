@@ -14,7 +14,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from gmc.settings import NonNegative, NonNegativeInt, PositiveInt, load_named, registered, settings
+from gmc.settings import (
+    Fraction,
+    NonNegative,
+    NonNegativeInt,
+    PositiveInt,
+    load_named,
+    registered,
+    settings,
+)
 
 
 @settings(prefix="delay.")
@@ -54,9 +62,27 @@ class DelayConfig:
     """Real asynchrony: the Ray cluster to join (``auto``: the one running on this node, as inside
     a SLURM allocation); None: start one in this process for the run."""
     worker_device: str = "cpu"
-    """Real asynchrony: the device of each worker's policy copy (``cuda`` asks Ray for a GPU each)."""
+    """Real asynchrony: the device of each worker's policy copy (``cuda`` asks Ray for
+    ``worker_gpus`` of a GPU each)."""
+    worker_gpus: Fraction = 1.0
+    """Real asynchrony on GPUs: the share of a GPU each worker asks of Ray (0.5: two workers on one
+    GPU). A trainer on a GPU of the same node keeps that GPU: a reservation takes it from Ray's
+    pool before the workers are placed."""
     worker_threads: PositiveInt = 1
     """Real asynchrony: torch threads (and CPUs asked of Ray) per worker."""
+    groups_per_task: PositiveInt | None = None
+    """Real asynchrony: prompts (groups) a worker generates in one task; None:
+    ``ceil(prompts_per_step / workers)``, one step's share."""
+    tasks_per_worker: PositiveInt = 2
+    """Real asynchrony: tasks in flight per worker (one generating, the others queued at it), so
+    a worker that finishes starts its next task at once, without waiting for the trainer; with
+    ``groups_per_task`` it caps what is in flight below what the bound admits."""
+    partial_rollouts: bool = False
+    """Real asynchrony: a worker that receives new weights while it generates continues its answers
+    with them (their cache computed again with the new weights), each token's log-prob and version
+    recorded; a group is labelled with its oldest version and ``groups.jsonl`` lists them all
+    (``versions``). The trajectory ratios then span versions. Needs ``behaviour_logprobs:
+    sampler`` (a recomputed behaviour pass would use one version) and the HF engine."""
     trace: str | None = None
     """Replay (``trace``): a ``staleness_trace.jsonl`` whose groups are generated and consumed at the
     recorded versions."""
@@ -91,7 +117,8 @@ class DelayMode:
 
 
 LATENCY_KEYS = ("slots", "alpha", "beta", "noise_scale", "noise_sigma", "step_time")
-RAY_KEYS = ("workers", "max_staleness", "transport", "ray_address", "worker_device", "worker_threads")
+RAY_KEYS = ("workers", "max_staleness", "transport", "ray_address", "worker_device", "worker_gpus", "worker_threads",
+            "groups_per_task", "tasks_per_worker", "partial_rollouts")
 
 DELAY_MODES: dict[str, DelayMode] = {
     "sync": DelayMode("gmc.asynchrony:sync_source", "synchronous", (), named_point=False,
@@ -100,7 +127,7 @@ DELAY_MODES: dict[str, DelayMode] = {
                        on_policy=lambda cfg: cfg.d == 0),
     "latency": DelayMode("gmc.asynchrony:latency_source", "latency model", LATENCY_KEYS, named_point=True),
     "ray": DelayMode("gmc.distributed.source:ray_source", "real asynchrony (Ray)", RAY_KEYS, named_point=True,
-                     in_process=False),
+                     in_process=False, check="gmc.distributed.admission:check_ray_mode"),
     "trace": DelayMode("gmc.asynchrony:trace_source", "replayed trace", ("trace",), named_point=False,
                        check="gmc.asynchrony:check_trace_mode"),
 }

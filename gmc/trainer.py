@@ -438,14 +438,15 @@ def group_record(step: int, g: Group) -> dict:
     """A consumed group's line in ``groups.jsonl``: its prompt, the worker that made it (null when
     simulated), the version that generated it, the step that consumed it and their difference,
     its length and reward, the latency model's virtual times and, under real asynchrony, its wall
-    clock times."""
+    clock times and ``versions``, the sorted versions its tokens came from (more than one under
+    partial rollouts; ``version`` is the oldest)."""
     record = {"step": step, "prompt_index": g.prompt_index, "worker": g.worker, "version": g.version,
               "consumed_version": g.consumed_version, "staleness": g.staleness, "length_max": g.max_length,
               "length_mean": float(g.lengths.float().mean()), "reward_mean": float(g.rewards.mean()),
               "submitted_at": g.submitted_at, "completed_at": g.completed_at}
     if g.finish_wall is not None:
         record.update(submit_wall=g.submit_wall, finish_wall=g.finish_wall, consume_wall=g.consume_wall,
-                      generation_seconds=g.generation_seconds)
+                      generation_seconds=g.generation_seconds, versions=g.versions)
     return record
 
 

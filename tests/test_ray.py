@@ -1,7 +1,9 @@
 """Real asynchrony on Ray (delay mode ``ray``), on the tiny model with a real Ray runtime: bound 0
 with one worker equals the synchronous loop; two workers train within the bound and record
-every group; the trace of a run replays with its lags; a killed worker and a killed driver end
-in finished runs with nothing trained twice; a worker that raises fails the run with its error;
+every group; generation runs ahead as far as the bound admits; partial rollouts take new
+weights mid-answer; the trace of a run replays with its lags; a killed worker (under either
+weight transport) and a killed driver end in finished runs with nothing trained twice; a worker
+that raises fails the run with its error;
 the collective weight transport (gloo) trains too; SIGTERM and SIGUSR1 stop a run with a
 checkpoint that resumes to the uninterrupted run."""
 
@@ -73,10 +75,44 @@ def test_two_workers_train_within_the_bound_and_the_trace_replays(tmp_path, trai
         train_small(tmp_path / "wrong", steps=5, prompts_per_step=3, **{"delay.mode": "trace", "delay.trace": str(trace)})
 
 
-def test_a_killed_worker_is_restarted_and_nothing_is_lost_or_trained_twice(tmp_path, small_config):
+def test_generation_runs_ahead_as_far_as_the_bound_admits(tmp_path, train_small):
+    """Generation-bound (decoding slowed to 0.01 s a token): each worker keeps a task queued behind
+    the one it generates, so more than a step's groups are in flight and the lags spread past 1,
+    within the bound; the trainer waits for groups, the workers hardly for work."""
+    metrics = train_small(tmp_path / "ray", steps=8, prompts_per_step=4, **REAL,
+                          **{"delay.workers": 2, "delay.max_staleness": 4, "hf.token_seconds": 0.01})
+    groups = check_records(tmp_path / "ray", 8, 4, bound=4)
+    assert max(r["async/in_flight"] for r in metrics) > 4  # more than one step's groups
+    assert max(g["staleness"] for g in groups) >= 2
+    assert sum(r["async/trainer_idle_seconds"] for r in metrics) > sum(r["async/worker_idle_seconds"] for r in metrics)
+
+
+def test_partial_rollouts_take_new_weights_mid_answer(tmp_path, train_small, small_config):
+    """With ``delay.partial_rollouts`` a worker takes in the weights published while it decodes:
+    some groups' tokens come from more than one version, the oldest being the group's version."""
+    from gmc.config import ConfigError
+
+    train_small(tmp_path / "ray", steps=6, prompts_per_step=4, behaviour_logprobs="sampler", **REAL,
+                **{"delay.workers": 2, "delay.max_staleness": 4, "delay.partial_rollouts": True,
+                   "hf.token_seconds": 0.01})
+    groups = check_records(tmp_path / "ray", 6, 4, bound=4)
+    assert all(g["versions"][0] == g["version"] and g["versions"] == sorted(set(g["versions"])) for g in groups)
+    assert any(len(g["versions"]) > 1 for g in groups)
+    with pytest.raises(ConfigError, match="delay.partial_rollouts: partial rollouts need behaviour_logprobs: sampler"):
+        Trainer(small_config(behaviour_logprobs="trainer", **REAL, **{"delay.partial_rollouts": True}),
+                tmp_path / "refused", progress=False)
+
+
+@pytest.mark.parametrize("transport, workers", [("object_store", 2), ("collective", 2), ("collective", 1)])
+def test_a_killed_worker_is_restarted_and_nothing_is_lost_or_trained_twice(tmp_path, small_config, transport, workers):
+    """Under either transport: the killed worker's tasks go again, it comes back (under
+    ``collective`` the group is formed again without it, and with it once it is back; a lone
+    worker back before the next step's publish makes the waiting trainer publish its weights
+    again) and the run ends with every batch full."""
     # decoding slowed to 0.05 s per token, so that the kill lands while a task is generating
-    trainer = Trainer(small_config(steps=5, prompts_per_step=4, **REAL, **{"delay.workers": 2, "delay.max_staleness": 1,
-                                                                           "hf.token_seconds": 0.05}),
+    trainer = Trainer(small_config(steps=8, prompts_per_step=4, **REAL, **{"delay.workers": workers, "delay.max_staleness": 1,
+                                                                           "hf.token_seconds": 0.05,
+                                                                           "delay.transport": transport}),
                       tmp_path / "run", progress=False)
     source = trainer.source
     killed = []
@@ -85,10 +121,11 @@ def test_a_killed_worker_is_restarted_and_nothing_is_lost_or_trained_twice(tmp_p
     def step_then_kill():
         out = real_step()
         if trainer.step == 1:  # the next tasks are in flight: kill a worker's process under one
-            (k, *_), *_ = source.pending.values()
+            with source.lock:  # the dispatcher thread changes what is pending
+                (k, *_), *_ = source.pending.values()
             pid = ray.get(source.workers[k].pid.remote())
             os.kill(pid, signal.SIGKILL)
-            killed.append(pid)
+            killed.append((k, pid, time.time()))
         return out
 
     trainer.train_step = step_then_kill
@@ -96,7 +133,28 @@ def test_a_killed_worker_is_restarted_and_nothing_is_lost_or_trained_twice(tmp_p
     assert killed
     metrics = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     assert metrics[-1]["async/lost_tasks"] >= 1
-    check_records(tmp_path / "run", 5, 4, bound=1)
+    groups = check_records(tmp_path / "run", 8, 4, bound=1)
+    k, _, when = killed[0]
+    assert any(g["worker"] == k and g["submit_wall"] > when for g in groups), "the restarted worker delivers again"
+
+
+def test_a_worker_killed_unseen_fails_a_broadcast_that_reaches_the_others_again(tmp_path, small_config):
+    """A worker killed where only the collective broadcast notices it: the publish finds it dead,
+    forms the group again without it and broadcasts to the others, which then load that version;
+    the source watches the dead worker until Ray has restarted it."""
+    trainer = Trainer(small_config(steps=2, **REAL, **{"delay.workers": 2, "delay.transport": "collective"}),
+                      tmp_path / "run", progress=False)
+    source = trainer.source
+    try:
+        with source.lock:  # the dispatcher cannot see the death first
+            os.kill(ray.get(source.workers[1].pid.remote()), signal.SIGKILL)
+            time.sleep(1)
+            source.transport.publish(trainer.model, 7)
+            assert source.transport.found_dead == {1} and source.transport.members == (0,)
+            assert source.transport.task_weights(1)["ref"] is not None  # it pulls the copy once back
+        assert ray.get(source.workers[0].generate.remote([0], 7, 99, source.transport.task_weights(0)))["version"] == 7
+    finally:
+        source.close()
 
 
 def test_a_killed_driver_resumes_with_the_bound_holding(tmp_path, small_config):
@@ -124,33 +182,35 @@ def test_a_killed_driver_resumes_with_the_bound_holding(tmp_path, small_config):
     check_records(out, 6, 4, bound=2)
 
 
-@ray.remote(max_restarts=-1, max_task_retries=0)
-class Faulty:
-    """Stands in for a rollout worker: raises on a bad prompt, or dies whenever it generates."""
+def faulty(how):
+    """A stand-in for the rollout worker's class: raises on a bad prompt, or dies whenever it generates."""
 
-    def __init__(self, how):
-        self.how = how
+    @ray.remote(max_restarts=-1, max_task_retries=0)
+    class Faulty:
+        def __init__(self, config, records, worker):
+            pass
 
-    def pid(self):
-        return os.getpid()
+        def pid(self):
+            return os.getpid()
 
-    def generate(self, prompts, version, task, weights):
-        if self.how == "raise":
-            raise ValueError(f"bad prompt {prompts[0]}")
-        os._exit(1)
+        def generate(self, prompts, version, task, weights):
+            if how == "raise":
+                raise ValueError(f"bad prompt {prompts[0]}")
+            os._exit(1)
+
+    return Faulty
 
 
 @pytest.mark.parametrize("how, message", [("raise", r"rollout worker 0 failed: ValueError\('bad prompt \d+'\)"),
                                           ("die", r"rollout worker 0 died 3 times generating prompts \[")])
-def test_a_worker_that_raises_or_keeps_dying_fails_the_run_with_its_error(tmp_path, small_config, how, message):
+def test_a_worker_that_raises_or_keeps_dying_fails_the_run_with_its_error(tmp_path, small_config, how, message,
+                                                                          monkeypatch):
+    from gmc.distributed import worker
     from gmc.distributed.source import RolloutWorkerError
 
-    trainer = Trainer(small_config(steps=2, **REAL, **{"delay.workers": 1}), tmp_path / "run", progress=False)
-    for worker in trainer.source.workers:
-        ray.kill(worker)
-    trainer.source.workers = [Faulty.remote(how)]
+    monkeypatch.setattr(worker, "RolloutWorker", faulty(how))
     with pytest.raises(RolloutWorkerError, match=message):
-        trainer.run()
+        Trainer(small_config(steps=2, **REAL, **{"delay.workers": 1}), tmp_path / "run", progress=False).run()
 
 
 def test_a_worker_that_cannot_start_is_not_restarted_forever(tmp_path, small_config):
@@ -159,8 +219,23 @@ def test_a_worker_that_cannot_start_is_not_restarted_forever(tmp_path, small_con
     with pytest.raises(RolloutWorkerError, match="rollout worker 0 could not start"):
         Trainer(small_config(steps=2, **REAL, **{"delay.worker_device": "xpu"}), tmp_path / "run",
                 progress=False).run()
-    with pytest.raises(RolloutWorkerError, match="asks Ray for a GPU per worker: 1 workers, 0 GPUs"):
-        Trainer(small_config(steps=2, **REAL, **{"delay.worker_device": "cuda"}), tmp_path / "run2", progress=False)
+    with pytest.raises(RolloutWorkerError, match="asks Ray for 0.5 of a GPU per worker: 1 workers, 0 GPUs free"):
+        Trainer(small_config(steps=2, **REAL, **{"delay.worker_device": "cuda", "delay.worker_gpus": 0.5}),
+                tmp_path / "run2", progress=False)
+
+
+
+def test_the_model_folder_is_checked_on_every_node(tmp_path, tiny_model_dir):
+    """A folder the nodes cannot read is an error naming the node, before any worker starts."""
+    from gmc.distributed.source import RolloutWorkerError, check_model_on_every_node
+
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        check_model_on_every_node(str(tiny_model_dir))
+        with pytest.raises(RolloutWorkerError, match=r"node [\d.]+: model folder .*missing-model not found"):
+            check_model_on_every_node(str(tmp_path / "missing-model"))
+    finally:
+        ray.shutdown()
 
 
 def test_the_collective_transport_trains_too(tmp_path, train_small):

@@ -88,6 +88,44 @@ def test_sampler_logprobs_match_recomputed_policy_logprobs(tiny_policy):
         torch.testing.assert_close(lp[i, : s.length], torch.tensor(s.logprobs), rtol=0, atol=1e-4)
 
 
+@pytest.mark.parametrize("when", ["first token", "rows left"])
+def test_answers_continued_across_a_weight_update_have_each_versions_log_probs(tiny_policy, when):
+    """Partial rollouts: new weights taken in after the first token, or once a quarter of the
+    answers have ended and left the batch. Every token is recorded with the version that sampled
+    it, and its log-prob is that version's own (a full forward of prompt and answer so far with
+    those weights), before and after the switch."""
+    import copy
+
+    model, tok = tiny_policy
+    prompts, sampling = prompts_for(3, seed=5), SamplingConfig(max_new_tokens=24)
+    lengths = sorted(s.length for g in HFEngine(model, tok, seed=2).generate(prompts, 4, sampling) for s in g)
+    switch_at = 1 if when == "first token" else lengths[len(lengths) // 4] + 1  # the same tokens until then
+    policy, newer = copy.deepcopy(model), copy.deepcopy(model)
+    with torch.no_grad():
+        for p in newer.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    engine = HFEngine(policy, tok, seed=2)
+    engine.version, steps = 3, []
+
+    def newer_weights():
+        steps.append(len(steps))
+        if len(steps) == switch_at:
+            policy.load_state_dict(newer.state_dict())
+            return 4
+        return None
+
+    engine.newer_weights = newer_weights
+    flat = [s for g in engine.generate(prompts, 4, sampling) for s in g]
+    assert any(s.length > switch_at for s in flat)
+    for s in flat:
+        assert s.versions == [3] * min(s.length, switch_at) + [4] * max(0, s.length - switch_at)
+    before, after = recomputed_logprobs(model, tok, flat), recomputed_logprobs(newer, tok, flat)
+    for i, s in enumerate(flat):
+        own = torch.where(torch.tensor(s.versions) == 3, before[i, : s.length], after[i, : s.length])
+        torch.testing.assert_close(torch.tensor(s.logprobs), own, rtol=0, atol=1e-4)
+    assert engine.version == 4
+
+
 def decode_logits(decoder, ids, mask, copies, tokens, keep_at=None, keep=None):
     """Prefill, then feed ``tokens [N, k]`` one column at a time; drop to rows ``keep`` after
     ``keep_at`` steps. Returns the logits of each step, ``nan`` for dropped rows."""

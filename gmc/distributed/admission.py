@@ -13,6 +13,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gmc.settings import ConfigError
+
+
+def check_ray_mode(cfg) -> None:
+    """What ``delay.mode: ray`` refuses before a run starts: partial rollouts without the sampler's
+    own log-probs (a recomputed behaviour pass would give every token one version's) or with an
+    engine other than the HF one (its decoding loop is where new weights are taken in)."""
+    if cfg.delay.partial_rollouts and cfg.behaviour_logprobs != "sampler":
+        raise ConfigError("partial rollouts need behaviour_logprobs: sampler (each token's log-prob from the "
+                          "weights that sampled it)", "delay.partial_rollouts")
+    if cfg.delay.partial_rollouts and cfg.engine != "hf":
+        raise ConfigError(f"partial rollouts run on the hf engine, not {cfg.engine!r}", "delay.partial_rollouts")
+
 
 @dataclass
 class StalenessBound:

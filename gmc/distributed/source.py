@@ -1,28 +1,42 @@
 """The trainer's side of real asynchrony: delay mode ``ray`` (:class:`RaySource`).
 
 ``delay.workers`` rollout workers (:class:`gmc.distributed.worker.RolloutWorker`) generate
-continuously: whenever a worker is idle and the staleness bound has capacity
-(:class:`gmc.distributed.admission.StalenessBound`), the trainer takes the next prompts of the
-run's own order and dispatches them with the newest published weights; finished groups enter a
-buffer, and each optimizer step takes the first ``prompts_per_step`` of them in arrival order,
-waiting only when too few have arrived. Nothing waits for the slowest worker.
+continuously, driven by a dispatcher thread of the trainer's process that runs independently of
+the trainer's steps: whenever a worker has fewer than ``delay.tasks_per_worker`` tasks and the
+staleness bound has capacity (:class:`gmc.distributed.admission.StalenessBound`), it hands the
+worker the next ``delay.groups_per_task`` prompts of the run's own order with the newest
+published weights, and it buffers every finished group. A worker that finishes thus starts its
+next (queued) task at once, during the trainer's update too, and generation runs ahead as far
+as the bound admits. Each optimizer step takes the first ``prompts_per_step`` buffered groups in
+arrival order, waiting only when too few have arrived. Nothing waits for the slowest worker.
 
-Faults: a worker that dies (its process killed) is restarted by Ray and its lost prompts are
-dispatched again, first, so every batch is full and no group is trained twice; a worker that
-raises ends the run with its error. A checkpoint keeps the finished, unconsumed groups and the
-bound's counters; groups in flight at a kill are generated again after the resume, from the
-same prompts (their versions then are newer, so the bound holds across the resume).
+What is dropped: a group that would be trained more than ``max_staleness`` versions after its
+weights, on arrival or later in the buffer, is dropped and counted (``async/dropped``), never
+trained; its prompt is not generated again (the run's prompt order moves on, as in AReaL and
+SkyRL). ``rollout/*`` describe the groups a step trains on.
+
+Faults: a worker that dies (its process killed) is restarted by Ray while the others go on
+delivering, and its lost tasks are dispatched again first, with their own random streams, so
+every batch is full and no group is trained twice; under the collective transport it leaves
+the group and rejoins it at a publish after its restart
+(:class:`gmc.distributed.transport.CollectiveTransport`); a worker that raises ends the run
+with its error. A checkpoint keeps the finished, unconsumed groups, the bound's counters and the tasks in
+flight (generated again after a resume, from the same prompts and streams).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
+import threading
 import time
 from collections import Counter
+from dataclasses import asdict, replace
 from typing import TYPE_CHECKING
 
-from gmc.asynchrony import Batch, Group, Rollouts, SyncSource
+from gmc.asynchrony import Group, Rollouts, SyncSource
+from gmc.collect import RolloutStats
 from gmc.distributed.admission import StalenessBound
 from gmc.distributed.transport import CollectiveTransport, ObjectStoreTransport
 from gmc.rundir import STOP
@@ -48,26 +62,111 @@ MAX_LOSSES = 3
 whoever generates it is not retried forever)."""
 
 
+def check_model_on_every_node(model: str) -> None:
+    """Check the model folder (:func:`gmc.preflight.check_model_dir`) on every node of the Ray
+    cluster before a worker starts: a folder on storage one node lacks is a
+    :class:`RolloutWorkerError` naming that node, not a worker that fails to start there."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from gmc.preflight import check_model_dir, looks_local
+
+    if not looks_local(model):
+        return
+
+    @ray.remote(num_cpus=0)
+    def check() -> str | None:
+        try:
+            check_model_dir(model)
+        except OSError as e:
+            return str(e)
+        return None
+
+    nodes = [n for n in ray.nodes() if n["Alive"]]
+    found = ray.get([check.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote()
+                     for n in nodes], timeout=RESTART_SECONDS)
+    for node, problem in zip(nodes, found):
+        if problem:
+            raise RolloutWorkerError(f"node {node['NodeManagerAddress']}: {problem}")
+
+
+@functools.cache
+def _gpu_reservation():
+    import ray
+
+    @ray.remote
+    class TrainerGPU:
+        """Holds the trainer's GPU in Ray's pool, so that no worker is placed on it."""
+
+        def gpu(self) -> list:
+            return ray.get_gpu_ids()
+
+    return TrainerGPU
+
+
+def reserve_trainer_gpu(device: str):
+    """For a trainer on a CUDA device of a node of the Ray cluster, an actor holding one GPU of
+    that node (the lowest free: the trainer's own when it runs on the first), so that Ray places
+    the rollout workers on the others; None for a trainer on a CPU."""
+    import ray
+    import torch
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from gmc.policy import resolve_device
+
+    if resolve_device(device).type != "cuda" or not torch.cuda.is_available():
+        return None
+    here = ray.get_runtime_context().get_node_id()
+    actor = _gpu_reservation().options(num_gpus=1, num_cpus=0,
+                                       scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)).remote()
+    log.info("GPU %s of this node kept for the trainer", ray.get(actor.gpu.remote(), timeout=RESTART_SECONDS))
+    return actor
+
+
+POLL_SECONDS = 0.05
+"""How long the dispatcher waits for a finished task before it looks for new work to hand out."""
+RESTART_SECONDS = 600
+"""How long a dead worker may take to come back before the run stops with an error."""
+
+
+def group_stats(g: Group, task_stats, limit: int):
+    """The share of a task's :class:`gmc.collect.RolloutStats` that is group ``g``'s: its own
+    samples, tokens, reward and longest answer, answers at the token limit counted as truncated,
+    the task's seconds in proportion to its samples."""
+    share = g.lengths.numel() / task_stats.samples
+    return replace(task_stats, samples=g.lengths.numel(), tokens=int(g.lengths.sum()),
+                   seconds=task_stats.seconds * share, behaviour_seconds=task_stats.behaviour_seconds * share,
+                   reward_sum=float(g.rewards.sum()), length_max=g.max_length,
+                   truncated=int((g.lengths >= limit).sum()))
+
+
 class RaySource(SyncSource):
     def __init__(self, run: TrainConfig, rollouts: Rollouts, records: list[dict]):
         super().__init__(rollouts, run.prompts_per_step)
         self.run, self.cfg, self.prompt_records = run, run.delay, records
         self.bound = StalenessBound(self.cfg.max_staleness, run.prompts_per_step)
-        self.chunk = math.ceil(run.prompts_per_step / self.cfg.workers)
-        self.buffer: list[Group] = []
-        self.retry: list[int] = []  # prompts of lost tasks and of tasks in flight at a checkpoint
-        self.pending: dict = {}  # task reference -> (worker, prompts, version, submit_wall)
-        self.idle_since: dict[int, float] = {}
-        self.worker_idle: dict[int, float] = {}  # this step's idle seconds per worker
+        self.per_task = self.cfg.groups_per_task or math.ceil(run.prompts_per_step / self.cfg.workers)
+        self.buffer: list[tuple[Group, object]] = []  # finished unconsumed groups and their stats
+        self.retry: list[tuple[list[int], int]] = []  # (prompts, task number) to dispatch again, first
+        self.pending: dict = {}  # task reference -> (worker, prompts, version, task, submit_wall)
+        self.restarting: dict = {}  # a dead worker's first call after its restart -> (worker, deadline)
+        self.last_finish: dict[int, float] = {}  # each worker's last finish (wall clock)
+        self.worker_idle = 0.0  # idle seconds of the workers since the last step
         self.tasks = 0  # tasks dispatched since the start: each task's random streams
         self.lost_tasks = 0  # tasks whose worker died under them
         self.losses: dict[tuple, int] = {}  # prompts -> how often a worker died generating them
         self.workers: list = []
         self.transport = None
+        self.model = None  # the trainer's model, as last published
         self.version = -1
         self.started_ray = False
+        self.reservation = None  # the actor holding the trainer's GPU in Ray's pool
         self.step_stats: dict[str, float] = {}
         self.sync_stats: dict[str, float] = {}
+        self.lock = threading.Condition()  # guards everything above that the dispatcher touches
+        self.dispatcher: threading.Thread | None = None
+        self.stopping = False
+        self.failure: BaseException | None = None
 
     # -- workers and weights -----------------------------------------------------------------
 
@@ -77,7 +176,7 @@ class RaySource(SyncSource):
         from gmc.distributed.worker import RolloutWorker
         from gmc.settings import to_dict
 
-        gpus = 1 if self.cfg.worker_device.startswith("cuda") else 0
+        gpus = self.cfg.worker_gpus if self.cfg.worker_device.startswith("cuda") else 0
         with STOP.blocked():  # Ray's processes start with the stop signals blocked (SLURM signals them too)
             if not ray.is_initialized():
                 ray.init(address=self.cfg.ray_address, include_dashboard=False, log_to_driver=False,
@@ -87,10 +186,13 @@ class RaySource(SyncSource):
             # ray.init replaced the SIGTERM handler with Ray's (kill the Ray processes, exit): the
             # run's stop signals are its own again, so a stop ends it at a step boundary with a checkpoint
             STOP.reclaim()
-        if gpus and ray.cluster_resources().get("GPU", 0) < self.cfg.workers:
-            raise RolloutWorkerError(f"delay.worker_device {self.cfg.worker_device} asks Ray for a GPU per worker: "
-                                     f"{self.cfg.workers} workers, {ray.cluster_resources().get('GPU', 0):g} GPUs in the "
-                                     "cluster")
+        check_model_on_every_node(self.run.model)
+        self.reservation = reserve_trainer_gpu(self.run.device) if gpus else None
+        available = ray.available_resources().get("GPU", 0)
+        if gpus and available < self.cfg.workers * gpus:
+            raise RolloutWorkerError(f"delay.worker_device {self.cfg.worker_device} asks Ray for {gpus:g} of a GPU per "
+                                     f"worker: {self.cfg.workers} workers, {available:g} GPUs free in the cluster"
+                                     + (" (one kept for the trainer)" if self.reservation else ""))
         config = to_dict(self.run)
         # kept for the run: a restarted worker is constructed again from these arguments
         self.records = ray.put(self.prompt_records)
@@ -99,8 +201,6 @@ class RaySource(SyncSource):
         self.transport = (CollectiveTransport("nccl" if gpus else "gloo") if self.cfg.transport == "collective"
                           else ObjectStoreTransport())
         self.transport.start(self.workers)
-        now = time.time()
-        self.idle_since = dict.fromkeys(range(len(self.workers)), now)
 
     def publish(self, model, version: int) -> None:
         if not self.workers:
@@ -109,118 +209,196 @@ class RaySource(SyncSource):
             except BaseException:
                 self.close()
                 raise
-        self.sync_stats = self.transport.publish(model, version)
-        self.version = version
+        self.model = model
+        self._send(version)
+
+    def _send(self, version: int) -> None:
+        """Publish the model's weights as ``version``; workers the transport found dead are
+        watched until Ray has restarted them."""
+        sync_stats = self.transport.publish(self.model, version)
+        if self.cfg.partial_rollouts and self.transport.name == "object_store":  # answers in progress take them up
+            for k, w in enumerate(self.workers):
+                w.offer.remote(version, self.transport.task_weights(k))
+        with self.lock:
+            self.sync_stats, self.version = sync_stats, version
+            for k in self.transport.found_dead:
+                self._watch_restart(k)
+            self.lock.notify_all()  # the bound has room for the new version's groups
+        if self.dispatcher is None:
+            self.dispatcher = threading.Thread(target=self._dispatch_loop, name="gmc-ray-dispatcher", daemon=True)
+            self.dispatcher.start()
 
     def close(self) -> None:
         import ray
 
+        with self.lock:
+            self.stopping = True
+            self.lock.notify_all()
+        if self.dispatcher is not None:
+            self.dispatcher.join(timeout=30)
         for w in self.workers:
             ray.kill(w)
+        if self.reservation is not None:
+            ray.kill(self.reservation)
         self.workers, self.pending = [], {}
         if self.transport is not None:
             self.transport.stop()
         if self.started_ray and ray.is_initialized():
             ray.shutdown()
 
-    # -- admission and collection ------------------------------------------------------------
+    # -- the dispatcher thread ---------------------------------------------------------------
 
-    def _dispatch(self) -> None:
-        """Give every idle worker the next prompts while the bound has room for them."""
-        busy = {task[0] for task in self.pending.values()}
-        for k in sorted(set(range(len(self.workers))) - busy):
-            n = min(self.chunk, self.bound.capacity(self.version))
-            if n <= 0:
-                return
-            prompts, self.retry = self.retry[:n], self.retry[n:]
-            prompts += self.rollouts.take(n - len(prompts))
-            ref = self.workers[k].generate.remote(prompts, self.version, self.tasks, self.transport.task_weights())
-            self.tasks += 1
-            self.bound.started(len(prompts))
-            self.pending[ref] = (k, prompts, self.version, time.time())
-            self.worker_idle[k] = self.worker_idle.get(k, 0.0) + time.time() - self.idle_since.pop(k, time.time())
-
-    def _collect_one(self) -> None:
-        """Wait for the next finished task and buffer its groups (dropping those already too old)."""
+    def _dispatch_loop(self) -> None:
+        """Hand out work and take in results until the source closes; an error ends the loop and
+        is raised in the trainer's next :meth:`next_batch`."""
         import ray
 
-        (ref,), _ = ray.wait(list(self.pending), num_returns=1)
-        k, prompts, made_at, submitted = self.pending.pop(ref)
-        self.idle_since[k] = time.time()
+        try:
+            while True:
+                with self.lock:
+                    if self.stopping:
+                        return
+                    for k, deadline in self.restarting.values():
+                        if time.time() > deadline:
+                            raise RolloutWorkerError(f"rollout worker {k} did not restart within {RESTART_SECONDS} s")
+                    self._dispatch()
+                    waiting = [*self.pending, *self.restarting]
+                    if not waiting:
+                        self.lock.wait(POLL_SECONDS)
+                        continue
+                ready, _ = ray.wait(waiting, num_returns=1, timeout=POLL_SECONDS)
+                for ref in ready:
+                    self._finished(ref)
+        except BaseException as e:  # noqa: BLE001  (handed to the trainer's thread)
+            with self.lock:
+                self.failure = e
+                self.lock.notify_all()
+
+    def _dispatch(self) -> None:
+        """Give every worker with a free slot its next task while the bound has room (lost tasks
+        first, with their own task numbers); the caller holds the lock."""
+        load = Counter(task[0] for task in self.pending.values())
+        idle = {k for k, _ in self.restarting.values()}
+        for k in range(len(self.workers)):
+            while k not in idle and self.transport.ready(k) and load[k] < self.cfg.tasks_per_worker:
+                n = min(self.per_task, self.bound.capacity(self.version))
+                if n <= 0:
+                    return
+                if self.retry and len(self.retry[0][0]) <= n:
+                    prompts, task = self.retry.pop(0)
+                else:
+                    prompts, task = self.rollouts.take(n), self.tasks
+                    self.tasks += 1
+                ref = self.workers[k].generate.remote(prompts, self.version, task, self.transport.task_weights(k))
+                self.bound.started(len(prompts))
+                self.pending[ref] = (k, prompts, self.version, task, time.time())
+                load[k] += 1
+
+    def _finished(self, ref) -> None:
+        """Take in a finished task (or a restarted worker's first answer)."""
+        import ray
+
+        with self.lock:
+            if ref in self.restarting:
+                k, _ = self.restarting.pop(ref)
+                try:
+                    ray.get(ref)
+                except ray.exceptions.RayActorError as e:
+                    raise RolloutWorkerError(f"rollout worker {k} could not restart: {e}") from None
+                log.info("rollout worker %d is back", k)
+                self.transport.back(k)
+                return
+            k, prompts, _, task, submitted = self.pending.pop(ref)
         try:
             out = ray.get(ref)
-        except ray.exceptions.RayActorError as e:  # the worker died: Ray restarts it; its prompts go again
+        except ray.exceptions.RayActorError as e:  # the worker died: Ray restarts it; its tasks go again
             if getattr(e, "actor_init_failed", False):
                 raise RolloutWorkerError(f"rollout worker {k} could not start: {e}") from None
+            self._lost(k, prompts, task, e)
+            return
+        except ray.exceptions.RayTaskError as e:
+            raise RolloutWorkerError(f"rollout worker {k} failed: {e.cause!r}") from None
+        with self.lock:
+            made_at = out["version"]  # the weights it generated with (a broadcast may be newer than asked)
+            if k in self.last_finish:
+                self.worker_idle += max(0.0, out["start_wall"] - self.last_finish[k])
+            self.last_finish[k] = out["finish_wall"]
+            for state in out["groups"]:
+                g = Group.from_state(state)
+                g.worker, g.submit_wall, g.finish_wall = k, submitted, out["finish_wall"]
+                g.generation_seconds = out["seconds"]
+                if self.bound.finished(made_at, self.version):
+                    self.buffer.append((g, group_stats(g, out["stats"], self.run.sampling.max_new_tokens)))
+            self.lock.notify_all()
+
+    def _lost(self, k: int, prompts: list[int], task: int, error) -> None:
+        with self.lock:
             key = tuple(prompts)
             self.losses[key] = self.losses.get(key, 0) + 1
             if self.losses[key] >= MAX_LOSSES:
                 raise RolloutWorkerError(f"rollout worker {k} died {MAX_LOSSES} times generating prompts {prompts} "
-                                         f"({type(e).__name__}: {e})") from None
+                                         f"({type(error).__name__}: {error})") from None
             log.warning("rollout worker %d died (%s); it restarts and its %d prompts are generated again", k,
-                        type(e).__name__, len(prompts))
+                        type(error).__name__, len(prompts))
             self.bound.lost(len(prompts))
-            self.retry = prompts + self.retry
+            self.retry.append((prompts, task))
             self.lost_tasks += 1
-            self._await_restart(k)
-            return
-        except ray.exceptions.RayTaskError as e:
-            raise RolloutWorkerError(f"rollout worker {k} failed: {e.cause!r}") from None
-        self._collected.append(out["stats"])
-        for state in out["groups"]:
-            g = Group.from_state(state)
-            g.worker, g.submit_wall, g.finish_wall = k, submitted, out["finish_wall"]
-            g.generation_seconds = out["seconds"]
-            if self.bound.finished(made_at, self.version):
-                self.buffer.append(g)
+            self.last_finish.pop(k, None)
+            self._watch_restart(k)
 
-    def _await_restart(self, k: int) -> None:
-        """Block until Ray has restarted worker ``k`` (a fault path: seconds)."""
-        import ray
+    def _watch_restart(self, k: int) -> None:
+        """Worker ``k`` died: the others go on while Ray restarts it (its first answer after the
+        restart marks it back); the caller holds the lock."""
+        self.transport.lost(k)
+        if k not in {w for w, _ in self.restarting.values()}:
+            self.restarting[self.workers[k].pid.options(max_task_retries=-1).remote()] = (k, time.time() + RESTART_SECONDS)
 
-        try:
-            ray.get(self.workers[k].pid.options(max_task_retries=-1).remote(), timeout=600)
-        except ray.exceptions.RayActorError as e:
-            raise RolloutWorkerError(f"rollout worker {k} could not restart: {e}") from None
-
-    def next_batch(self, version: int) -> Batch:
-        self.worker_idle = {}
-        return super().next_batch(version)
+    # -- the trainer's side ------------------------------------------------------------------
 
     def _next(self, version: int) -> list[Group]:
         t = time.perf_counter()
-        waited = 0.0
-        while True:
-            fresh = []
-            for g in self.buffer:  # the bound is strict: what is too old for this step is dropped
-                if self.bound.too_old(g.version, version):
-                    self.bound.discard()
-                else:
-                    fresh.append(g)
-            self.buffer = fresh
-            if len(self.buffer) >= self.batch_prompts:
-                break
-            self._dispatch()
-            w = time.perf_counter()
-            self._collect_one()
-            waited += time.perf_counter() - w
-        batch, self.buffer = self.buffer[: self.batch_prompts], self.buffer[self.batch_prompts :]
-        now = time.time()
-        for g in batch:
-            g.consume_wall = now
-        self._dispatch()  # the workers go on while the trainer computes
-        lags = Counter(version - g.version for g in batch)
-        self.step_stats = {
-            "async/dropped": float(self.bound.dropped), "async/buffer_groups": float(len(self.buffer)),
-            "async/in_flight": float(self.bound.in_flight), "async/trainer_idle_seconds": waited,
-            "async/worker_idle_seconds": sum(self.worker_idle.values()), "async/lost_tasks": float(self.lost_tasks),
-            "async/wait_seconds": time.perf_counter() - t,
-            **{f"async/staleness_hist/{lag}": float(n) for lag, n in sorted(lags.items())},
-        }
+        with self.lock:
+            while True:
+                if self.failure is not None:
+                    raise self.failure
+                fresh = []
+                for g, stats in self.buffer:  # the bound is strict: what is too old for this step is dropped
+                    if self.bound.too_old(g.version, version):
+                        self.bound.discard()
+                    else:
+                        fresh.append((g, stats))
+                self.buffer = fresh
+                if len(self.buffer) >= self.batch_prompts:
+                    break
+                if self.transport.regroup_due():  # a worker is back that only a publish gives weights to
+                    self.lock.release()
+                    try:
+                        self._send(self.version)
+                    finally:
+                        self.lock.acquire()
+                    continue
+                self.lock.wait(POLL_SECONDS)
+            waited = time.perf_counter() - t
+            taken, self.buffer = self.buffer[: self.batch_prompts], self.buffer[self.batch_prompts :]
+            batch = [g for g, _ in taken]
+            self._collected = [stats for _, stats in taken]
+            now = time.time()
+            for g in batch:
+                g.consume_wall = now
+            lags = Counter(version - g.version for g in batch)
+            self.step_stats = {
+                "async/dropped": float(self.bound.dropped), "async/buffer_groups": float(len(self.buffer)),
+                "async/in_flight": float(self.bound.in_flight), "async/trainer_idle_seconds": waited,
+                "async/worker_idle_seconds": self.worker_idle, "async/lost_tasks": float(self.lost_tasks),
+                "async/wait_seconds": time.perf_counter() - t,
+                **{f"async/staleness_hist/{lag}": float(n) for lag, n in sorted(lags.items())},
+            }
+            self.worker_idle = 0.0
         return batch
 
     def queued_groups(self) -> list[Group]:
-        return list(self.buffer)
+        with self.lock:
+            return [g for g, _ in self.buffer]
 
     def stats(self) -> dict[str, float]:
         return {**super().stats(), **self.step_stats, **self.sync_stats}
@@ -228,11 +406,18 @@ class RaySource(SyncSource):
     # -- checkpoints -------------------------------------------------------------------------
 
     def state_dict(self) -> dict:
-        in_flight = [p for _, prompts, _, _ in self.pending.values() for p in prompts]
-        return {"buffer": [g.state() for g in self.buffer], "bound": self.bound.state_dict(),
-                "retry": self.retry + in_flight, "tasks": self.tasks}
+        """The source's state at one instant of the dispatcher (which takes prompts from the run's
+        order as it goes): so the prompt cursor's state is kept here too, and wins on load."""
+        with self.lock:
+            in_flight = [(prompts, task) for _, prompts, _, task, _ in self.pending.values()]
+            return {"buffer": [g.state() for g, _ in self.buffer], "stats": [asdict(s) for _, s in self.buffer],
+                    "bound": self.bound.state_dict(), "retry": self.retry + sorted(in_flight, key=lambda p: p[1]),
+                    "tasks": self.tasks, "lost_tasks": self.lost_tasks, "cursor": self.rollouts.cursor.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
-        self.buffer = [Group.from_state(s) for s in state["buffer"]]
-        self.bound.load_state_dict(state["bound"])
-        self.retry, self.tasks = list(state["retry"]), state["tasks"]
+        with self.lock:
+            self.buffer = [(Group.from_state(g), RolloutStats(**s)) for g, s in zip(state["buffer"], state["stats"])]
+            self.bound.load_state_dict(state["bound"])
+            self.retry = [(list(p), t) for p, t in state["retry"]]
+            self.tasks, self.lost_tasks = state["tasks"], state["lost_tasks"]
+            self.rollouts.cursor.load_state_dict(state["cursor"])
