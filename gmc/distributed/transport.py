@@ -28,8 +28,9 @@ import torch
 log = logging.getLogger(__name__)
 
 BROADCAST_SECONDS = 600
-"""How long the collective transport waits for the workers to join, and for a broadcast to
-complete, before the run stops with an error (a worker that died does not rejoin the group)."""
+"""How long the collective transport waits for the workers to join, for a broadcast to reach
+every member alive, and a worker for the weights of its task, before the run stops with an
+error naming what did not arrive."""
 
 
 def published_state(model) -> dict[str, torch.Tensor]:
