@@ -230,7 +230,7 @@ class HFEngine(_Streams):
         finally:
             self.model.train(was_training)
         tok_rows, lp_rows, lengths = tokens.tolist(), logps.tolist(), lengths.tolist()
-        version_rows = versions.tolist() if self.newer_weights is not None else [None] * len(tok_rows)
+        version_rows = versions.tolist() if versions is not None else [None] * len(tok_rows)
         samples = []
         for row, (toks, lps, end, vs) in enumerate(zip(tok_rows, lp_rows, lengths, version_rows)):
             reason = "stop" if toks[end - 1] in self.eos_ids else "length"
@@ -239,22 +239,25 @@ class HFEngine(_Streams):
         return [samples[i * n : (i + 1) * n] for i in range(len(prompts))]
 
     def _decode(self, decoder, logits: Tensor, sampling: SamplingConfig, keys: Tensor,
-                prompts: list[list[int]]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                prompts: list[list[int]]) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
         """Sample until every row has ended (an end-of-turn id) or the token limit, row ``i``
-        from the stream ``keys[i]`` after its prompt ``prompts[i]``; returns the tokens, log-probs
-        and versions ``[N, T]`` and each row's length (end token included)."""
+        from the stream ``keys[i]`` after its prompt ``prompts[i]``; returns the tokens and
+        log-probs ``[N, T]``, each row's length (end token included) and, where the weights may
+        change mid-answer (:attr:`newer_weights`), each token's version ``[N, T]`` (else None)."""
         N, T = logits.shape[0], sampling.max_new_tokens
         eos = torch.tensor(sorted(self.eos_ids), device=self.device)
         tokens = torch.full((N, T), self.pad_id, dtype=torch.long, device=self.device)
         logps = torch.zeros(N, T, device=self.device)
-        versions = torch.full((N, T), self.version, dtype=torch.long, device=self.device)
+        versions = torch.full((N, T), self.version, dtype=torch.long, device=self.device) if self.newer_weights else None
         lengths = torch.full((N,), T, dtype=torch.long, device=self.device)
         rows = torch.arange(N, device=self.device)  # the output row of each decoder row
         done = torch.zeros(N, dtype=torch.bool, device=self.device)
         for t in range(T):
             tok, lp = _sample_next(logits, sampling, stream_uniforms(keys, t))
             live = rows[~done]
-            tokens[live, t], logps[live, t], versions[live, t] = tok[~done], lp[~done], self.version
+            tokens[live, t], logps[live, t] = tok[~done], lp[~done]
+            if versions is not None:
+                versions[live, t] = self.version
             ended = ~done & torch.isin(tok, eos)
             lengths[rows[ended]] = t + 1
             done |= ended
