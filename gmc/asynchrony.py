@@ -9,6 +9,7 @@ are never kept, so memory is O(delay x batch x tokens). No torch is imported.
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import json
 from collections import deque
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from gmc.delays import DelayConfig
-from gmc.settings import ConfigError
+from gmc.settings import ConfigError, to_dict
 
 if TYPE_CHECKING:  # the module itself needs no torch
     from torch import Tensor
@@ -124,6 +125,7 @@ class SyncSource:
         self.rollouts = rollouts
         self.batch_prompts = batch_prompts
         self._collected: list[Any] = []
+        self._carried: list[Any] = []  # measurements of calls made before the first step (a loaded prefill)
 
     def _generate(self, n: int, version: int) -> list[Group]:
         """``n`` groups of the run's next prompts with the weights of ``version``; the call's
@@ -134,7 +136,7 @@ class SyncSource:
 
     def next_batch(self, version: int) -> Batch:
         """The groups the update of ``version`` trains on (their ``consumed_version``)."""
-        self._collected = []
+        self._collected, self._carried = self._carried, []
         groups = self._next(version)
         for g in groups:
             g.consumed_version = version
@@ -181,14 +183,26 @@ class FixedDelaySource(SyncSource):
 
     def _next(self, version: int) -> list[Group]:
         if not self.started:
-            self.started = True
-            if self.warmup == "prefill":
-                for k in range(self.d):
-                    self.queue.append(self._generate(self.batch_prompts, version - self.d + k))
+            self.prefill(version)
         self.queue.append(self._generate(self.batch_prompts, version))
         if self.warmup == "ramp" and len(self.queue) <= self.d:
             self.queue.append(self._generate(self.batch_prompts, version))
         return self.queue.popleft()
+
+    def prefill(self, version: int) -> list[Any]:
+        """Start the queue before the update of ``version`` (warm-up ``prefill``: the ``d``
+        batches of the starting weights); returns the measurements of the calls it made."""
+        self.started = True
+        if self.warmup == "prefill":
+            for k in range(self.d):
+                self.queue.append(self._generate(self.batch_prompts, version - self.d + k))
+        return self._collected
+
+    def load_prefill(self, state: dict, collected: list[Any]) -> None:
+        """Start from a prefill another run made (:meth:`prefill`, then :meth:`state_dict`); its
+        measurements go with the first step's, as if this run had made it."""
+        self.load_state_dict(state)
+        self._carried = list(collected)
 
     def queued_groups(self) -> list[Group]:
         return [g for b in self.queue for g in b]
@@ -199,6 +213,29 @@ class FixedDelaySource(SyncSource):
     def load_state_dict(self, state: dict) -> None:
         self.started = state["started"]
         self.queue = deque([Group.from_state(s) for s in b] for b in state["queue"])
+
+
+PREFILL_FREE = ("algorithm", "estimator")
+"""The settings a fixed-delay prefill does not depend on: its ``d`` batches are generated with
+the starting weights before the first update, so runs that differ only in these generate the
+same prefill (same prompts, same streams, same grades) and may share one (:func:`prefill_settings`)."""
+
+
+def prefill_settings(cfg: TrainConfig) -> dict | None:
+    """The resolved settings that decide a run's prefill (all but :data:`PREFILL_FREE`); None
+    when the run starts without one (not a fixed delay with ``warmup: prefill`` and ``d > 0``)."""
+    if cfg.delay.mode != "fixed" or cfg.delay.warmup != "prefill" or cfg.delay.d == 0:
+        return None
+    return {k: v for k, v in to_dict(cfg).items() if k not in PREFILL_FREE}
+
+
+def prefill_id(cfg: TrainConfig) -> str | None:
+    """A short name of the run's prefill settings (:func:`prefill_settings`): runs with the same
+    name generate the same prefill."""
+    settings = prefill_settings(cfg)
+    if settings is None:
+        return None
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
 
 
 @dataclass(order=True)

@@ -54,7 +54,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="then evaluate the trained model in this process with this EvalConfig file (as gmc evaluate "
                         "does: the same scores, without a second start-up); needs --eval-out")
     p.add_argument("--eval-out", default=None, help="with --evaluate: the folder for <benchmark>.json and completions")
+    p.add_argument("--prefill", default=None, metavar="FILE",
+                   help="start a fixed-delay run from this prefill (gmc prefill) instead of generating its d "
+                        "batches; it must be made for the same settings but the estimator (ignored on --resume)")
     p.set_defaults(func=_train)
+
+    p = sub.add_parser("prefill", help="write a fixed-delay run's prefill (the d batches of its starting weights), "
+                       "which every run of the same settings but the estimator can start from (gmc train --prefill)")
+    _settings_arguments(p, "TrainConfig (gmc/config.py)")
+    p.add_argument("--out", required=True, help="the prefill file (written atomically)")
+    p.set_defaults(func=_prefill)
 
     p = sub.add_parser("plan-memory", help="the predicted peak memory of a training run, item by item, per phase",
                        description="The memory plan of gmc.memory for a train config (--config/--set) or for the "
@@ -285,12 +294,18 @@ def _train(args: argparse.Namespace) -> int:
 
     evaluation = (args.evaluate, args.eval_out) if args.evaluate else None
     try:
-        summary = main_train(args.config, args.overrides, args.out, args.resume, evaluation)
+        summary = main_train(args.config, args.overrides, args.out, args.resume, evaluation, args.prefill)
     except Preempted as e:
         print(f"gmc train: {e}", file=sys.stderr)
         return PREEMPTED
     print(json.dumps(summary, indent=2))
     return 0
+
+
+def _prefill(args: argparse.Namespace) -> None:
+    from gmc.trainer import main_prefill
+
+    main_prefill(args.config, args.overrides, args.out)
 
 
 def _evaluate(args: argparse.Namespace) -> None:

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from gmc.asynchrony import prefill_id
 from gmc.config import TrainConfig
 from gmc.delays import DELAY_MODES, named_delays, on_policy
 from gmc.estimator_info import REGISTRY
@@ -332,3 +333,17 @@ def check_shared(member: TrainConfig, run: TrainConfig) -> tuple:
         raise ValueError(f"{member.algorithm} and {run.algorithm} do not train the same run: "
                          f"{on_policy_class(member)} vs {on_policy_class(run)}, or other settings differ")
     return a[0]
+
+
+def shared_prefills(config: dict[str, Any], points: list[Point]) -> dict[Point, tuple[str, Point]]:
+    """Each point whose fixed-delay prefill another point's run would generate too (same
+    :func:`~gmc.asynchrony.prefill_settings`: every setting but the estimator), mapped to the
+    prefill's name (:func:`~gmc.asynchrony.prefill_id`) and the first point of its class, whose
+    config writes it; the sweep generates each once (``gmc prefill``) and starts every member
+    from it (``gmc train --prefill``). A prefill of one run alone is left to that run."""
+    members: dict[str, list[Point]] = {}
+    for point in points:
+        name = prefill_id(resolve_run(config, point))
+        if name is not None:
+            members.setdefault(name, []).append(point)
+    return {p: (name, ps[0]) for name, ps in members.items() if len(ps) > 1 for p in ps}

@@ -27,7 +27,7 @@ import torch
 import yaml
 from tqdm import tqdm
 
-from gmc.asynchrony import TRACE_FIELDS, Group, staleness_stats
+from gmc.asynchrony import TRACE_FIELDS, Group, prefill_settings, staleness_stats
 from gmc.collect import (
     PromptCursor,
     RunRollouts,
@@ -38,7 +38,7 @@ from gmc.collect import (
 from gmc.config import TrainConfig, to_dict
 from gmc.delays import DELAY_MODES, check_delay, make_source, on_policy
 from gmc.estimator_info import diagnostic_names
-from gmc.io import atomic_dir, read_jsonl, truncate_jsonl, write_json, write_text
+from gmc.io import atomic_dir, atomic_path, read_jsonl, truncate_jsonl, write_json, write_text
 from gmc.policy import DTYPES, load_policy, parameter_bytes
 from gmc.rundir import (
     CONFIG,
@@ -52,6 +52,7 @@ from gmc.rundir import (
     nonfinite_tensors,
     provenance,
 )
+from gmc.settings import ConfigError
 from gmc.update import Update
 
 log = logging.getLogger(__name__)
@@ -97,7 +98,8 @@ class Trainer:
     test replaces it on the class or an instance, never ``time.monotonic`` for the whole process
     (the pools' helper threads read that too)."""
 
-    def __init__(self, cfg: TrainConfig, out: str | os.PathLike, resume: bool = False, progress: bool = True):
+    def __init__(self, cfg: TrainConfig, out: str | os.PathLike, resume: bool = False, progress: bool = True,
+                 prefill: str | os.PathLike | None = None):
         self.cfg = cfg
         self.out = Path(out)
         self.progress = progress
@@ -106,6 +108,8 @@ class Trainer:
         resuming = self.rundir.open(to_dict(cfg), resume)  # the lock, the config check, leftovers
         try:
             self._setup(cfg, resuming)
+            if prefill is not None and not resuming:  # a resumed run's checkpoint holds its queue
+                self._load_prefill(Path(prefill))
         except BaseException:
             self.rundir.close()
             raise
@@ -303,6 +307,47 @@ class Trainer:
         truncate_jsonl(self.out / TRACE, self.step, key="consumed_version")
         log.info("resumed %s at step %d", self.out, self.step)
 
+    # -- a prefill shared by runs that differ only in the estimator ------------------------------
+
+    def write_prefill(self, path: str | os.PathLike) -> None:
+        """Generate this run's fixed-delay prefill (its ``d`` batches of the starting weights)
+        and write it to ``path`` with the states it leaves (prompt cursor, random streams) and
+        its measurements, for every run of the same :func:`~gmc.asynchrony.prefill_settings`
+        to start from (``gmc train --prefill``) instead of generating it again."""
+        settings = prefill_settings(self.cfg)
+        if settings is None or self.step:
+            raise ConfigError(f"{self.out}: no prefill to write (delay mode {self.cfg.delay.mode!r}, warmup "
+                              f"{self.cfg.delay.warmup!r}, d {self.cfg.delay.d}, step {self.step}): a prefill is the "
+                              "queue a fixed delay with warmup: prefill and d > 0 starts with")
+        collected = self.source.prefill(self.step)
+        state = {"settings": settings, "source": self.source.state_dict(), "cursor": self.cursor.state_dict(),
+                 "rng": self._rng_state(), "collected": collected}
+        with atomic_path(path) as tmp:
+            torch.save(state, tmp)
+
+    def _load_prefill(self, path: Path) -> None:
+        """Start from the prefill at ``path`` (:meth:`write_prefill`): the run then goes on
+        exactly as if it had generated it; a prefill made for other settings is refused, naming them."""
+        mine = prefill_settings(self.cfg)
+        if mine is None:
+            raise ConfigError(f"--prefill {path}: this run starts without a prefill (delay mode {self.cfg.delay.mode!r}, "
+                              f"warmup {self.cfg.delay.warmup!r}, d {self.cfg.delay.d})")
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=False)
+        except Exception as e:
+            raise ConfigError(f"--prefill {path}: cannot be read ({type(e).__name__}: {e})") from None
+        theirs = state.get("settings") if isinstance(state, dict) else None
+        if theirs != mine:
+            keys = sorted(k for k in {**mine, **(theirs or {})} if (theirs or {}).get(k) != mine.get(k))
+            raise ConfigError(f"--prefill {path}: made for other settings (differing: {', '.join(keys[:8])}); a run "
+                              "shares the prefill of runs whose settings differ only in the estimator")
+        restore_rng_state(state["rng"])
+        if state["rng"].get("engine") is not None and hasattr(self.engine, "set_generator_state"):
+            self.engine.set_generator_state(state["rng"]["engine"])
+        self.cursor.load_state_dict(state["cursor"])
+        self.source.load_prefill(state["source"], state["collected"])
+        log.info("%s: starts from the prefill %s (%d queued batches)", self.out, path, len(state["source"]["queue"]))
+
     # -- the loop -------------------------------------------------------------------------
 
     def run(self) -> dict:
@@ -470,8 +515,27 @@ def summarize_metrics(path: str | Path, window: int = 20) -> dict:
     return {k: v for k, v in out.items() if v is not None}
 
 
+def main_prefill(config: str | None, overrides: list[str], out: str) -> None:
+    """Write the prefill of the run of ``config`` (with ``overrides``) to ``out``
+    (:meth:`Trainer.write_prefill`); the run itself is not trained."""
+    import tempfile
+
+    from gmc.config import load_train_config
+
+    cfg = load_train_config(config, overrides)
+    with tempfile.TemporaryDirectory(prefix="gmc-prefill-") as tmp:
+        trainer = Trainer(cfg, Path(tmp) / "run", progress=False)
+        try:
+            trainer.write_prefill(out)
+        finally:
+            trainer.source.close()
+            if trainer.collector:
+                trainer.collector.close()
+            trainer.rundir.close()
+
+
 def main_train(config: str | None, overrides: list[str], out: str, resume: bool,
-               evaluation: tuple[str, str] | None = None) -> dict:
+               evaluation: tuple[str, str] | None = None, prefill: str | None = None) -> dict:
     """Train the run of ``config`` (with ``overrides``) into ``out``; with ``evaluation``
     (``(EvalConfig file, folder)``), then evaluate its final model in this process, exactly as
     ``gmc evaluate`` would (:func:`gmc.evaluate.evaluate`), without paying a second start-up. A bad
@@ -486,7 +550,7 @@ def main_train(config: str | None, overrides: list[str], out: str, resume: bool,
 
         eval_cfg = load_config(EvalConfig, evaluation[0])
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    trainer = Trainer(cfg, out, resume=resume)
+    trainer = Trainer(cfg, out, resume=resume, prefill=prefill)
     summary = trainer.run()
     if eval_cfg is not None:
         from gmc.evaluate import evaluate

@@ -237,3 +237,40 @@ def test_config_errors_name_the_key(tmp_path):
     cfg = load_train_config(None, ["lr=2e-4", "estimator.eps=0.1", "synthetic.max_operands=3"])
     assert isinstance(cfg, TrainConfig) and cfg.lr == 2e-4 and cfg.estimator.eps == 0.1
     assert json.dumps(cfg.synthetic.max_operands) == "3"
+
+
+@pytest.mark.parametrize("behaviour", ["trainer", "sampler"])
+def test_a_run_started_from_a_shared_prefill_equals_the_run_that_generates_its_own(tmp_path, small_config, behaviour):
+    """A fixed-delay prefill depends on every setting but the estimator: gmc prefill writes one
+    with one estimator's config, and another estimator's run started from it (gmc train
+    --prefill) equals its own uninterrupted run, metrics, groups and all."""
+    from gmc.trainer import main_prefill
+
+    run = dict(steps=4, **{"delay.d": 3, "behaviour_logprobs": behaviour})
+    maker, user = tmp_path / "tic.yaml", tmp_path / "gmc.yaml"
+    maker.write_text(yaml.safe_dump(to_dict(small_config(algorithm="tic", **run))))
+    user.write_text(yaml.safe_dump(to_dict(small_config(algorithm="gmc", **run))))
+    main_prefill(str(maker), [], str(tmp_path / "prefill.pt"))
+
+    own, shared = tmp_path / "own", tmp_path / "shared"
+    Trainer(load_train_config(str(user)), own, progress=False).run()
+    Trainer(load_train_config(str(user)), shared, progress=False, prefill=tmp_path / "prefill.pt").run()
+    a, b = read_jsonl(own / "metrics.jsonl"), read_jsonl(shared / "metrics.jsonl")
+    assert len(a) == 4 and a[0]["rollout/samples"] == 4 * 3 * 4  # the prefill's 3 calls and step 0's
+    assert without_time(a) == without_time(b)
+    assert read_jsonl(own / "groups.jsonl") == read_jsonl(shared / "groups.jsonl")
+
+
+def test_a_prefill_made_for_other_settings_is_refused_naming_them(tmp_path, small_config):
+    from gmc.trainer import main_prefill
+
+    maker = tmp_path / "d3.yaml"
+    maker.write_text(yaml.safe_dump(to_dict(small_config(**{"delay.d": 3}))))
+    main_prefill(str(maker), [], str(tmp_path / "prefill.pt"))
+    with pytest.raises(ConfigError, match=r"prefill\.pt: made for other settings \(differing: delay, seed\)"):
+        Trainer(small_config(seed=1, **{"delay.d": 2}), tmp_path / "run", progress=False, prefill=tmp_path / "prefill.pt")
+    with pytest.raises(ConfigError, match="starts without a prefill"):
+        Trainer(small_config(), tmp_path / "run2", progress=False, prefill=tmp_path / "prefill.pt")
+    with pytest.raises(ConfigError, match="no prefill to write"):
+        main_prefill(None, [f"model={small_config().model}", "delay.d=0"], str(tmp_path / "none.pt"))
+    assert not (tmp_path / "none.pt").exists()

@@ -127,7 +127,7 @@ def test_every_train_job_reads_its_resolved_config_file_and_nothing_else(tmp_pat
 
     from gmc.config import TrainConfig
     from gmc.settings import from_dict, to_dict
-    from gmc.sweep import resolve_run, shared_runs, sweep_points
+    from gmc.sweep import resolve_run, shared_prefills, shared_runs, sweep_points
 
     shutil.copy(REPO / "config.yaml", tmp_path / "config.yaml")
     extra = ["--configfile", str(preset)] if preset else []
@@ -144,6 +144,16 @@ def test_every_train_job_reads_its_resolved_config_file_and_nothing_else(tmp_pat
         assert re.search(rf"gmc train --config {results}/configs/train/algo~[^ ]+\.yaml --out {results}/train/", command)
     assert {re.search(r"--config (\S+)", c)[1] for c in commands} == {
         f"{results}/configs/train/{p.path}.yaml" for p in points if p not in shared}
+    # one prefill per class of fixed-delay runs that differ only in the estimator; its members start from it
+    prefills = shared_prefills(config, points)
+    makers = [line for line in (out.stdout + out.stderr).splitlines() if "python -m gmc prefill " in line]
+    assert sorted(re.search(r"--config (\S+) --out (\S+)", c).groups() for c in makers) == sorted(
+        {(f"{results}/configs/train/{first.path}.yaml", f"{results}/prefill/{name}.pt") for name, first in prefills.values()})
+    for command in commands:
+        point = next(p for p in points if f"/configs/train/{p.path}.yaml " in command)
+        given = re.search(r"--prefill (\S+)", command)
+        assert (given[1] if given else None) == (f"{results}/prefill/{prefills[point][0]}.pt" if point in prefills else None)
+        assert point not in prefills or resolve_run(config, point).delay.d > 0
     sample = list({p.delay if not p.delay.isdigit() else "fixed": p for p in points}.values())
     files = [f"{results}/configs/train/{p.path}.yaml" for p in sample]
     made = snakemake(["--cores", "1", *extra, "--", *files], cwd=tmp_path)

@@ -21,6 +21,7 @@ from gmc.sweep import (
     per_seed_path,
     resolve_eval,
     resolve_run,
+    shared_prefills,
     shared_runs,
     sweep_points,
 )
@@ -79,6 +80,9 @@ def base_model(wildcards):
 POINTS = sweep_points(config)
 # points whose run is provably identical to another's (on-policy, one on-policy class): trained once
 SHARED = shared_runs(config, POINTS)
+# fixed-delay runs of one prefill class (every setting but the estimator): the prefill generated once
+PREFILLS = shared_prefills(config, POINTS)
+PREFILL_MAKERS = {name: point for name, point in PREFILLS.values()}
 RUN_DIRS = [f"{RESULTS}/train/{p.path}" for p in POINTS]
 # the training set every run reads (the train section's, shared by the sweep)
 TRAIN_DATA = resolve_run(config, POINTS[0]).train_data
@@ -116,3 +120,11 @@ def shared_run(wildcards):
             wildcards.algo, wildcards.delay, int(wildcards.group), int(wildcards.seed)
         )
     ]
+
+
+def prefill_file(wildcards):
+    """The shared prefill a point's run starts from (none where it generates its own)."""
+    point = Point(
+        wildcards.algo, wildcards.delay, int(wildcards.group), int(wildcards.seed)
+    )
+    return [f"{RESULTS}/prefill/{PREFILLS[point][0]}.pt"] if point in PREFILLS else []

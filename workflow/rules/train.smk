@@ -26,6 +26,7 @@ rule train:
         data=f"{RESULTS}/data/manifest.json",
         mlflow=MLFLOW_TRAIN_INPUT,
         eval_cfg=[f"{RESULTS}/configs/eval.yaml"] if EVAL_WITH_TRAINING else [],
+        prefill=prefill_file,
     output:
         summary=f"{RESULTS}/train/{POINT}/summary.json",
         evaluations=POINT_EVAL if EVAL_WITH_TRAINING else [],
@@ -43,17 +44,45 @@ rule train:
             if EVAL_WITH_TRAINING
             else ""
         ),
+        prefill=lambda wildcards, input: (
+            f"--prefill {input.prefill}" if input.prefill else ""
+        ),
     # exit status 75: stopped by SIGTERM/SIGUSR1 with a checkpoint written. Under SLURM a job still
     # RUNNING got its time-limit warning: it requeues itself and resumes, as often as the run needs
     # (retries are not spent); a cancelled one (scancel: COMPLETING) is not requeued.
     # The trap keeps this shell alive through the signal until the trainer has checkpointed.
     shell:
         "trap true TERM USR1; OMP_NUM_THREADS={threads} TQDM_MININTERVAL=10 python -m gmc train --config {input.cfg} "
-        "--out {params.dir} --resume {params.evaluate} > {log} 2>&1 "
+        "--out {params.dir} --resume {params.evaluate} {params.prefill} > {log} 2>&1 "
         '|| {{ status=$?; if [ $status = 75 ] && [ -n "${{SLURM_JOB_ID:-}}" ] '
         '&& [ "$(squeue -h -j $SLURM_JOB_ID -o %T)" = RUNNING ]; then '
         "scontrol requeue $SLURM_JOB_ID && sleep 3 && scontrol update JobId=$SLURM_JOB_ID StartTime=now; sleep 60; fi; "
         "exit $status; }}"
+
+
+rule prefill:
+    """The queue of the fixed-delay runs of one prefill class (every setting but the estimator):
+    its d batches of the starting weights, generated once with the first member's config; each
+    member starts from it as if it had generated it (gmc train --prefill). Removed once they
+    have all trained.
+    """
+    input:
+        model=lambda wildcards: model_dir(
+            config, PREFILL_MAKERS[wildcards.prefill].seed
+        ),
+        cfg=lambda wildcards: f"{RESULTS}/configs/train/{PREFILL_MAKERS[wildcards.prefill].path}.yaml",
+        data=f"{RESULTS}/data/manifest.json",
+    output:
+        temp(f"{RESULTS}/prefill/{{prefill}}.pt"),
+    log:
+        f"{RESULTS}/logs/prefill/{{prefill}}.log",
+    conda:
+        conda_env("prefill", config["resources"]["train_gpus"])
+    threads: 1
+    resources:
+        gpu=config["resources"]["train_gpus"],
+    shell:
+        "OMP_NUM_THREADS={threads} python -m gmc prefill --config {input.cfg} --out {output} > {log} 2>&1"
 
 
 rule share_run:
