@@ -137,6 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "no checkpoints (then draw its figures with gmc report --results BUNDLE)")
     p.add_argument("--results", default="results")
     p.add_argument("--out", required=True, help="the bundle's folder, replaced whole (e.g. published/default)")
+    p.add_argument("--log", action="append", default=[], metavar="SNAKEMAKE_LOG",
+                   help="Snakemake's log of the sweep's run (.snakemake/log/...; repeat for a run continued): its "
+                        "time per stage goes into provenance.json")
     p.set_defaults(func=_publish)
 
     p = sub.add_parser("compare-results", help="a re-run's tables against a published bundle: every estimate, "
@@ -257,7 +260,7 @@ def _export(args: argparse.Namespace) -> None:
 def _publish(args: argparse.Namespace) -> None:
     from gmc.published import publish
 
-    print(f"{publish(args.results, args.out)} files -> {args.out}")
+    print(f"{publish(args.results, args.out, args.log)} files -> {args.out}")
 
 
 def _compare_results(args: argparse.Namespace) -> None:

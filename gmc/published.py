@@ -25,6 +25,7 @@ import json
 import math
 import os
 import platform
+import re
 import shutil
 import tarfile
 import tempfile
@@ -81,12 +82,44 @@ def _threads(results: Path, bundle: Path) -> dict:
             "build": recorded((results / "models").glob("**/build_summary.json"))}
 
 
-def publish(results: str | Path, bundle: str | Path) -> int:
+_STAMP = r"\[(\w{3} \w{3} +\d+ \d\d:\d\d:\d\d \d{4})\]\n"
+_STARTED = re.compile(_STAMP + r"(?:local)?rule (\w+):\n(?:    .*\n)*?    jobid: (\d+)")
+_FINISHED = re.compile(_STAMP + r"Finished jobid: (\d+) \(Rule: (\w+)\)")
+
+
+def stage_times(logs: list[str | Path]) -> dict:
+    """The sweep's time per stage from Snakemake's logs of its run (``.snakemake/log/*.snakemake.log``;
+    several for a run continued): per rule the finished jobs, their summed and longest seconds, and
+    the wall time of each invocation from its first job's start to its last job's end."""
+    fmt = "%a %b %d %H:%M:%S %Y"
+    rules: dict[str, list[float]] = {}
+    walls = []
+    for path in logs:
+        text = Path(path).read_text()
+        started = {m[3]: (datetime.datetime.strptime(m[1], fmt), m[2]) for m in _STARTED.finditer(text)}
+        ends = []
+        for m in _FINISHED.finditer(text):
+            end = datetime.datetime.strptime(m[1], fmt)
+            if m[2] in started:
+                begin, rule = started[m[2]]
+                rules.setdefault(rule, []).append((end - begin).total_seconds())
+                ends.append(end)
+        if not ends:
+            raise ValueError(f"{path}: no finished job found (not a Snakemake log of a run?)")
+        walls.append((max(ends) - min(b for b, _ in started.values())).total_seconds())
+    return {"wall_seconds": walls,
+            "rules": {r: {"jobs": len(d), "seconds": sum(d), "longest": max(d)}
+                      for r, d in sorted(rules.items(), key=lambda kv: -sum(kv[1]))}}
+
+
+def publish(results: str | Path, bundle: str | Path, logs: list[str | Path] = ()) -> int:
     """Write the bundle of the finished sweep in ``results`` to ``bundle`` (replaced whole, atomically)
-    with its tables; returns the number of files. Figures are drawn into it by ``gmc report``."""
+    with its tables and, given Snakemake's ``logs`` of its run, its time per stage
+    (:func:`stage_times`); returns the number of files. Figures are drawn into it by ``gmc report``."""
     results = Path(results)
     if not (results / "train").is_dir():
         raise FileNotFoundError(f"{results}/train: not a results folder of a finished sweep")
+    stages = stage_times(list(logs)) if logs else None
     with atomic_dir(bundle) as tmp:
         for run in sorted((results / "train").glob("**/seed~*")):
             if parse_point(run) is None or not ((run / SUMMARY).exists() or (run / SHARED_FILE).exists()):
@@ -112,7 +145,8 @@ def publish(results: str | Path, bundle: str | Path) -> int:
             "commit": commits[0] if len(commits) == 1 else commits, "published_with": git_revision(),
             "made": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "machine": machine(), "threads": _threads(results, tmp), "packages": package_versions(),
-            "python": platform.python_version(), "from": str(results)})
+            "python": platform.python_version(), "from": str(results),
+            **({"stages": stages} if stages else {})})
         write_tables(tmp)
         count = sum(1 for p in tmp.rglob("*") if p.is_file())
     return count

@@ -139,3 +139,46 @@ def test_an_unreadable_bundle_or_results_folder_exits_2_naming_the_file(bundle, 
 def test_a_conclusion_holds_when_its_sign_stays_and_it_is_resolved_or_overlaps(new, resolved, verdict):
     c = Conclusion("gmc − grpo", (0.12, 0.06, 0.18), new, resolved)
     assert c.verdict == verdict and c.holds == verdict.startswith("holds")
+
+
+SNAKEMAKE_LOG = """Building DAG of jobs...
+[Fri Dec  4 13:03:12 2026]
+localrule train_config:
+    output: results/configs/train/algo~gmc/delay~0/group~8/seed~0.yaml
+    jobid: 15
+    resources: tmpdir=/tmp
+[Fri Dec  4 13:03:13 2026]
+Finished jobid: 15 (Rule: train_config)
+[Fri Dec  4 13:03:13 2026]
+rule train:
+    input: results/configs/train/algo~gmc/delay~0/group~8/seed~0.yaml
+    output: results/train/algo~gmc/delay~0/group~8/seed~0/summary.json
+    jobid: 3
+    reason: Missing output files
+[Fri Dec  4 13:03:14 2026]
+rule train:
+    output: results/train/algo~tic/delay~0/group~8/seed~0/summary.json
+    jobid: 4
+[Fri Dec  4 13:05:14 2026]
+Finished jobid: 3 (Rule: train)
+[Fri Dec  4 13:06:14 2026]
+Finished jobid: 4 (Rule: train)
+"""
+
+
+def test_a_bundle_records_the_time_of_each_stage_from_the_snakemake_logs(tmp_path):
+    """Two invocations of one sweep (a run continued): per rule its jobs, summed and longest
+    seconds over both logs; the wall time of each."""
+    first, second = tmp_path / "a.snakemake.log", tmp_path / "b.snakemake.log"
+    first.write_text(SNAKEMAKE_LOG)
+    second.write_text(SNAKEMAKE_LOG.replace("13:06:14", "13:04:14"))
+    out = tmp_path / "published"
+    main(["publish", "--results", str(sweep(tmp_path / "results")), "--out", str(out),
+          "--log", str(first), "--log", str(second)])
+    stages = json.loads((out / PROVENANCE).read_text())["stages"]
+    assert stages["wall_seconds"] == [182.0, 122.0]
+    assert stages["rules"] == {"train": {"jobs": 4, "seconds": 121 + 180 + 121 + 60, "longest": 180},
+                               "train_config": {"jobs": 2, "seconds": 2, "longest": 1}}
+    (tmp_path / "no_jobs.log").write_text("Building DAG of jobs...\nNothing to be done.\n")
+    with pytest.raises(ValueError, match="no_jobs.log: no finished job"):
+        publish(tmp_path / "results", out, [tmp_path / "no_jobs.log"])
