@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 import json
+import logging
 from collections import deque
 from dataclasses import dataclass, field, fields
 from functools import cached_property
@@ -22,6 +23,8 @@ import numpy as np
 
 from gmc.delays import DelayConfig
 from gmc.settings import ConfigError, to_dict
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # the module itself needs no torch
     from torch import Tensor
@@ -194,8 +197,11 @@ class FixedDelaySource(SyncSource):
         batches of the starting weights); returns the measurements of the calls it made."""
         self.started = True
         if self.warmup == "prefill":
+            every = max(1, self.d // 8)  # a line per eighth: a prefill at paper scale takes hours
             for k in range(self.d):
                 self.queue.append(self._generate(self.batch_prompts, version - self.d + k))
+                if (k + 1) % every == 0 or k + 1 == self.d:
+                    log.info("prefill: %d of %d batches generated", k + 1, self.d)
         return self._collected
 
     def load_prefill(self, state: dict, collected: list[Any]) -> None:
