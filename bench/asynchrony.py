@@ -65,7 +65,7 @@ def main() -> None:
                 if r >= 0:
                     rows[name].append(block)
         for trainer in trainers.values():
-            trainer.collector.close()
+            trainer.close()
 
     def median_of(name: str, key: str, r: int | None = None) -> float:
         blocks = rows[name] if r is None else [rows[name][r]]

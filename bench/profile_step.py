@@ -35,7 +35,7 @@ def main() -> None:
             trainer.train_step()
             trainer.step += 1
         profiler.stop()
-        trainer.collector.close()
+        trainer.close()
     text = profiler.output_text(unicode=False, color=False)
     name = "step_profile_" + "_".join(o.replace("=", "-") for o in overrides) if overrides else "trl_step_profile"
     write_text(RESULTS / f"{name}.txt", text)

@@ -253,6 +253,13 @@ class Trainer:
             state["cuda"] = torch.cuda.get_rng_state_all()
         return state
 
+    def _set_rng_state(self, rng: dict) -> None:
+        """Every random state :meth:`_rng_state` took: the process's (:func:`restore_rng_state`)
+        and the engine's streams."""
+        restore_rng_state(rng)
+        if rng.get("engine") is not None and hasattr(self.engine, "set_generator_state"):
+            self.engine.set_generator_state(rng["engine"])
+
     def save_checkpoint(self) -> None:
         """Write the checkpoint (see :mod:`gmc.rundir`); weights that are not finite are never written."""
         weights = self.model.state_dict()
@@ -288,10 +295,7 @@ class Trainer:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
-        restore_rng_state(state["rng"])
-        engine_state = state["rng"].get("engine")
-        if engine_state is not None and hasattr(self.engine, "set_generator_state"):
-            self.engine.set_generator_state(engine_state)
+        self._set_rng_state(state["rng"])
         self.cursor.load_state_dict(state["cursor"])
         self.source.load_state_dict(state["source"])
         self.step = state["step"]
@@ -341,14 +345,19 @@ class Trainer:
             keys = sorted(k for k in {**mine, **(theirs or {})} if (theirs or {}).get(k) != mine.get(k))
             raise ConfigError(f"--prefill {path}: made for other settings (differing: {', '.join(keys[:8])}); a run "
                               "shares the prefill of runs whose settings differ only in the estimator")
-        restore_rng_state(state["rng"])
-        if state["rng"].get("engine") is not None and hasattr(self.engine, "set_generator_state"):
-            self.engine.set_generator_state(state["rng"]["engine"])
+        self._set_rng_state(state["rng"])
         self.cursor.load_state_dict(state["cursor"])
         self.source.load_prefill(state["source"], state["collected"])
         log.info("%s: starts from the prefill %s (%d queued batches)", self.out, path, len(state["source"]["queue"]))
 
     # -- the loop -------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Shut the source (its workers), the collector (its grading pool) and the run directory (its lock)."""
+        self.source.close()
+        if self.collector:
+            self.collector.close()
+        self.rundir.close()
 
     def run(self) -> dict:
         """Train to ``cfg.steps``, checkpointing every ``checkpoint_every`` steps, every
@@ -403,11 +412,8 @@ class Trainer:
             self.rundir.finish(summary, cfg.keep_checkpoints)
         finally:
             try:  # the stop signals stay recorded while the workers and Ray shut down
-                self.source.close()
                 bar.close()
-                if self.collector:
-                    self.collector.close()
-                self.rundir.close()
+                self.close()
             finally:
                 STOP.restore()
         if tracker:
@@ -528,10 +534,7 @@ def main_prefill(config: str | None, overrides: list[str], out: str) -> None:
         try:
             trainer.write_prefill(out)
         finally:
-            trainer.source.close()
-            if trainer.collector:
-                trainer.collector.close()
-            trainer.rundir.close()
+            trainer.close()
 
 
 def main_train(config: str | None, overrides: list[str], out: str, resume: bool,

@@ -92,11 +92,11 @@ def test_kl_to_a_frozen_reference(tmp_path, tiny_model_dir, small_config):
     trainer = Trainer(cfg, tmp_path / "kl_setup", progress=False)
     ref = trainer.update.reference
     assert ref is not None and ref is not trainer.model and not any(p.requires_grad for p in ref.parameters())
-    trainer.collector.close()
+    trainer.close()
     plain = Trainer(load_train_config(None, [f"model={tiny_model_dir}", "device=cpu"]), tmp_path / "plain",
                     progress=False)
     assert plain.update.reference is None
-    plain.collector.close()
+    plain.close()
     metrics = train_half_right(tmp_path / "kl", small_config, lr=1e-3, micro_batch_tokens=64,
                                **{"estimator.kl_coef": 0.1})
     assert metrics[0]["loss/kl"] == 0  # the reference is the starting policy

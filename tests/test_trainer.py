@@ -66,7 +66,7 @@ def test_behaviour_logprobs_from_the_trainer_or_the_sampler(tmp_path, train_smal
         trainer = Trainer(small_config(**{"delay.d": 0 if on_policy else 2, "behaviour_logprobs": behaviour}),
                           tmp_path / f"{behaviour}-{on_policy}", progress=False)
         assert trainer.collector.behaviour == ("none" if on_policy else behaviour)
-        trainer.collector.close()
+        trainer.close()
     with pytest.raises(ConfigError, match="behaviour_logprobs: 'sampler' needs"):
         load_train_config(None, ["behaviour_logprobs=sampler", "sampling.temperature=0.7"])
 

@@ -105,26 +105,24 @@ FIGURE_FILES = [
 THEORY = [f"{RESULTS}/theory/{f}" for f in THEORY_FILES]
 
 
-def run_config(wildcards):
-    """The whole TrainConfig of the run at a point, as plain values (gmc.sweep.resolve_run)."""
-    point = Point(
+def point_of(wildcards):
+    """The sweep point a job's wildcards name."""
+    return Point(
         wildcards.algo, wildcards.delay, int(wildcards.group), int(wildcards.seed)
     )
-    return to_dict(resolve_run(config, point))
+
+
+def run_config(wildcards):
+    """The whole TrainConfig of the run at a point, as plain values (gmc.sweep.resolve_run)."""
+    return to_dict(resolve_run(config, point_of(wildcards)))
 
 
 def shared_run(wildcards):
     """The point whose run a shared point's is."""
-    return SHARED[
-        Point(
-            wildcards.algo, wildcards.delay, int(wildcards.group), int(wildcards.seed)
-        )
-    ]
+    return SHARED[point_of(wildcards)]
 
 
 def prefill_file(wildcards):
     """The shared prefill a point's run starts from (none where it generates its own)."""
-    point = Point(
-        wildcards.algo, wildcards.delay, int(wildcards.group), int(wildcards.seed)
-    )
+    point = point_of(wildcards)
     return [f"{RESULTS}/prefill/{PREFILLS[point][0]}.pt"] if point in PREFILLS else []
