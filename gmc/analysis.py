@@ -140,6 +140,21 @@ def main_table(runs: pd.DataFrame, base: pd.DataFrame) -> Rendered:
     return Rendered(table, to_markdown(table), to_latex(table))
 
 
+def runs_table(runs: pd.DataFrame, base: pd.DataFrame) -> Rendered:
+    """Every run's final scores, one row per (algorithm, delay, group, seed), each seed's base model
+    first: what the intervals of ``main`` are made of (a seed that never learnt shows here)."""
+    frame = with_benchmark_means(with_base(runs, base))
+    keys = ["algorithm", "delay", "group", "seed"]
+    table = frame[keys + [c for c in ("shared_with",) if c in frame.columns] + score_columns(frame)]
+    shown = table[keys].copy()
+    if "shared_with" in table.columns:
+        shown["algorithm"] = [a if pd.isna(w) else f"{a} (run of {w})"
+                              for a, w in zip(table["algorithm"], table["shared_with"])]
+    for col in score_columns(frame):
+        shown[pretty(col)] = ["-" if pd.isna(v) else f"{v:.3f}" for v in table[col]]
+    return Rendered(table.reset_index(drop=True), _markdown(shown), _latex(shown))
+
+
 def diagnostics_table(runs: pd.DataFrame, base: pd.DataFrame) -> Rendered:
     """Staleness, each estimator's own clip statistics, ESS, shortfall and step time."""
     own = [c for c in runs.columns if c.startswith("ratio/frac_")]

@@ -142,6 +142,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "time per stage goes into provenance.json")
     p.set_defaults(func=_publish)
 
+    p = sub.add_parser("quote-bundles", help="rewrite the blocks a document includes from a bundle "
+                       "(<!-- include PATH -->) and check that every number of its prose marked <!-- numbers from "
+                       "BUNDLE --> is printed in that bundle (exit 1, naming each line, where one is not)")
+    p.add_argument("docs", nargs="*", default=["README.md"])
+    p.add_argument("--check", action="store_true", help="change nothing: an included block that differs from its "
+                   "file fails too")
+    p.set_defaults(func=_quote_bundles)
+
     p = sub.add_parser("compare-results", help="a re-run's tables against a published bundle: every estimate, "
                        "and whether each published conclusion holds (exit 0: all hold, 1: not, 2: unreadable)")
     p.add_argument("bundle")
@@ -242,9 +250,11 @@ def _league_figure(args: argparse.Namespace) -> None:
 def _report(args: argparse.Namespace) -> None:
     from gmc.analysis import write_tables
     from gmc.plots import run_figures
+    from gmc.published import write_stages
 
     if args.what in ("tables", "report"):
         tables = write_tables(args.results)
+        write_stages(args.results)  # a bundle's time per stage, where its provenance records it
         print(f"tables: {', '.join(tables)} -> {args.results}/tables")
     if args.what in ("figures", "report"):
         paths = run_figures(args.results)
@@ -261,6 +271,21 @@ def _publish(args: argparse.Namespace) -> None:
     from gmc.published import publish
 
     print(f"{publish(args.results, args.out, args.log)} files -> {args.out}")
+
+
+def _quote_bundles(args: argparse.Namespace) -> None:
+    from gmc.quotes import refresh, stale_includes, unquoted
+
+    problems = []
+    for doc in args.docs:
+        if args.check:
+            problems += stale_includes(doc)
+        else:
+            print(f"{doc}: {refresh(doc)} included blocks rewritten")
+        problems += unquoted(doc)
+    for problem in problems:
+        print(problem, file=sys.stderr)
+    raise SystemExit(1 if problems else 0)
 
 
 def _compare_results(args: argparse.Namespace) -> None:

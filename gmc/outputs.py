@@ -35,6 +35,8 @@ class Output:
 TABLES: dict[str, Output] = {
     "main": Output("gmc.analysis:main_table",
                    "Scores per algorithm, delay and group size: mean ± 95% interval over seeds."),
+    "runs": Output("gmc.analysis:runs_table",
+                   "Every run's final scores, one row per seed, each seed's base model first."),
     "diagnostics": Output("gmc.analysis:diagnostics_table",
                           "Staleness and each estimator's clip, cap and weight statistics."),
     "paired": Output("gmc.analysis:paired_table",

@@ -35,7 +35,7 @@ from pathlib import Path
 import pandas as pd
 
 from gmc.analysis import make_tables, write_tables
-from gmc.io import atomic_dir, atomic_path, read_jsonl, write_json
+from gmc.io import atomic_dir, atomic_path, read_jsonl, write_json, write_text
 from gmc.rundir import CONFIG, GROUPS, INFO, METRICS, SUMMARY, git_revision, package_versions
 from gmc.sweep import SHARED_FILE, parse_point
 
@@ -112,6 +112,38 @@ def stage_times(logs: list[str | Path]) -> dict:
                       for r, d in sorted(rules.items(), key=lambda kv: -sum(kv[1]))}}
 
 
+STAGES = "stages.md"
+"""The bundle's time per stage as a Markdown table (from :data:`PROVENANCE`'s ``stages``)."""
+
+
+def _seconds(x: float) -> str:
+    return f"{x:,.0f} s"
+
+
+def stages_markdown(stages: dict) -> str:
+    """The sweep's wall time and, per Snakemake rule that took time, its jobs, their summed, mean
+    and longest seconds, longest stage first."""
+    walls = stages["wall_seconds"]
+    rules = {r: v for r, v in stages["rules"].items() if v["seconds"] > 0}
+    jobs = sum(v["jobs"] for v in stages["rules"].values())
+    lines = [f"Wall time {sum(walls) / 60:.1f} min ({_seconds(sum(walls))}"
+             + (f" over {len(walls)} invocations" if len(walls) > 1 else "") + f"), {jobs} jobs.", "",
+             "| stage (rule) | jobs | in all | mean | longest |", "|---|---|---|---|---|"]
+    lines += [f"| {r} | {v['jobs']} | {_seconds(v['seconds'])} | {_seconds(v['seconds'] / v['jobs'])} "
+              f"| {_seconds(v['longest'])} |" for r, v in sorted(rules.items(), key=lambda kv: -kv[1]["seconds"])]
+    return "\n".join(lines) + "\n"
+
+
+def write_stages(bundle: str | Path) -> Path | None:
+    """Write :data:`STAGES` from the bundle's provenance, where it records its stages."""
+    provenance = Path(bundle) / PROVENANCE
+    stages = json.loads(provenance.read_text()).get("stages") if provenance.exists() else None
+    if not stages:
+        return None
+    write_text(Path(bundle) / STAGES, stages_markdown(stages))
+    return Path(bundle) / STAGES
+
+
 def publish(results: str | Path, bundle: str | Path, logs: list[str | Path] = ()) -> int:
     """Write the bundle of the finished sweep in ``results`` to ``bundle`` (replaced whole, atomically)
     with its tables and, given Snakemake's ``logs`` of its run, its time per stage
@@ -148,6 +180,7 @@ def publish(results: str | Path, bundle: str | Path, logs: list[str | Path] = ()
             "python": platform.python_version(), "from": str(results),
             **({"stages": stages} if stages else {})})
         write_tables(tmp)
+        write_stages(tmp)
         count = sum(1 for p in tmp.rglob("*") if p.is_file())
     return count
 

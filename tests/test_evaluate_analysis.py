@@ -150,6 +150,11 @@ def test_a_base_model_per_seed_gives_the_base_row_an_interval(tmp_path):
     half = 4.30265273 * math.sqrt((0.06**2 + sum(x**2 for x in se) / 3) / 3)
     assert base["eval/synthetic/greedy:mean"] == pytest.approx(0.36)
     assert base["eval/synthetic/greedy:half"] == pytest.approx(half)
+    runs = write_tables(r)["runs"]  # what the interval is made of: one row per seed, base models first
+    assert [(a, s) for a, s in zip(runs["algorithm"], runs["seed"])] == [("base", 0), ("base", 1), ("base", 2),
+                                                                         ("gmc", 0)]
+    assert list(runs["eval/synthetic/greedy"]) == pytest.approx([0.30, 0.36, 0.42, 0.4])
+    assert "| base | - | 0 | 1 | - | 0.360 | - | 0.360 | - |" in (r / "tables" / "runs.md").read_text()
     # one base model for every seed (a hub model): one row, no interval
     shutil.rmtree(r / "eval" / "base")
     (r / "eval" / "base").mkdir()

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gmc.cli import main
-from gmc.published import PROVENANCE, Conclusion, compare, publish
+from gmc.published import PROVENANCE, STAGES, Conclusion, compare, publish
 
 SCORES = {"gmc": (0.60, 0.64, 0.62), "grpo": (0.40, 0.45, 0.41)}
 """Greedy accuracy per seed at delay 16: gmc − grpo is resolved."""
@@ -182,3 +182,54 @@ def test_a_bundle_records_the_time_of_each_stage_from_the_snakemake_logs(tmp_pat
     (tmp_path / "no_jobs.log").write_text("Building DAG of jobs...\nNothing to be done.\n")
     with pytest.raises(ValueError, match="no_jobs.log: no finished job"):
         publish(tmp_path / "results", out, [tmp_path / "no_jobs.log"])
+    # the same times as the bundle's Markdown table, longest stage first, redrawn by gmc report
+    text = (out / STAGES).read_text()
+    assert text.startswith("Wall time 5.1 min (304 s over 2 invocations), 6 jobs.")
+    assert text.index("| train | 4 | 482 s | 120 s | 180 s |") < text.index("| train_config | 2 | 2 s | 1 s | 1 s |")
+    (out / STAGES).unlink()
+    main(["tables", "--results", str(out)])
+    assert (out / STAGES).read_text() == text
+
+
+DOC = """# Results
+
+<!-- include published/tables/main.md -->
+stale
+<!-- end include -->
+
+<!-- numbers from published -->
+Staleness costs grpo −0.190 ({sign}) at temperature 0.6; the sweep took {wall}.
+<!-- end numbers -->
+"""
+
+
+def test_a_document_quotes_a_bundle_only_through_its_files(bundle, tmp_path, capsys):
+    """An included block is the bundle's file, rewritten from it; a number in a marked region that
+    the bundle does not print (a hand-typed or stale one) fails, naming the document's line."""
+    (bundle / "configs" / "eval.yaml").write_text("temperature: 0.6\n")
+    (bundle / PROVENANCE).write_text(json.dumps({"stages": {"wall_seconds": [4443.0], "rules": {
+        "train": {"jobs": 2, "seconds": 10.0, "longest": 6.0}}}}))
+    main(["tables", "--results", str(bundle)])
+    paired = (bundle / "tables" / "paired.md").read_text()
+    cost = next(line for line in paired.splitlines() if line.startswith("| grpo: stale − on-policy | 16 | 8 |"))
+    diff, sign = cost.split(" | ")[3].split(" ± ")[0], cost.split("(")[1].split(")")[0]
+    doc = tmp_path / "README.md"
+    doc.write_text(DOC.format(sign=sign, wall="74.0 min").replace("−0.190", diff.replace("-", "−")))
+    with pytest.raises(SystemExit) as stop:
+        main(["quote-bundles", "--check", str(doc)])
+    assert stop.value.code == 1 and "README.md:3: the block differs from published/tables/main.md" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:
+        main(["quote-bundles", str(doc)])
+    assert stop.value.code == 0
+    assert (bundle / "tables" / "main.md").read_text() in doc.read_text()
+    with pytest.raises(SystemExit) as stop:
+        main(["quote-bundles", "--check", str(doc)])
+    assert stop.value.code == 0
+    doc.write_text(doc.read_text().replace("74.0 min", "73.9 min").replace(f"({sign})", "(2/5)"))
+    with pytest.raises(SystemExit) as stop:
+        main(["quote-bundles", "--check", str(doc)])
+    err = capsys.readouterr().err
+    assert stop.value.code == 1
+    line = next(i for i, text in enumerate(doc.read_text().splitlines(), 1) if text.startswith("Staleness"))
+    assert f"README.md:{line}: 2/5 is not a number of published" in err and f"README.md:{line}: 73.9 min" in err
+    assert err.count("is not a number") == 2  # the sign-free difference and the temperature are the bundle's
