@@ -102,6 +102,10 @@ def _score_column(frame: pd.DataFrame) -> tuple[str, str]:
     return "score", "final training reward (last 20 steps)"
 
 
+SCORE_RANGE = (-0.05, 1.05)
+"""The score and reward axis: every score is a fraction of answers, every reward 0 or 1, so an
+interval over few seeds that reaches past [0, 1] is cut at the frame instead of stretching the axis."""
+
 CATEGORICAL_DELAYS = 4
 """Up to this many fixed delays are drawn as evenly spaced categories; more on a symlog axis
 ticked at the delays."""
@@ -170,6 +174,7 @@ def league_figure(regimes: dict[str, str | Path], out: Path) -> list[Path]:
         seeds = int(numeric.groupby(["algorithm", "delay"])["seed"].nunique().min())
         ax.set_title(f"{name}: G = {G}, {seeds} seeds")
         ax.set_ylabel(score_label)
+        ax.set_ylim(*SCORE_RANGE)
         ax.legend(fontsize=7, ncol=2)  # per panel: its estimators and seeds
     fig.suptitle("Final score vs delay per estimator; bars: 95% interval over seeds")
     return save_both(fig, Path(out), "league")
@@ -204,6 +209,7 @@ def reward_vs_step(frame: pd.DataFrame, out: Path) -> list[Path]:
         ax.set_xlabel("optimizer step")
     legend(fig, axes)
     axes[0].set_ylabel("rollout reward (10-step mean)")
+    axes[0].set_ylim(*SCORE_RANGE)  # rewards are 0 or 1
     fig.suptitle(f"Training reward of fresh rollouts, G = {G}; bands: 95% interval over seeds")
     return save_both(fig, out, "reward_vs_step")
 
@@ -228,6 +234,7 @@ def score_vs_delay(frame: pd.DataFrame, out: Path) -> list[Path]:
         ax.set_title(f"G = {g}")
     legend(fig, axes)
     axes[0].set_ylabel(score_label)
+    axes[0].set_ylim(*SCORE_RANGE)  # shared by the panels
     fig.suptitle("Final score vs delay; bars: 95% interval over seeds")
     return save_both(fig, out, "score_vs_delay")
 
@@ -252,6 +259,7 @@ def score_vs_group(frame: pd.DataFrame, out: Path) -> list[Path]:
         ax.set_title(delay_title(delay))
     legend(fig, axes)
     axes[0].set_ylabel(score_label)
+    axes[0].set_ylim(*SCORE_RANGE)  # shared by the panels
     fig.suptitle("Final score vs group size; bars: 95% interval over seeds")
     return save_both(fig, out, "score_vs_group")
 
