@@ -10,10 +10,14 @@ links are):
 - ``<!-- numbers from published/default -->`` ... ``<!-- end numbers -->``: prose whose every
   number must be printed in that bundle. :func:`unquoted` lists those that are not.
 
-A number, as both sides print it: a decimal (``0.176``, ``31.1%``; sign ignored, so that prose
-may say "costs 0.188" of a difference the table prints as ``-0.188``), a sign count (``4/4``)
-or a duration (``972 s``, ``74.0 min``; a decimal one, ``0.815 s``, may also be a decimal the
-bundle prints without its unit). Integers without a unit (seeds, steps, jobs) are the
+A number, as both sides print it: an estimate with its interval, as one (``-0.204 ± 0.100``,
+``+0.186 [+0.131, +0.240]``; signs must match), a lone decimal (``0.176``, ``31.1%``; sign
+ignored, so that prose may say "costs 0.188" of a difference the table prints as ``-0.188``), a
+sign count (``4/4``) or a duration (``972 s``, ``74.0 min``; a decimal one, ``0.815 s``, may
+also be a decimal the bundle prints without its unit). An estimate quoted with its interval
+cannot match by chance; a lone decimal is checked only to be one the bundle prints somewhere,
+which a number copied from an earlier run passes about as often as the bundle's tables cover
+three-decimal values, so quote estimates with their intervals. Integers without a unit (seeds, steps, jobs) are the
 sweep's configuration, not its results, and are not checked. The bundle's printed numbers are
 those of its Markdown files (tables, ``stages.md``) and of its configuration (``configs/``).
 """
@@ -27,20 +31,37 @@ from gmc.io import write_text
 
 INCLUDE = re.compile(r"<!-- include (?P<path>\S+) -->\n(?P<body>.*?)<!-- end include -->", re.S)
 NUMBERS = re.compile(r"<!-- numbers from (?P<path>\S+) -->\n(?P<body>.*?)<!-- end numbers -->", re.S)
+_SIGNED = r"[+\-−]?\d+\.\d+"
 DURATION = re.compile(r"(?<![\w.,])(\d{1,3}(?:,\d{3})+|\d+(?:\.\d+)?) (s|min)\b")
+INTERVAL = re.compile(rf"(?<![\w.])({_SIGNED})\s+±\s+(\d+\.\d+)(?!\.?\w)")  # \s: prose wraps lines
+BRACKETS = re.compile(rf"(?<![\w.])({_SIGNED})\s+\[({_SIGNED}),\s+({_SIGNED})\]")
 DECIMAL = re.compile(r"(?<![\w.])(\d+\.\d+%?)(?!\.?\w)")
 FRACTION = re.compile(r"(?<![\w./])(\d+/\d+)(?![\w/])")
 
 
+def _signed(x: str) -> str:
+    return x.replace("−", "-").lstrip("+")
+
+
+KINDS = (
+    (DURATION, lambda m: f"{m[1].replace(',', '')} {m[2]}"),
+    (INTERVAL, lambda m: f"{_signed(m[1])} ± {m[2]}"),
+    (BRACKETS, lambda m: f"{_signed(m[1])} [{_signed(m[2])}, {_signed(m[3])}]"),
+    (DECIMAL, lambda m: m[1]),
+    (FRACTION, lambda m: m[1]),
+)
+"""Each kind of number, in the order they are taken from a text, and its normal form."""
+
+
 def numbers(text: str) -> list[tuple[str, int]]:
-    """Every number of ``text`` (module docstring) with its offset, normalised: no sign, no
-    thousands separators, durations as ``<value> <unit>``."""
+    """Every number of ``text`` (module docstring) with its offset, in normal form: an estimate
+    with its interval as one (``-0.204 ± 0.100``, ``+0.186 [+0.131, +0.240]``: its signs must
+    match), a lone decimal without its sign, durations as ``<value> <unit>`` without thousands
+    separators."""
     found = []
-    for m in DURATION.finditer(text):
-        found.append((f"{m[1].replace(',', '')} {m[2]}", m.start()))
-    rest = DURATION.sub(lambda m: " " * len(m[0]), text)
-    found += [(m[1], m.start()) for m in DECIMAL.finditer(rest)]
-    found += [(m[1], m.start()) for m in FRACTION.finditer(rest)]
+    for pattern, normal in KINDS:
+        found += [(normal(m), m.start()) for m in pattern.finditer(text)]
+        text = pattern.sub(lambda m: " " * len(m[0]), text)
     return sorted(found, key=lambda x: x[1])
 
 
@@ -49,7 +70,9 @@ def bundle_numbers(bundle: Path) -> set[str]:
     files = [*bundle.rglob("*.md"), *(bundle / "configs").rglob("*.yaml")]
     if not files:
         raise FileNotFoundError(f"{bundle}: no tables or configuration to quote (not a bundle made by gmc publish?)")
-    return {n for path in files for n, _ in numbers(path.read_text())}
+    texts = [path.read_text() for path in files]
+    # every estimate with its interval, and each of its numbers alone
+    return {n for text in texts for n, _ in numbers(text)} | {m[1] for t in texts for m in DECIMAL.finditer(t)}
 
 
 def _line(text: str, offset: int) -> int:

@@ -41,3 +41,21 @@ def test_the_specification_lives_in_the_repository_with_its_provenance():
     assert "](docs/method.md)" in first_paragraph and "../shared" not in first_paragraph
     for doc in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
         assert "shared/docs" not in doc.read_text(), doc
+
+
+BUNDLES = ("default", "corrections", "corrections_long", "real_async")
+"""The published bundles: one per preset, each quoted by the README."""
+
+
+def test_every_number_the_readme_quotes_from_a_bundle_is_the_bundles():
+    """The README's tables are the bundles' files verbatim, and every number of its prose about a
+    bundle is printed in that bundle (``gmc quote-bundles --check``): none is copied by hand."""
+    from gmc.quotes import quoted_bundles, stale_includes, unquoted
+
+    readme = REPO / "README.md"
+    quoted = quoted_bundles(readme)
+    assert {f"published/{b}" for b in BUNDLES} <= set(quoted["numbers"])
+    for table in ("default/tables/main.md", "corrections/tables/league.md", "corrections_long/tables/league.md"):
+        assert f"published/{table}" in quoted["include"]
+    assert stale_includes(readme) == []
+    assert unquoted(readme) == []

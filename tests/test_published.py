@@ -198,7 +198,7 @@ stale
 <!-- end include -->
 
 <!-- numbers from published -->
-Staleness costs grpo −0.190 ({sign}) at temperature 0.6; the sweep took {wall}.
+Staleness costs grpo {cost} ({sign}), {lone} alone, at temperature 0.6; the sweep took {wall}.
 <!-- end numbers -->
 """
 
@@ -212,9 +212,11 @@ def test_a_document_quotes_a_bundle_only_through_its_files(bundle, tmp_path, cap
     main(["tables", "--results", str(bundle)])
     paired = (bundle / "tables" / "paired.md").read_text()
     cost = next(line for line in paired.splitlines() if line.startswith("| grpo: stale − on-policy | 16 | 8 |"))
-    diff, sign = cost.split(" | ")[3].split(" ± ")[0], cost.split("(")[1].split(")")[0]
+    cell = cost.split(" | ")[5]  # synthetic Pass@1, e.g. "-0.050 ± 0.035 (3/3) *"
+    estimate, sign = cell.split(" (")[0], cell.split("(")[1].split(")")[0]
+    diff, half = estimate.split(" ± ")
     doc = tmp_path / "README.md"
-    doc.write_text(DOC.format(sign=sign, wall="74.0 min").replace("−0.190", diff.replace("-", "−")))
+    doc.write_text(DOC.format(cost=estimate.replace("-", "−"), sign=sign, lone=diff.lstrip("-"), wall="74.0 min"))
     with pytest.raises(SystemExit) as stop:
         main(["quote-bundles", "--check", str(doc)])
     assert stop.value.code == 1 and "README.md:3: the block differs from published/tables/main.md" in capsys.readouterr().err
@@ -225,11 +227,32 @@ def test_a_document_quotes_a_bundle_only_through_its_files(bundle, tmp_path, cap
     with pytest.raises(SystemExit) as stop:
         main(["quote-bundles", "--check", str(doc)])
     assert stop.value.code == 0
-    doc.write_text(doc.read_text().replace("74.0 min", "73.9 min").replace(f"({sign})", "(2/5)"))
+    # a stale duration, a sign count and an interval that belongs to another estimate
+    other = next(c for c in (0.2, 0.3, 0.5) if f"{c:.3f}" not in half)
+    doc.write_text(doc.read_text().replace("74.0 min", "73.9 min").replace(f"({sign})", "(2/5)")
+                   .replace(f"± {half}", f"± {other:.3f}"))
     with pytest.raises(SystemExit) as stop:
         main(["quote-bundles", "--check", str(doc)])
     err = capsys.readouterr().err
     assert stop.value.code == 1
     line = next(i for i, text in enumerate(doc.read_text().splitlines(), 1) if text.startswith("Staleness"))
     assert f"README.md:{line}: 2/5 is not a number of published" in err and f"README.md:{line}: 73.9 min" in err
-    assert err.count("is not a number") == 2  # the sign-free difference and the temperature are the bundle's
+    assert f"README.md:{line}: {diff.lstrip('+')} ± {other:.3f} is not a number of published" in err
+    assert err.count("is not a number") == 3  # the lone difference and the temperature are the bundle's
+
+
+PUBLISHED = sorted(p.parent for p in (Path(__file__).resolve().parents[1] / "published").glob(f"*/{PROVENANCE}"))
+
+
+@pytest.mark.parametrize("published", PUBLISHED, ids=lambda p: p.name)
+def test_every_published_bundle_agrees_with_itself_and_its_tables_are_the_codes(published, tmp_path):
+    """A bundle of the repository read as the results side of the comparison: every estimate
+    inside its own interval, every conclusion holding; and its tables are what the code draws
+    from it today (a bundle whose tables went stale fails here, not in a reader's hands)."""
+    from gmc.analysis import write_tables
+
+    comparison = compare(published, published)
+    assert comparison.holds and all(c.inside is not False for c in comparison.checks)
+    write_tables(published, tmp_path)
+    for table in sorted(tmp_path.glob("*.md")):
+        assert table.read_text() == (published / "tables" / table.name).read_text(), table.name
