@@ -131,8 +131,9 @@ def unquoted(doc: str | Path) -> list[str]:
         body = INCLUDE.sub(lambda b: " " * len(b[0]), m["body"])
         start = m.start("body")
         for number, offset in numbers(body):
-            value = number.split(" ")[0]
-            if number not in known[m["path"]] and not ("." in value and value in known[m["path"]]):
+            value = number.split(" ")[0]  # a decimal duration may be printed without its unit
+            if number not in known[m["path"]] and not (DURATION.fullmatch(number) and "." in value
+                                                       and value in known[m["path"]]):
                 out.append(f"{doc}:{_line(text, start + offset)}: {number} is not a number of {m['path']}")
     return out
 

@@ -198,7 +198,8 @@ stale
 <!-- end include -->
 
 <!-- numbers from published -->
-Staleness costs grpo {cost} ({sign}), {lone} alone, at temperature 0.6; the sweep took {wall}.
+Staleness costs grpo {cost} ({sign}), {lone} alone, at temperature 0.6; gmc leads by {lead};
+the sweep took {wall}.
 <!-- end numbers -->
 """
 
@@ -215,8 +216,12 @@ def test_a_document_quotes_a_bundle_only_through_its_files(bundle, tmp_path, cap
     cell = cost.split(" | ")[5]  # synthetic Pass@1, e.g. "-0.050 ± 0.035 (3/3) *"
     estimate, sign = cell.split(" (")[0], cell.split("(")[1].split(")")[0]
     diff, half = estimate.split(" ± ")
+    ahead = next(line for line in paired.splitlines() if line.startswith("| gmc − grpo | 16 | 8 |"))
+    lead = ahead.split(" | ")[5].split(" (")[0]  # a positive estimate, e.g. "+0.200 ± 0.043"
+    lead_half = lead.split(" ± ")[1]
     doc = tmp_path / "README.md"
-    doc.write_text(DOC.format(cost=estimate.replace("-", "−"), sign=sign, lone=diff.lstrip("-"), wall="74.0 min"))
+    doc.write_text(DOC.format(cost=estimate.replace("-", "−"), sign=sign, lone=diff.lstrip("-"), lead=lead,
+                              wall="74.0 min"))
     with pytest.raises(SystemExit) as stop:
         main(["quote-bundles", "--check", str(doc)])
     assert stop.value.code == 1 and "README.md:3: the block differs from published/tables/main.md" in capsys.readouterr().err
@@ -227,18 +232,19 @@ def test_a_document_quotes_a_bundle_only_through_its_files(bundle, tmp_path, cap
     with pytest.raises(SystemExit) as stop:
         main(["quote-bundles", "--check", str(doc)])
     assert stop.value.code == 0
-    # a stale duration, a sign count and an interval that belongs to another estimate
+    # a stale duration, a sign count, and intervals that belong to other estimates (a negative and a positive one)
     other = next(c for c in (0.2, 0.3, 0.5) if f"{c:.3f}" not in half)
     doc.write_text(doc.read_text().replace("74.0 min", "73.9 min").replace(f"({sign})", "(2/5)")
-                   .replace(f"± {half}", f"± {other:.3f}"))
+                   .replace(f"± {half}", f"± {other:.3f}").replace(f"{lead}", lead.replace(lead_half, "0.999")))
     with pytest.raises(SystemExit) as stop:
         main(["quote-bundles", "--check", str(doc)])
     err = capsys.readouterr().err
     assert stop.value.code == 1
     line = next(i for i, text in enumerate(doc.read_text().splitlines(), 1) if text.startswith("Staleness"))
-    assert f"README.md:{line}: 2/5 is not a number of published" in err and f"README.md:{line}: 73.9 min" in err
+    assert f"README.md:{line}: 2/5 is not a number of published" in err and f"README.md:{line + 1}: 73.9 min" in err
     assert f"README.md:{line}: {diff.lstrip('+')} ± {other:.3f} is not a number of published" in err
-    assert err.count("is not a number") == 3  # the lone difference and the temperature are the bundle's
+    assert f"README.md:{line}: {lead.lstrip('+').replace(lead_half, '0.999')} is not a number" in err
+    assert err.count("is not a number") == 4  # the lone difference and the temperature are the bundle's
 
 
 PUBLISHED = sorted(p.parent for p in (Path(__file__).resolve().parents[1] / "published").glob(f"*/{PROVENANCE}"))
