@@ -147,9 +147,7 @@ def runs_table(runs: pd.DataFrame, base: pd.DataFrame) -> Rendered:
     keys = ["algorithm", "delay", "group", "seed"]
     table = frame[keys + [c for c in ("shared_with",) if c in frame.columns] + score_columns(frame)]
     shown = table[keys].copy()
-    if "shared_with" in table.columns:
-        shown["algorithm"] = [a if pd.isna(w) else f"{a} (run of {w})"
-                              for a, w in zip(table["algorithm"], table["shared_with"])]
+    shown["algorithm"] = _algorithm_labels(table)
     for col in score_columns(frame):
         shown[pretty(col)] = ["-" if pd.isna(v) else f"{v:.3f}" for v in table[col]]
     return Rendered(table.reset_index(drop=True), _markdown(shown), _latex(shown))
@@ -308,12 +306,18 @@ def _fmt(mean, half) -> str:
     return f"{mean:.3f}" if pd.isna(half) else f"{mean:.3f} ± {half:.3f}"
 
 
+def _algorithm_labels(table: pd.DataFrame) -> list[str]:
+    """Each row's algorithm; a run trained once for several estimators is shown under each, the
+    sharing one marked ``gmc (run of tic)``."""
+    if "shared_with" not in table.columns:
+        return list(table["algorithm"])
+    return [a if pd.isna(w) else f"{a} (run of {w})" for a, w in zip(table["algorithm"], table["shared_with"])]
+
+
 def _display(table: pd.DataFrame) -> pd.DataFrame:
     """``mean ± half-width`` cells (95% interval over seeds) with readable headers."""
     out = table[["algorithm", "delay", "group"]].copy()
-    if "shared_with" in table.columns:  # a run trained once for several estimators, shown under each
-        out["algorithm"] = [a if pd.isna(w) else f"{a} (run of {w})" for a, w in zip(table["algorithm"],
-                                                                                    table["shared_with"])]
+    out["algorithm"] = _algorithm_labels(table)
     for col in table.columns:
         if col.endswith(":mean"):
             name = col[: -len(":mean")]

@@ -134,14 +134,12 @@ def stages_markdown(stages: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_stages(bundle: str | Path) -> Path | None:
+def write_stages(bundle: str | Path) -> None:
     """Write :data:`STAGES` from the bundle's provenance, where it records its stages."""
     provenance = Path(bundle) / PROVENANCE
     stages = json.loads(provenance.read_text()).get("stages") if provenance.exists() else None
-    if not stages:
-        return None
-    write_text(Path(bundle) / STAGES, stages_markdown(stages))
-    return Path(bundle) / STAGES
+    if stages:
+        write_text(Path(bundle) / STAGES, stages_markdown(stages))
 
 
 def publish(results: str | Path, bundle: str | Path, logs: list[str | Path] = ()) -> int:

@@ -17,9 +17,10 @@ sign count (``4/4``) or a duration (``972 s``, ``74.0 min``; a decimal one, ``0.
 also be a decimal the bundle prints without its unit). An estimate quoted with its interval
 cannot match by chance; a lone decimal is checked only to be one the bundle prints somewhere,
 which a number copied from an earlier run passes about as often as the bundle's tables cover
-three-decimal values, so quote estimates with their intervals. Integers without a unit (seeds, steps, jobs) are the
-sweep's configuration, not its results, and are not checked. The bundle's printed numbers are
-those of its Markdown files (tables, ``stages.md``) and of its configuration (``configs/``).
+three-decimal values, so quote estimates with their intervals. Integers without a unit (seeds,
+steps, jobs) are the sweep's configuration, not its results, and are not checked. The bundle's
+printed numbers are those of its Markdown files (tables, ``stages.md``) and of its
+configuration (``configs/``).
 """
 
 from __future__ import annotations
