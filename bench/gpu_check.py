@@ -5,7 +5,7 @@ time limit, so a part that hangs, fails or breaks its CUDA context costs only it
 - ``estimators``: every estimator trained a few stale steps on CUDA (the device regression check);
 - ``memory_4b``: a random-init Qwen3-4B shape built on the GPU (no weights travel): the update's
   peak at budgets 8,192 / 16,384 / 32,768, with and without a 28 GiB allocation standing in for
-  vLLM, against the memory plan (gmc.memory);
+  vLLM, against the memory plan (gmc.policy.memory);
 - ``mfu_0.6b``, ``mfu_4b``: bench/update.py at each shape: one pass against a no-grad pass
   first, causal against masked attention, forwards per token and model-FLOPs utilisation (a
   stated number of micro-batches timed and extrapolated);
@@ -60,7 +60,7 @@ def qwen3_4b():
     weights, built on the device in float32 (the masters), with gradient checkpointing."""
     from common import random_qwen3
 
-    from gmc.memory import ModelShape
+    from gmc.policy.memory import ModelShape
 
     shape = ModelShape(64, 128, 2, 4, 2, 16, 1000, True) if SMALL else ModelShape.of("Qwen/Qwen3-4B")
     return random_qwen3(shape, DEVICE, checkpointing=True), shape
@@ -68,7 +68,7 @@ def qwen3_4b():
 
 def rows_for(budget: int, micro_batches: int, vocab: int):
     """Stale groups of 64 + 4,096-token rows (4,608 padded) filling ``micro_batches`` forwards."""
-    from gmc.asynchrony import Group
+    from gmc.rollouts.groups import Group
 
     P, T = (8, 56) if SMALL else (64, 4096)
     per = max(1, budget // (64 if SMALL else 4608))
@@ -81,10 +81,10 @@ def rows_for(budget: int, micro_batches: int, vocab: int):
 def memory_4b() -> dict:
     """Peak of one update plus the optimizer step, steady state (the 8-bit states exist), per budget,
     with and without a 28 GiB allocation for vLLM, against the plan."""
-    from gmc.config import load_train_config
-    from gmc.estimators import EstimatorConfig, get_estimator
-    from gmc.memory import GIB, plan
-    from gmc.update import Update
+    from gmc.estimators import REGISTRY, EstimatorConfig, get_estimator
+    from gmc.policy.memory import GIB, plan
+    from gmc.policy.update import Update
+    from gmc.run.config import load_train_config
 
     model, shape = qwen3_4b()
     opt = (__import__("bitsandbytes").optim.AdamW8bit if HAS_BNB else torch.optim.AdamW)(model.parameters(), lr=1e-6)
@@ -97,8 +97,8 @@ def memory_4b() -> dict:
     for budget in (8192, 16384, 32768):
         for vllm in (False, True):
             block = torch.empty(standin, dtype=torch.uint8, device=DEVICE) if vllm else None
-            update = Update(model, get_estimator("gmc"), EstimatorConfig(max_new_tokens=4096), budget, pad_id=0,
-                            chunk_size=1024, compute_dtype=torch.bfloat16)
+            update = Update(model, get_estimator("gmc"), REGISTRY["gmc"].resolved(EstimatorConfig()), budget, pad_id=0,
+                            chunk_size=1024, compute_dtype=torch.bfloat16, max_new_tokens=4096)
             sync()
             reset_peak()
             try:
@@ -129,8 +129,8 @@ def mfu(model: str) -> dict:
 
 def logprob_identity() -> dict:
     """A row's log-probs alone, beside other rows, and in a partial last micro-batch, on CUDA in bf16."""
-    from gmc.models import Qwen3Shape, qwen3_model
-    from gmc.update import Rows, sequence_logprobs
+    from gmc.policy.build import Qwen3Shape, qwen3_model
+    from gmc.policy.update import Rows, sequence_logprobs
 
     with torch.device(DEVICE):
         model = qwen3_model(Qwen3Shape(hidden_size=512, intermediate_size=1536, num_layers=4, num_heads=8,
@@ -153,7 +153,7 @@ def profile_micro_batch() -> dict:
     """The top CUDA kernels of one micro-batch forward/backward of the 4B shape (16,384 tokens)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from gmc.update import Rows, _forward, precision
+    from gmc.policy.update import Rows, _forward, precision
 
     model, shape = qwen3_4b()
     (g,) = rows_for(16384, 1, shape.vocab_size)
@@ -174,10 +174,10 @@ def profile_micro_batch() -> dict:
 
 def estimators() -> dict:
     """Three stale steps of every estimator on the tiny model, bfloat16 over float32 masters."""
-    from gmc.config import load_train_config
-    from gmc.estimator_info import REGISTRY
+    from gmc.estimators import REGISTRY
     from gmc.io import read_jsonl
-    from gmc.trainer import Trainer
+    from gmc.run.config import load_train_config
+    from gmc.run.trainer import Trainer
 
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -195,7 +195,7 @@ def estimators() -> dict:
 
 def setup() -> dict:
     """The tiny model the other parts read (its tokenizer, the estimators' runs), built when missing."""
-    from gmc.tiny import TinyModelConfig, build_tiny_model
+    from gmc.run.tiny_model import TinyModelConfig, build_tiny_model
 
     if (TOKENIZER / "config.json").exists():
         return {"tiny_model": str(TOKENIZER), "built": False}
@@ -204,7 +204,7 @@ def setup() -> dict:
 
 
 def _small_run(out: Path, *overrides: str):
-    from gmc.config import load_train_config
+    from gmc.run.config import load_train_config
 
     return load_train_config(None, [f"model={TOKENIZER}", f"device={DEVICE}", "model_dtype=bfloat16",
                                     f"optimizer={OPTIMIZER}", "delay.d=2", "micro_batch_tokens=256",
@@ -220,7 +220,7 @@ def resume_cuda() -> dict:
     import shutil
 
     from gmc.io import read_jsonl
-    from gmc.trainer import Trainer, without_time
+    from gmc.run.trainer import Trainer, without_time
 
     with tempfile.TemporaryDirectory() as tmp:
         straight, resumed = Path(tmp) / "straight", Path(tmp) / "resumed"
@@ -248,9 +248,9 @@ def vllm_cycle() -> dict:
         return {"skipped": "vllm is not installed"}
     from transformers import AutoTokenizer
 
-    from gmc.memory import GIB, plan
-    from gmc.models import Qwen3Shape, qwen3_model
-    from gmc.trainer import Trainer
+    from gmc.policy.build import Qwen3Shape, qwen3_model
+    from gmc.policy.memory import GIB, plan
+    from gmc.run.trainer import Trainer
 
     def used() -> float:
         free, total = torch.cuda.mem_get_info()

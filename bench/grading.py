@@ -14,9 +14,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import write_result  # noqa: E402
 
-from gmc.answers import extract_answer  # noqa: E402
-from gmc.data import load_dataset  # noqa: E402
-from gmc.rewards import Grader, _verify_worker, fast_verdict  # noqa: E402
+from gmc.tasks.answers import extract_answer  # noqa: E402
+from gmc.tasks.datasets import load_dataset  # noqa: E402
+from gmc.tasks.grading import Grader, _verify_worker, fast_verdict  # noqa: E402
 
 
 def rewrite(answer: str) -> str:

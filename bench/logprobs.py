@@ -14,12 +14,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 from common import interleaved, peak_rss_mb, write_result  # noqa: E402
 
-from gmc.policy import token_logprobs_from_hidden  # noqa: E402
+from gmc.policy.model import token_logprobs_from_hidden  # noqa: E402
 
 N, T, H, V = 8, 256, 256, 151_936
 SETUP = f"""
 import torch
-from gmc.policy import token_logprobs_from_hidden
+from gmc.policy.model import token_logprobs_from_hidden
 torch.manual_seed(0)
 hidden = torch.empty({N}, {T}, {H}).normal_().requires_grad_(True)
 weight = torch.empty({V}, {H}).normal_(0, 0.02).requires_grad_(True)  # in place: no temporary copy

@@ -2,7 +2,7 @@
 (``micro_batch_tokens``) against without (the whole batch in one pass).
 
 A Qwen3-architecture model at a realistic width for its vocabulary (151,936 entries, hidden
-512, 2 layers, tied embeddings; random init, built locally) takes one ``gmc.update.Update``
+512, 2 layers, tied embeddings; random init, built locally) takes one ``gmc.policy.update.Update``
 step (gmc estimator, stale groups, gradient checkpointing) on B x G rows of 16 prompt + 64
 response tokens, B x G from 4 to 32. Each measurement runs in a fresh process; the number
 reported is the growth of the peak resident memory during the step over the peak after a
@@ -24,9 +24,9 @@ PROMPT, RESPONSE = 16, 64
 STEP = """
 import resource, torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
-from gmc.asynchrony import Group
-from gmc.estimators import EstimatorConfig, get_estimator
-from gmc.update import Update
+from gmc.rollouts.groups import Group
+from gmc.estimators import REGISTRY, EstimatorConfig, get_estimator
+from gmc.policy.update import Update
 torch.manual_seed(0)
 torch.set_num_threads(2)
 cfg = Qwen3Config(vocab_size=151936, hidden_size=512, intermediate_size=1536, num_hidden_layers=2,
@@ -48,8 +48,8 @@ def groups(rows, G=4):
     return out
 
 def step(rows):
-    update = Update(model, get_estimator("gmc"), EstimatorConfig(max_new_tokens={response}), {budget}, pad_id=0,
-                    chunk_size=1024)
+    update = Update(model, get_estimator("gmc"), REGISTRY["gmc"].resolved(EstimatorConfig()), {budget}, pad_id=0,
+                    chunk_size=1024, max_new_tokens={response})
     update.backward(groups(rows, min(4, rows)), on_policy=False)
 
 step(2)

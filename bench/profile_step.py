@@ -16,7 +16,7 @@ from pyinstrument import Profiler  # noqa: E402
 from trl_step import our_config  # noqa: E402
 
 from gmc.io import write_text  # noqa: E402
-from gmc.trainer import Trainer  # noqa: E402
+from gmc.run.trainer import Trainer  # noqa: E402
 
 
 def main() -> None:

@@ -15,13 +15,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 from common import interleaved, write_result  # noqa: E402
 
-import gmc.rollout  # noqa: E402
-from gmc.data import PLAIN_TEMPLATE  # noqa: E402
-from gmc.decoding import HFDecoder  # noqa: E402
-from gmc.engines import SamplingConfig  # noqa: E402
-from gmc.policy import load_policy  # noqa: E402
-from gmc.rollout import HFEngine  # noqa: E402
-from gmc.synthetic import SyntheticTask  # noqa: E402
+import gmc.rollouts.hf_engine  # noqa: E402
+from gmc.policy.model import load_policy  # noqa: E402
+from gmc.rollouts.decoding import HFDecoder  # noqa: E402
+from gmc.rollouts.engines import SamplingConfig  # noqa: E402
+from gmc.rollouts.hf_engine import HFEngine  # noqa: E402
+from gmc.tasks.datasets import PLAIN_TEMPLATE  # noqa: E402
+from gmc.tasks.synthetic import SyntheticTask  # noqa: E402
 
 PROMPTS, N, MAX_NEW = 8, 8, 48
 
@@ -40,12 +40,12 @@ def main() -> None:
         tokens["ours"] = sum(s.length for g in groups for s in g)
 
     def ours_hf_forward():
-        lean = gmc.rollout.make_decoder
-        gmc.rollout.make_decoder = lambda model, capacity: HFDecoder(model)
+        lean = gmc.rollouts.hf_engine.make_decoder
+        gmc.rollouts.hf_engine.make_decoder = lambda model, capacity: HFDecoder(model)
         try:
             groups = engine.generate(prompts, N, sampling)
         finally:
-            gmc.rollout.make_decoder = lean
+            gmc.rollouts.hf_engine.make_decoder = lean
         tokens["ours_hf_forward"] = sum(s.length for g in groups for s in g)
 
     enc = tok([p for p in prompts for _ in range(N)], return_tensors="pt", padding=True)

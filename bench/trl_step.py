@@ -23,12 +23,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import write_result  # noqa: E402
 
-from gmc.config import load_train_config  # noqa: E402
-from gmc.data import PLAIN_TEMPLATE  # noqa: E402
 from gmc.io import read_jsonl  # noqa: E402
-from gmc.rewards import Grader  # noqa: E402
-from gmc.synthetic import SyntheticTask  # noqa: E402
-from gmc.trainer import Trainer  # noqa: E402
+from gmc.run.config import load_train_config  # noqa: E402
+from gmc.run.trainer import Trainer  # noqa: E402
+from gmc.tasks.datasets import PLAIN_TEMPLATE  # noqa: E402
+from gmc.tasks.grading import Grader  # noqa: E402
+from gmc.tasks.synthetic import SyntheticTask  # noqa: E402
 
 PROMPTS, G, MAX_NEW, LR = 8, 8, 48, 2e-4
 
@@ -58,7 +58,7 @@ def run_checkout(checkout: str, model_dir: str, steps: int, out: Path) -> dict:
     """:func:`run_ours` with the gmc of another checkout (and its own ``bench/trl_step.py`` settings),
     in a subprocess that imports that checkout first."""
     code = (f"import sys; sys.path.insert(0, {checkout!r}); sys.path.insert(1, {checkout + '/bench'!r})\n"
-            "import trl_step\nfrom gmc.trainer import Trainer\n"
+            "import trl_step\nfrom gmc.run.trainer import Trainer\n"
             f"Trainer(trl_step.our_config({model_dir!r}, {steps}), {str(out)!r}, progress=False).run()\n"
             "import gmc; print(gmc.__file__)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

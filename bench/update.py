@@ -1,4 +1,4 @@
-"""One update (gmc.update.Update.backward) two ways on the same rows, interleaved:
+"""One update (gmc.policy.update.Update.backward) two ways on the same rows, interleaved:
 
 - the work per token: a loss that needs no statistics of the batch (grpo) back-propagated
   micro-batch by micro-batch in one forward (``per_row``, what the trainer runs for it) against
@@ -30,10 +30,10 @@ import time
 import torch
 from common import interleaved, random_qwen3, write_result
 
-from gmc.asynchrony import Group
-from gmc.estimators import EstimatorConfig, get_estimator
-from gmc.memory import ModelShape
-from gmc.update import Rows, Update, padded_tokens, sequence_logprobs
+from gmc.estimators import REGISTRY, EstimatorConfig, get_estimator
+from gmc.policy.memory import ModelShape
+from gmc.policy.update import Rows, Update, padded_tokens, sequence_logprobs
+from gmc.rollouts.groups import Group
 
 
 def groups(vocab: int, B: int, G: int, lengths, prompt: int, seed: int = 0) -> list[Group]:
@@ -100,10 +100,11 @@ def measure(gpu: bool = False, micro_batches_timed: int = 4, rounds: int = 5, mo
     rows = Rows.from_groups(batch)
     tokens = sum(len(s) for s in rows.sequences)
     padded = sum(padded_tokens(rows, budget))
-    cfg = EstimatorConfig(max_new_tokens=1024)
+    cfg = EstimatorConfig()
 
     def update(name, **kw):
-        return Update(model, get_estimator(name), cfg, budget, pad_id=0, chunk_size=1024, compute_dtype=dtype, **kw)
+        return Update(model, get_estimator(name), REGISTRY[name].resolved(cfg), budget, pad_id=0, chunk_size=1024,
+                      compute_dtype=dtype, max_new_tokens=1024, **kw)
 
     updates = {"one_pass": update("grpo", per_row=True), "no_grad_pass_first": update("grpo", per_row=False),
                "causal": update("gmc", attention="causal"), "masked": update("gmc", attention="masked")}

@@ -28,13 +28,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("build-tiny-model", help="build and warm-start the tiny CPU policy")
     p.add_argument("--out", required=True, help="folder for the saved model and tokenizer")
-    _settings_arguments(p, "TinyModelConfig (gmc/tiny.py): shape and warm start")
+    _settings_arguments(p, "TinyModelConfig (gmc/run/tiny_model.py): shape and warm start")
     p.set_defaults(func=_build_tiny_model)
 
     p = sub.add_parser("build-random-model",
                        help="build a random-init Qwen3-architecture model with Qwen3's vocabulary (no download)")
     p.add_argument("--out", required=True, help="folder for the saved model and tokenizer")
-    _settings_arguments(p, "RandomModelConfig (gmc/random_model.py): shape and tokenizer")
+    _settings_arguments(p, "RandomModelConfig (gmc/run/random_model.py): shape and tokenizer")
     p.add_argument("--source", default="local", choices=["local", "hub"], help="where the MATH problems come from")
     p.add_argument("--data-root", default=None)
     p.set_defaults(func=_build_random_model)
@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_grade_oracle)
 
     p = sub.add_parser("train", help="train one run (asynchronous RL with the chosen estimator)")
-    _settings_arguments(p, "TrainConfig (gmc/config.py)")
+    _settings_arguments(p, "TrainConfig (gmc/run/config.py)")
     p.add_argument("--out", required=True, help="run directory")
     p.add_argument("--resume", action="store_true", help="continue from the run directory's checkpoint")
     p.add_argument("--evaluate", default=None, metavar="EVAL_CONFIG",
@@ -61,15 +61,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("prefill", help="write a fixed-delay run's prefill (the d batches of its starting weights), "
                        "which every run of the same settings but the estimator can start from (gmc train --prefill)")
-    _settings_arguments(p, "TrainConfig (gmc/config.py)")
+    _settings_arguments(p, "TrainConfig (gmc/run/config.py)")
     p.add_argument("--out", required=True, help="the prefill file (written atomically)")
     p.set_defaults(func=_prefill)
 
     p = sub.add_parser("plan-memory", help="the predicted peak memory of a training run, item by item, per phase",
-                       description="The memory plan of gmc.memory for a train config (--config/--set) or for the "
+                       description="The memory plan of gmc.policy.memory for a train config (--config/--set) or for the "
                                    "train section and model of a workflow preset (--preset); exit status 1 when "
                                    "it does not fit the given or detected GPU.")
-    _settings_arguments(p, "TrainConfig (gmc/config.py)")
+    _settings_arguments(p, "TrainConfig (gmc/run/config.py)")
     p.add_argument("--preset", default=None, help="a workflow config (config.yaml or workflow/presets/*.yaml)")
     p.add_argument("--point", default=None, metavar="algo~A/delay~D/group~G/seed~S",
                    help="with --preset: the sweep point to plan (default: its largest group and delay)")
@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("evaluate", help="greedy accuracy and Pass@1 of one checkpoint on benchmarks")
     p.add_argument("--model", required=True, help="checkpoint folder (a run's model/) or hub name")
     p.add_argument("--out", required=True, help="folder for <benchmark>.json and completions")
-    _settings_arguments(p, "EvalConfig (gmc/evaluate.py)")
+    _settings_arguments(p, "EvalConfig (gmc/run/evaluate.py)")
     p.add_argument("--benchmarks", nargs="+", default=None, help="shorthand for --set benchmarks=[...]")
     p.set_defaults(func=_evaluate)
 
@@ -145,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("quote-bundles", help="rewrite the blocks a document includes from a bundle "
                        "(<!-- include PATH -->) and check that every number of its prose marked <!-- numbers from "
                        "BUNDLE --> is printed in that bundle (exit 1, naming each line, where one is not)")
-    p.add_argument("docs", nargs="*", default=["README.md"])
+    p.add_argument("docs", nargs="*", help="the documents (default: README.md and every page under docs/)")
     p.add_argument("--check", action="store_true", help="change nothing: an included block that differs from its "
                    "file fails too")
     p.set_defaults(func=_quote_bundles)
@@ -175,14 +175,15 @@ def _settings_arguments(p: argparse.ArgumentParser, what: str) -> None:
 def _plan_memory(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from gmc.config import TrainConfig
-    from gmc.memory import GIB, checkpoint_host_bytes, device_limit, plan
+    from gmc.policy.memory import GIB, checkpoint_host_bytes, device_limit, plan
+    from gmc.run.config import TrainConfig
     from gmc.settings import apply_overrides, from_dict, load_config
 
     if args.preset:  # the run of the preset's sweep that needs the most memory, resolved as its job is
         from gmc.settings import load_yaml, to_dict
-        from gmc.sweep import Point, largest_point, resolve_run, sweep_points
-        from gmc.workflow import validate
+        from gmc.sweep.points import Point, largest_point, sweep_points
+        from gmc.sweep.resolve import resolve_run
+        from gmc.sweep.schema import validate
 
         preset = load_yaml(Path(args.preset).read_text())
         validate(preset)
@@ -212,9 +213,9 @@ def _prepare_data(args: argparse.Namespace) -> None:
     """Download or check every set named (default: all registered) and write the manifest."""
     from pathlib import Path
 
-    from gmc.data import data_root
     from gmc.io import write_json
-    from gmc.prepare import MANIFEST, check_manifest, prepare, registered
+    from gmc.tasks.datasets import data_root
+    from gmc.tasks.prepare import MANIFEST, check_manifest, prepare, registered
 
     names = ([args.train] if args.train else []) + list(args.benchmarks or [])
     manifest = prepare(names or registered(), args.data_root, args.source)
@@ -235,7 +236,7 @@ def _fetch_model(args: argparse.Namespace) -> None:
 
 
 def _league_figure(args: argparse.Namespace) -> None:
-    from gmc.plots import league_figure
+    from gmc.results.figures import league_figure
 
     regimes = {}
     for item in args.regime:
@@ -248,9 +249,9 @@ def _league_figure(args: argparse.Namespace) -> None:
 
 
 def _report(args: argparse.Namespace) -> None:
-    from gmc.analysis import write_tables
-    from gmc.plots import run_figures
-    from gmc.published import write_stages
+    from gmc.results.bundles import write_stages
+    from gmc.results.figures import run_figures
+    from gmc.results.tables import write_tables
 
     if args.what in ("tables", "report"):
         tables = write_tables(args.results)
@@ -262,22 +263,22 @@ def _report(args: argparse.Namespace) -> None:
 
 
 def _export(args: argparse.Namespace) -> None:
-    from gmc.published import export_results
+    from gmc.results.bundles import export_results
 
     print(f"{export_results(args.results, args.out)} files -> {args.out}")
 
 
 def _publish(args: argparse.Namespace) -> None:
-    from gmc.published import publish
+    from gmc.results.bundles import publish
 
     print(f"{publish(args.results, args.out, args.log)} files -> {args.out}")
 
 
 def _quote_bundles(args: argparse.Namespace) -> None:
-    from gmc.quotes import refresh, stale_includes, unquoted
+    from gmc.results.quotes import documents, refresh, stale_includes, unquoted
 
     problems = []
-    for doc in args.docs:
+    for doc in args.docs or documents():
         if args.check:
             problems += stale_includes(doc)
         else:
@@ -289,7 +290,7 @@ def _quote_bundles(args: argparse.Namespace) -> None:
 
 
 def _compare_results(args: argparse.Namespace) -> None:
-    from gmc.published import Unreadable, compare, report
+    from gmc.results.compare import Unreadable, compare, report
 
     try:
         comparison = compare(args.bundle, args.results)
@@ -301,24 +302,24 @@ def _compare_results(args: argparse.Namespace) -> None:
 
 
 def _theory(args: argparse.Namespace) -> None:
-    from gmc.theory import run_from_args  # scipy and pandas: only this command needs them
+    from gmc.theory.lab import run_from_args  # scipy and pandas: only this command needs them
 
     run_from_args(args)
 
 
 def _import(args: argparse.Namespace) -> None:
-    from gmc.published import import_results
+    from gmc.results.bundles import import_results
 
     print(f"{import_results(args.bundle, args.results)} files -> {args.results}")
 
 
 def _train(args: argparse.Namespace) -> int:
-    from gmc.rundir import STOP
+    from gmc.stop import STOP
 
     if (args.evaluate is None) != (args.eval_out is None):
         raise SystemExit("gmc train: --evaluate and --eval-out go together (the evaluation's config and its folder)")
     STOP.install()  # before the heavy imports: a stop signal during start-up is kept, not fatal
-    from gmc.trainer import PREEMPTED, Preempted, main_train
+    from gmc.run.trainer import PREEMPTED, Preempted, main_train
 
     evaluation = (args.evaluate, args.eval_out) if args.evaluate else None
     try:
@@ -331,13 +332,13 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _prefill(args: argparse.Namespace) -> None:
-    from gmc.trainer import main_prefill
+    from gmc.run.trainer import main_prefill
 
     main_prefill(args.config, args.overrides, args.out)
 
 
 def _evaluate(args: argparse.Namespace) -> None:
-    from gmc.evaluate import EvalConfig, evaluate
+    from gmc.run.evaluate import EvalConfig, evaluate
     from gmc.settings import load_config
 
     overrides = list(args.overrides)
@@ -351,7 +352,7 @@ def _evaluate(args: argparse.Namespace) -> None:
 
 def _mlflow_sync(args: argparse.Namespace) -> None:
     from gmc.io import write_json
-    from gmc.tracking import resolve_experiment, resolve_uri, sync_run, sync_sweep
+    from gmc.run.tracking import resolve_experiment, resolve_uri, sync_run, sync_sweep
 
     if not args.run_dirs and not args.sweep:
         raise ValueError("give run directories, --sweep RESULTS, or both")
@@ -368,8 +369,8 @@ def _mlflow_sync(args: argparse.Namespace) -> None:
 
 
 def _build_tiny_model(args: argparse.Namespace) -> None:
+    from gmc.run.tiny_model import TinyModelConfig, build_tiny_model
     from gmc.settings import load_config
-    from gmc.tiny import TinyModelConfig, build_tiny_model
 
     summary = build_tiny_model(args.out, load_config(TinyModelConfig, args.config, args.overrides))
     print(f"tiny model: {summary['parameters']:,} parameters, greedy accuracy {summary['greedy_accuracy']:.3f} "
@@ -377,7 +378,7 @@ def _build_tiny_model(args: argparse.Namespace) -> None:
 
 
 def _build_random_model(args: argparse.Namespace) -> None:
-    from gmc.random_model import RandomModelConfig, build_random_qwen3
+    from gmc.run.random_model import RandomModelConfig, build_random_qwen3
     from gmc.settings import load_config
 
     cfg = load_config(RandomModelConfig, args.config, args.overrides)
@@ -388,7 +389,7 @@ def _build_random_model(args: argparse.Namespace) -> None:
 
 def _grade_oracle(args: argparse.Namespace) -> None:
     from gmc.io import write_json
-    from gmc.rewards import grade_oracle
+    from gmc.tasks.grading import grade_oracle
 
     table = grade_oracle(args.benchmarks, root=args.data, timeout=args.timeout)
     for name, row in table.items():

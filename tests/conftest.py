@@ -5,11 +5,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import REPO, sweep
 
-from gmc.data import DEFAULT_DATA_ROOT_ENV, data_root
+from gmc.tasks.datasets import DEFAULT_DATA_ROOT_ENV, data_root
 
 SHARED = data_root()
-REPO = Path(__file__).resolve().parents[1]
 SMALL_RUN = dict(device="cpu", steps=3, group_size=4, prompts_per_step=3, checkpoint_every=0, seed=0)
 """A few-step training run of the tiny model (every key may be overridden)."""
 
@@ -33,7 +33,7 @@ def shared_data() -> Path:
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A briefly warm-started tiny policy, built once per test session."""
-    from gmc.tiny import TinyModelConfig, build_tiny_model
+    from gmc.run.tiny_model import TinyModelConfig, build_tiny_model
 
     out = tmp_path_factory.mktemp("models") / "tiny"
     build_tiny_model(out, TinyModelConfig(max_steps=60, eval_every=30, eval_problems=16, batch_size=32),
@@ -43,7 +43,7 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_policy(tiny_model_dir):
-    from gmc.policy import load_policy
+    from gmc.policy.model import load_policy
 
     return load_policy(str(tiny_model_dir), device="cpu")
 
@@ -52,7 +52,7 @@ def tiny_policy(tiny_model_dir):
 def small_config(tiny_model_dir):
     """``small_config(**overrides)``: the :class:`TrainConfig` of a small run of the tiny model
     (:data:`SMALL_RUN`; dotted keys as ``**{"delay.d": 2}``), loaded as ``gmc train --set`` does."""
-    from gmc.config import load_train_config
+    from gmc.run.config import load_train_config
 
     def make(**overrides):
         values = {"model": str(tiny_model_dir), **SMALL_RUN, **overrides}
@@ -66,7 +66,7 @@ def train_small(small_config):
     """``train_small(out, **overrides)``: train a :func:`small_config` run into ``out``; returns
     its metrics lines."""
     from gmc.io import read_jsonl
-    from gmc.trainer import Trainer
+    from gmc.run.trainer import Trainer
 
     def train(out, **overrides):
         Trainer(small_config(**overrides), out, progress=False).run()
@@ -149,3 +149,23 @@ def make_run_dir():
         return d
 
     return make
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    """Loading a model fails the test: what is checked before it loads."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model was loaded before the data was checked")
+
+    monkeypatch.setattr("gmc.run.trainer.load_policy", refuse)
+    monkeypatch.setattr("gmc.policy.model.load_policy", refuse)
+
+
+@pytest.fixture()
+def bundle(tmp_path):
+    """A published bundle of :func:`helpers.sweep`."""
+    out = tmp_path / "published"
+    from gmc.results.bundles import publish
+
+    publish(sweep(tmp_path / "results"), out)
+    return out

@@ -9,15 +9,13 @@ import shlex
 import subprocess
 import sys
 import tomllib
-from pathlib import Path
 
 import pytest
+from helpers import DOCS, REPO
 
 import gmc
 from gmc.cli import error_line, main
 from gmc.io import atomic_dir, write_json, write_text
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(autouse=True)
@@ -67,7 +65,7 @@ def test_logging_is_configured(tmp_path, make_run_dir):
     done = subprocess.run([sys.executable, "-m", "gmc", "mlflow-sync", str(run_dir), "--tracking-uri",
                            f"sqlite:///{tmp_path / 'm.db'}"], capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr
-    assert re.search(r"INFO gmc\.tracking: .*seed~0 -> MLflow run \w+ \(3 new steps\)", done.stderr)
+    assert re.search(r"INFO gmc\.run\.tracking: .*seed~0 -> MLflow run \w+ \(3 new steps\)", done.stderr)
 
 
 @pytest.mark.parametrize("umask, file_mode, dir_mode", [(0o022, 0o644, 0o755), (0o077, 0o600, 0o700),
@@ -99,8 +97,7 @@ def test_python_floor_and_licence():
 def documented_snakemake_commands() -> list[tuple[str, str]]:
     """Every ``snakemake ... --configfile ...`` command line in the README, the Makefile, the
     presets and the profiles."""
-    files = [REPO / "README.md", REPO / "Makefile", *REPO.glob("workflow/presets/*.yaml"),
-             *REPO.glob("workflow/profiles/*/config.yaml")]
+    files = [*DOCS, REPO / "Makefile", *REPO.glob("workflow/presets/*.yaml"), *REPO.glob("profiles/*/config.yaml")]
     found = []
     for f in files:
         for line in f.read_text().splitlines():
@@ -122,17 +119,17 @@ def test_documented_configfile_usage_keeps_a_following_target():
 
 
 def test_vllm_hint_names_a_real_key():
-    from gmc.config import TrainConfig
-    from gmc.evaluate import EvalConfig
+    from gmc.run.config import TrainConfig
+    from gmc.run.evaluate import EvalConfig
 
-    text = (REPO / "gmc" / "rollout.py").read_text()
+    text = (REPO / "gmc" / "rollouts" / "vllm_engine.py").read_text()
     hint = re.search(r"\(or set (\w+): hf in the train or evaluate config\)", text)
     assert hint and "rollout.engine" not in text
     assert hint.group(1) in TrainConfig.__dataclass_fields__ and hint.group(1) in EvalConfig.__dataclass_fields__
 
 
 def test_evaluation_progress_counts_completions(tmp_path, tiny_model_dir, capsys, monkeypatch):
-    import gmc.evaluate as ev
+    import gmc.run.evaluate as ev
 
     monkeypatch.setattr(ev, "SAMPLES_PER_CALL", 4)  # several engine calls per benchmark
     cfg = ev.EvalConfig(benchmarks=("synthetic",), samples={"synthetic": 2}, limit=5, device="cpu",

@@ -1,5 +1,5 @@
 """A stand-in for the ``vllm`` module with vLLM 0.33's signatures, for CPU tests of
-:class:`gmc.rollout.VLLMEngine`: every method the engine calls has the parameters of its
+:class:`gmc.rollouts.vllm_engine.VLLMEngine`: every method the engine calls has the parameters of its
 0.33 original (``vllm/entrypoints/llm.py``, ``vllm/sampling_params.py``,
 ``vllm/v1/worker/gpu_model_runner.py``), so a wrong name or argument fails as it would there,
 and the sleep rules of ``vllm/v1/engine/core.py`` hold: nothing is scheduled while any memory

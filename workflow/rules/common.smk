@@ -1,29 +1,31 @@
 # Sweep points, paths and helpers shared by the rules. Every output path names its parameters
-# (gmc.sweep.POINT); tables, figures and theory files come from the registries of gmc.outputs.
+# (gmc.sweep.points.POINT); tables, figures and theory files come from the registries of gmc.results.outputs.
 import os
 from pathlib import Path
 
-from gmc.outputs import FIGURES, TABLES, THEORY_FILES, figure_files, table_files
-from gmc.preflight import check_model_dir
+from gmc.results.outputs import FIGURES, TABLES, THEORY_FILES, figure_files, table_files
+from gmc.policy.preflight import check_model_dir
 from gmc.settings import to_dict
-from gmc.sweep import (
+from gmc.sweep.points import (
     ALGO_WILDCARD,
     base_eval_dirs,
     BUILT_MODELS,
     PER_SEED_MODELS,
     POINT,
-    SHARED_FILE,
     Point,
     delay_wildcard,
-    eval_values,
     model_dir,
     model_settings,
     per_seed_path,
+    sweep_points,
+)
+from gmc.sweep.resolve import (
+    SHARED_FILE,
+    eval_values,
     resolve_eval,
     resolve_run,
     shared_prefills,
     shared_runs,
-    sweep_points,
 )
 
 RESULTS = config["results"]
@@ -53,7 +55,7 @@ wildcard_constraints:
 
 
 MODEL_NAME = config["model"]["name"]
-# one base model for every seed, or one per seed (the tiny model's warm start: gmc.sweep.PER_SEED_MODELS)
+# one base model for every seed, or one per seed (the tiny model's warm start: gmc.sweep.points.PER_SEED_MODELS)
 MODEL_DIR = None if MODEL_NAME in PER_SEED_MODELS else model_dir(config)
 # a local folder of weights is used where it is (checked now, before any job: config, weights,
 # tokenizer); a hub id is fetched once into the results folder, a built model made there
@@ -105,6 +107,22 @@ FIGURE_FILES = [
 THEORY = [f"{RESULTS}/theory/{f}" for f in THEORY_FILES]
 
 
+def folder(side, key=0, up=1):
+    """A params function: the folder ``up`` levels above the rule's ``side`` ("input" or
+    "output") file ``key`` (an index or a name)."""
+
+    def folder_of(wildcards, input, output):
+        files = {"input": input, "output": output}[side]
+        path = getattr(files, key) if isinstance(key, str) else files[key]
+        return str(Path(path).parents[up - 1])
+
+    return folder_of
+
+
+# one training job: gmc train, and the requeue of a SLURM job stopped before its time limit
+TRAIN_SCRIPT = Path(workflow.basedir, "workflow", "scripts", "train.sh")
+
+
 def point_of(wildcards):
     """The sweep point a job's wildcards name."""
     return Point(
@@ -113,7 +131,7 @@ def point_of(wildcards):
 
 
 def run_config(wildcards):
-    """The whole TrainConfig of the run at a point, as plain values (gmc.sweep.resolve_run)."""
+    """The whole TrainConfig of the run at a point, as plain values (gmc.sweep.resolve.resolve_run)."""
     return to_dict(resolve_run(config, point_of(wildcards)))
 
 

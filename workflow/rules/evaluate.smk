@@ -4,6 +4,7 @@ rule eval_config:
         f"{RESULTS}/configs/eval.yaml",
     log:
         f"{RESULTS}/logs/eval_config.log",
+    localrule: True
     conda:
         CONDA_ENV
     params:
@@ -31,10 +32,10 @@ if not EVAL_WITH_TRAINING:
         resources:
             gpu=config["resources"]["eval_gpus"],
         params:
-            model=lambda wildcards, input: str(Path(input.summary).parent / "model"),
-            out=lambda wildcards, output: str(Path(output[0]).parent),
+            run=folder("input", "summary"),
+            out=folder("output"),
         shell:
-            "OMP_NUM_THREADS={threads} python -m gmc evaluate --model {params.model} --out {params.out} "
+            "OMP_NUM_THREADS={threads} python -m gmc evaluate --model {params.run}/model --out {params.out} "
             "--config {input.cfg} > {log} 2>&1"
 
 
@@ -57,7 +58,7 @@ rule evaluate_base:
     resources:
         gpu=config["resources"]["eval_gpus"],
     params:
-        out=lambda wildcards, output: str(Path(output[0]).parent),
+        out=folder("output"),
     shell:
         "OMP_NUM_THREADS={threads} python -m gmc evaluate --model {input.model} --out {params.out} "
         "--config {input.cfg} > {log} 2>&1"

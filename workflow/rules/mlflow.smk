@@ -3,7 +3,7 @@
 # only), and the import of every run with its evaluation scores at the end.
 import shlex
 
-from gmc.tracking import resolve_experiment, resolve_uri
+from gmc.run.tracking import resolve_experiment, resolve_uri
 
 MLFLOW_LIVE_URI = resolve_uri(config["mlflow"]["tracking_uri"], default=None)
 MLFLOW_URI = resolve_uri(
@@ -12,7 +12,7 @@ MLFLOW_URI = resolve_uri(
 MLFLOW_EXPERIMENT = resolve_experiment(config["mlflow"]["experiment"])
 MLFLOW_SWEEP = f"{RESULTS}/mlflow/sweep.json"
 # live logging (a tracking URI set): training jobs nest under the sweep's parent run, made first
-# (the runs' configs carry the URI and experiment: gmc.sweep.RUN_KEYS)
+# (the runs' configs carry the URI and experiment: gmc.sweep.resolve.RUN_KEYS)
 MLFLOW_TRAIN_INPUT = [MLFLOW_SWEEP] if MLFLOW_LIVE_URI else []
 
 
@@ -22,10 +22,11 @@ rule mlflow_sweep:
         MLFLOW_SWEEP,
     log:
         f"{RESULTS}/logs/mlflow_sweep.log",
+    localrule: True
     conda:
         CONDA_ENV
     params:
-        results=lambda wildcards, output: str(Path(output[0]).parents[1]),
+        results=folder("output", up=2),
         uri=shlex.quote(MLFLOW_URI),
         experiment=shlex.quote(MLFLOW_EXPERIMENT),
     shell:
@@ -42,13 +43,14 @@ rule mlflow_sync:
         MLFLOW_DONE,
     log:
         f"{RESULTS}/logs/mlflow_sync.log",
+    localrule: True
     conda:
         CONDA_ENV
     params:
         dirs=lambda wildcards, input: " ".join(
             str(Path(p).parent) for p in input.train if p.endswith("summary.json")
         ),
-        results=lambda wildcards, output: str(Path(output[0]).parents[1]),
+        results=folder("output", up=2),
         uri=shlex.quote(MLFLOW_URI),
         experiment=shlex.quote(MLFLOW_EXPERIMENT),
     shell:

@@ -1,5 +1,5 @@
 if MODEL_NAME in BUILT_MODELS:
-    # a model built per seed has a config and a folder per seed (gmc.sweep.PER_SEED_MODELS)
+    # a model built per seed has a config and a folder per seed (gmc.sweep.points.PER_SEED_MODELS)
 
     rule model_config:
         """The settings of the locally built base model (TinyModelConfig or RandomModelConfig)."""

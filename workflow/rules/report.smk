@@ -1,5 +1,5 @@
 rule tables:
-    """Every table of gmc.outputs.TABLES, in CSV, Markdown and LaTeX."""
+    """Every table of gmc.results.outputs.TABLES, in CSV, Markdown and LaTeX."""
     input:
         TRAIN_DONE,
         EVAL_DONE,
@@ -14,16 +14,17 @@ rule tables:
         ],
     log:
         f"{RESULTS}/logs/tables.log",
+    localrule: True
     conda:
         CONDA_ENV
     params:
-        results=lambda wildcards, output: str(Path(output[0]).parents[1]),
+        results=folder("output", up=2),
     shell:
         "python -m gmc tables --results {params.results} > {log} 2>&1"
 
 
 rule figures_from_results:
-    """Every figure of gmc.outputs.FIGURES from the run directories (PNG for the report, PDF beside it)."""
+    """Every figure of gmc.results.outputs.FIGURES from the run directories (PNG for the report, PDF beside it)."""
     input:
         TRAIN_DONE,
         EVAL_DONE,
@@ -46,9 +47,10 @@ rule figures_from_results:
         ],
     log:
         f"{RESULTS}/logs/figures.log",
+    localrule: True
     conda:
         CONDA_ENV
     params:
-        results=lambda wildcards, output: str(Path(output[0]).parents[1]),
+        results=folder("output", up=2),
     shell:
         "python -m gmc figures --results {params.results} > {log} 2>&1"

@@ -16,6 +16,6 @@ rule theory_lab:
     threads: 1
     params:
         quick="--quick" if config["theory"]["quick"] else "",
-        out=lambda wildcards, output: str(Path(output[0]).parent),
+        out=folder("output"),
     shell:
         "OMP_NUM_THREADS={threads} python -m gmc theory --out {params.out} {params.quick} > {log} 2>&1"

@@ -1,5 +1,5 @@
 rule train_config:
-    """The whole TrainConfig of one run (gmc.sweep.resolve_run): the train section with the sweep
+    """The whole TrainConfig of one run (gmc.sweep.resolve.resolve_run): the train section with the sweep
     point, the delay mode's section, the model, data, synthetic and mlflow settings. A changed key
     rewrites exactly the files of the runs it reaches, and those runs alone train again.
     """
@@ -7,6 +7,7 @@ rule train_config:
         f"{RESULTS}/configs/train/{POINT}.yaml",
     log:
         f"{RESULTS}/logs/train_config/{POINT}.log",
+    localrule: True
     conda:
         CONDA_ENV
     params:
@@ -38,7 +39,8 @@ rule train:
     resources:
         gpu=config["resources"]["train_gpus"],
     params:
-        dir=lambda wildcards, output: str(Path(output.summary).parent),
+        script=TRAIN_SCRIPT,
+        dir=folder("output", "summary"),
         evaluate=lambda wildcards, input, output: (
             f"--evaluate {input.eval_cfg[0]} --eval-out {Path(output.evaluations[0]).parent}"
             if EVAL_WITH_TRAINING
@@ -47,17 +49,10 @@ rule train:
         prefill=lambda wildcards, input: (
             f"--prefill {input.prefill}" if input.prefill else ""
         ),
-    # exit status 75: stopped by SIGTERM/SIGUSR1 with a checkpoint written. Under SLURM a job still
-    # RUNNING got its time-limit warning: it requeues itself and resumes, as often as the run needs
-    # (retries are not spent); a cancelled one (scancel: COMPLETING) is not requeued.
-    # The trap keeps this shell alive through the signal until the trainer has checkpointed.
+    # workflow/scripts/train.sh: exit status 75 (stopped with a checkpoint) requeues a SLURM job
     shell:
-        "trap true TERM USR1; OMP_NUM_THREADS={threads} TQDM_MININTERVAL=10 python -m gmc train --config {input.cfg} "
-        "--out {params.dir} --resume {params.evaluate} {params.prefill} > {log} 2>&1 "
-        '|| {{ status=$?; if [ $status = 75 ] && [ -n "${{SLURM_JOB_ID:-}}" ] '
-        '&& [ "$(squeue -h -j $SLURM_JOB_ID -o %T)" = RUNNING ]; then '
-        "scontrol requeue $SLURM_JOB_ID && sleep 3 && scontrol update JobId=$SLURM_JOB_ID StartTime=now; sleep 60; fi; "
-        "exit $status; }}"
+        "OMP_NUM_THREADS={threads} TQDM_MININTERVAL=10 bash {params.script} {log} --config {input.cfg} "
+        "--out {params.dir} --resume {params.evaluate} {params.prefill}"
 
 
 rule prefill:
@@ -95,6 +90,7 @@ rule share_run:
         f"{RESULTS}/train/{POINT}/{SHARED_FILE}",
     log:
         f"{RESULTS}/logs/share_run/{POINT}.log",
+    localrule: True
     conda:
         CONDA_ENV
     params:

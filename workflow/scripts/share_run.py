@@ -1,11 +1,11 @@
 """Record that a point shares another point's run (snakemake script): both configs are checked
-to train the same run (gmc.sweep.check_shared) before anything is written."""
+to train the same run (gmc.sweep.resolve.check_shared) before anything is written."""
 
 import sys
 
-from gmc.config import load_train_config
 from gmc.io import write_json
-from gmc.sweep import check_shared
+from gmc.run.config import load_train_config
+from gmc.sweep.resolve import check_shared
 
 sm = snakemake  # noqa: F821  (injected by Snakemake)
 sys.stderr = open(sm.log[0], "w")

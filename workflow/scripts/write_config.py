@@ -4,12 +4,12 @@ import sys
 
 import yaml
 
-from gmc.config import TrainConfig
-from gmc.evaluate import EvalConfig
 from gmc.io import write_text
-from gmc.random_model import RandomModelConfig
+from gmc.run.config import TrainConfig
+from gmc.run.evaluate import EvalConfig
+from gmc.run.random_model import RandomModelConfig
+from gmc.run.tiny_model import TinyModelConfig
 from gmc.settings import from_dict
-from gmc.tiny import TinyModelConfig
 
 sm = snakemake  # noqa: F821  (injected by Snakemake)
 sys.stderr = open(sm.log[0], "w")

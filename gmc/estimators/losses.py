@@ -1,0 +1,562 @@
+"""Policy-gradient estimators for stale rollouts (method.md sections 2 and 3).
+
+Every estimator is a pure function ``fn(logp, logp_behaviour, mask, advantages, cfg,
+ref_logp=None, *, max_new_tokens=None)`` returning ``(loss, stats)``. Shapes: ``logp``,
+``logp_behaviour``, ``mask`` are ``[B, G, T]`` (B prompts, G responses per prompt, T response
+tokens), ``advantages`` is ``[B, G]``. ``logp`` carries the gradient; ``logp_behaviour`` is
+treated as a constant. ``cfg`` holds the estimator's resolved settings (its registry entry's
+:meth:`~gmc.estimators.Estimator.resolved`: the aggregation and mask denominator filled in);
+``max_new_tokens`` is the generation's token limit, the divisor of ``seq_sum_const``, which the
+update passes (the run's ``sampling.max_new_tokens``).
+
+Each estimator is written as a *coefficient* on the per-token score: its gradient is
+``-aggregate(coef * grad log pi)``, with ``coef`` detached. The loss is
+``aggregate(-coef * exp(logp - sg(logp)))``: its value is the negative importance-weighted
+advantage (terms that a clip switches off contribute 0 instead of a constant) and its
+gradient is exactly the estimator's. Variants implemented:
+
+* ``grpo``: token ratio ``r = exp(l)``, PPO clip ``min(r A, clip(r, 1-eps_low, 1+eps_high) A)``.
+* ``tic`` (TIC-GRPO, arXiv 2508.02833): trajectory ratio ``rho = exp(sum_t l)`` with an
+  upper-only cap. ``truncate``: ``w = min(rho, 1+eps)`` detached. ``ppo_min``:
+  ``min(rho A, min(rho, 1+eps) A)`` differentiated through ``rho``.
+* ``gmc`` (GMC-GRPO): ``w_i = rho_i * min(1, (1+eps)/m)`` with ``m`` the group mean of ``rho``,
+  computed as ``(1+eps) * G * softmax(L)`` when capped, so it is exact for any finite ``L``.
+* ``is``: uncapped trajectory importance sampling, ``w = exp(min(L, is_log_ratio_clamp))``.
+* ``none``: ``w = 1`` (REINFORCE on stale samples).
+* ``gspo`` (arXiv 2507.18071): length-normalised sequence ratio ``s = exp(L / |y|)``, clipped
+  to ``[1-gspo_eps_low, 1+gspo_eps_high]`` PPO-style.
+* ``tis``: token-level truncated importance sampling, ``w_t = min(r_t, 1+eps)`` detached.
+* ``cispo``, ``icepop``, ``seq_mask``, ``m2po``, ``gmpo``, ``dppo``, ``sapo``: the off-policy
+  corrections verl, TRL, AReaL, SkyRL and prime-rl ship, in their single-update form (their docstrings name
+  the peers' config keys; method.md section 3).
+
+All ratio arithmetic is float32 and in log space. KL to a reference policy (k3 estimator) is
+added when ``kl_coef > 0`` and ``ref_logp`` is given.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from gmc.estimators.registry import AGGREGATIONS, DIVERGENCE_METRICS, EstimatorConfig
+
+TRAJECTORY_ALGORITHMS: tuple[str, ...] = ("tic", "gmc", "is", "none")
+ADV_EPS = 1e-6
+
+
+# ---------------------------------------------------------------------------------------------
+# Advantages and ratios
+
+
+def group_advantages(rewards: Tensor, scale: bool = True) -> Tensor:
+    """Group-normalised advantages ``(r - mean) / (std + 1e-6)`` per row of ``rewards [B, G]``.
+
+    ``std`` is the population std (``unbiased=False``); ``scale=False`` only centres. Groups
+    whose rewards are all equal get exactly zero.
+    """
+    r = rewards.float()
+    centred = r - r.mean(dim=-1, keepdim=True)
+    if not scale:
+        return centred
+    return centred / (r.std(dim=-1, unbiased=False, keepdim=True) + ADV_EPS)
+
+
+def advantages_for(rewards: Tensor, lengths: Tensor, cfg: EstimatorConfig) -> Tensor:
+    """Advantages as ``cfg`` asks: optional length correction, then :func:`group_advantages`."""
+    r = rewards.float()
+    if cfg.length_corrected:
+        r = r / lengths.float().clamp(min=1)
+    return group_advantages(r, scale=cfg.scale_advantages)
+
+
+def token_log_ratios(logp: Tensor, logp_behaviour: Tensor, mask: Tensor) -> Tensor:
+    """``l = logp - logp_behaviour`` per token, float32, exactly 0 on padding, ``[B, G, T]``."""
+    diff = logp.detach().float() - logp_behaviour.float()
+    return torch.where(mask.bool(), diff, torch.zeros_like(diff))
+
+
+def trajectory_log_ratios(logp: Tensor, logp_behaviour: Tensor, mask: Tensor) -> Tensor:
+    """``L = sum_t (logp - logp_behaviour)`` over response tokens, float32, ``[B, G]``."""
+    return token_log_ratios(logp, logp_behaviour, mask).sum(dim=-1)
+
+
+def log_group_mass(log_ratio: Tensor) -> Tensor:
+    """``log m = logsumexp_G(L) - log G`` per group, ``[B]``."""
+    return torch.logsumexp(log_ratio.float(), dim=-1) - math.log(log_ratio.shape[-1])
+
+
+def trajectory_weights(algorithm: str, log_ratio: Tensor, eps: float, is_clamp: float = 20.0) -> Tensor:
+    """Detached trajectory weights ``[B, G]`` from log-ratios ``L [B, G]``.
+
+    ``tic``: ``min(rho, 1+eps)``; ``gmc``: ``rho * min(1, (1+eps)/m)``; ``is``:
+    ``exp(min(L, is_clamp))``; ``none``: ones. ``tic`` and ``gmc`` are exact and finite for
+    every finite ``L``.
+    """
+    L = log_ratio.detach().float()
+    log_cap = math.log1p(eps)
+    if algorithm == "tic":
+        return torch.exp(torch.clamp(L, max=log_cap))
+    if algorithm == "gmc":
+        G = L.shape[-1]
+        capped = (log_group_mass(L) > log_cap).unsqueeze(-1)
+        rescaled = (1.0 + eps) * G * torch.softmax(L, dim=-1)
+        # an untouched group has m <= 1+eps, so each of its rho <= G (1+eps): the clamp is inert
+        untouched = torch.exp(torch.clamp(L, max=log_cap + math.log(G)))
+        return torch.where(capped, rescaled, untouched)
+    if algorithm == "is":
+        return torch.exp(torch.clamp(L, max=is_clamp))
+    if algorithm == "none":
+        return torch.ones_like(L)
+    raise ValueError(f"unknown trajectory-weight algorithm {algorithm!r}; expected one of {TRAJECTORY_ALGORITHMS}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared machinery
+
+
+def _aggregate(per_token: Tensor, mask: Tensor, how: str | None, max_new_tokens: int | None,
+               every_row: bool = True) -> Tensor:
+    """Reduce a masked ``[B, G, T]`` tensor to a scalar (see ``EstimatorConfig.aggregation``);
+    ``seq_sum_const`` divides each sequence's sum by ``max_new_tokens``, the generation's token
+    limit. ``every_row=False``: the mean over sequences counts only the rows ``mask`` keeps a token of."""
+    if how is None:
+        raise ValueError("aggregation is None: a loss takes its estimator's resolved settings, "
+                         "REGISTRY[algorithm].resolved(cfg)")
+    m = mask.float()
+    x = per_token * m
+    if how == "token_mean":
+        return x.sum() / m.sum().clamp(min=1.0)
+    if how == "seq_mean":
+        per_row = x.sum(-1) / m.sum(-1).clamp(min=1.0)
+    elif how == "seq_sum_const":
+        if max_new_tokens is None:
+            raise ValueError("seq_sum_const divides each sequence by the generation's token limit: pass max_new_tokens")
+        per_row = x.sum(-1) / max_new_tokens
+    else:
+        raise ValueError(f"unknown aggregation {how!r}; expected one of {AGGREGATIONS}")
+    if every_row:
+        return per_row.mean()
+    return per_row.sum() / (m.sum(-1) > 0).float().sum().clamp(min=1.0)
+
+
+def _pg_loss(
+    coef: Tensor,
+    logp: Tensor,
+    mask: Tensor,
+    cfg: EstimatorConfig,
+    ref_logp: Tensor | None,
+    max_new_tokens: int | None,
+    kept: Tensor | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """``aggregate(-coef * exp(logp - sg(logp)))`` (+ k3 KL); ``coef`` broadcasts to ``[B,G,T]``.
+    ``cfg`` holds the estimator's resolved settings (:meth:`gmc.estimators.Estimator.resolved`):
+    the aggregation is ``cfg.aggregation``. ``kept`` (bool, broadcasting to ``[B,G,T]``): what a
+    masking estimator keeps; its coefficient is 0 elsewhere, and under ``cfg.mask_denominator ==
+    "kept"`` the policy-gradient term divides by the kept tokens (and counts the responses that
+    keep one) instead of every valid one."""
+    how = cfg.aggregation
+    m = mask.bool()
+    lp = torch.where(m, logp.float(), torch.zeros_like(logp, dtype=torch.float32))
+    unit = torch.exp(lp - lp.detach())  # value 1, gradient grad logp; padding never reaches it
+    coef = torch.where(m, coef.detach().float().expand_as(lp), torch.zeros_like(lp))
+    if kept is not None and cfg.mask_denominator is None:
+        raise ValueError("mask_denominator is None: a loss takes its estimator's resolved settings, "
+                         "REGISTRY[algorithm].resolved(cfg)")
+    if kept is not None and cfg.mask_denominator == "kept":
+        pg = _aggregate(-coef * unit, m & kept.bool(), how, max_new_tokens, every_row=False)
+    else:
+        pg = _aggregate(-coef * unit, mask, how, max_new_tokens)
+    stats = {"loss/pg": float(pg.detach())}
+    loss = pg
+    if cfg.kl_coef > 0:
+        if ref_logp is None:
+            raise ValueError("EstimatorConfig.kl_coef > 0 needs ref_logp (reference log-probs)")
+        delta = torch.where(m, ref_logp.float() - lp, torch.zeros_like(lp))
+        kl = _aggregate(torch.exp(delta) - delta - 1.0, mask, how, max_new_tokens)
+        loss = loss + cfg.kl_coef * kl
+        stats["loss/kl"] = float(kl.detach())
+    stats["loss/total"] = float(loss.detach())
+    return loss, stats
+
+
+def _ratio_stats(log_ratio: Tensor, token_l: Tensor, mask: Tensor) -> dict[str, float]:
+    """Diagnostics every estimator reports: log-ratio and group-mass summaries, approx. KL."""
+    L = log_ratio.detach().float()
+    log_m = log_group_mass(L)
+    m = mask.bool()
+    l_tok = token_l.clamp(-50, 50)
+    k3 = torch.where(m, torch.expm1(l_tok) - l_tok, torch.zeros_like(l_tok))
+    q = torch.quantile(log_m, torch.tensor([0.5, 0.9], device=log_m.device))
+    return {
+        "ratio/log_ratio_mean": float(L.mean()),
+        "ratio/log_ratio_max": float(L.max()),
+        "ratio/log_ratio_min": float(L.min()),
+        "ratio/log_group_mass_p50": float(q[0]),
+        "ratio/log_group_mass_p90": float(q[1]),
+        "ratio/log_group_mass_max": float(log_m.max()),
+        "ratio/approx_kl": float(k3.sum() / m.sum().clamp(min=1)),
+    }
+
+
+def _weight_stats(w: Tensor, log_ratio: Tensor, shortfall: bool = True) -> dict[str, float]:
+    """ESS per group and, for weights that cap the ratios (``w <= rho``), the shortfall
+    ``sum(rho - w) / sum(rho)`` (log space)."""
+    w = w.float()
+    ess = w.sum(-1) ** 2 / (w.pow(2).sum(-1)).clamp(min=torch.finfo(torch.float32).tiny)
+    G = w.shape[-1]
+    stats = {
+        "ratio/ess": float(ess.mean()),
+        "ratio/ess_frac": float(ess.mean() / G),
+        "ratio/weight_mean": float(w.mean()),
+        "ratio/weight_max": float(w.max()),
+    }
+    if shortfall:
+        log_sum_w = torch.log(w.sum().clamp(min=torch.finfo(torch.float32).tiny))
+        log_sum_rho = torch.logsumexp(log_ratio.detach().float().flatten(), dim=0)
+        stats["ratio/shortfall"] = float(-torch.expm1(log_sum_w - log_sum_rho))
+    return stats
+
+
+def _frac(flags: Tensor, mask: Tensor) -> float:
+    """Fraction of the valid tokens where ``flags`` holds."""
+    m = mask.bool()
+    return float((flags & m).sum() / m.sum().clamp(min=1))
+
+
+def _check_shapes(logp: Tensor, logp_behaviour: Tensor, mask: Tensor, advantages: Tensor) -> None:
+    if logp.dim() != 3:
+        raise ValueError(f"logp must be [B, G, T], got shape {tuple(logp.shape)}")
+    if logp_behaviour.shape != logp.shape or mask.shape != logp.shape:
+        raise ValueError(
+            "logp, logp_behaviour and mask must share a shape; got "
+            f"{tuple(logp.shape)}, {tuple(logp_behaviour.shape)}, {tuple(mask.shape)}"
+        )
+    if advantages.shape != logp.shape[:2]:
+        raise ValueError(f"advantages must be [B, G] = {tuple(logp.shape[:2])}, got {tuple(advantages.shape)}")
+
+
+# ---------------------------------------------------------------------------------------------
+# The estimators
+
+
+def grpo_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *,
+              max_new_tokens: int | None = None):
+    """Vanilla GRPO: per-token PPO clip of ``r = exp(l)``."""
+    _check_shapes(logp, logp_behaviour, mask, advantages)
+    l_tok = token_log_ratios(logp, logp_behaviour, mask)
+    r = torch.exp(l_tok.clamp(max=50.0))
+    A = advantages.float().unsqueeze(-1).expand_as(r)
+    clipped = ((A > 0) & (r > 1 + cfg.eps_high)) | ((A < 0) & (r < 1 - cfg.eps_low))
+    coef = torch.where(clipped, torch.zeros_like(r), r * A)
+    loss, stats = _pg_loss(coef, logp, mask, cfg, ref_logp, max_new_tokens)
+    stats["ratio/frac_tokens_clipped"] = _frac(clipped, mask)
+    stats.update(_ratio_stats(l_tok.sum(-1), l_tok, mask))
+    return loss, stats
+
+
+def _trajectory_loss(algorithm: str):
+    def loss_fn(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *,
+                max_new_tokens: int | None = None):
+        _check_shapes(logp, logp_behaviour, mask, advantages)
+        l_tok = token_log_ratios(logp, logp_behaviour, mask)
+        L = l_tok.sum(-1)
+        A = advantages.float()
+        w = trajectory_weights(algorithm, L, cfg.eps, cfg.is_log_ratio_clamp)
+        coef = w * A
+        stats: dict[str, float] = {}
+        if algorithm == "tic":
+            capped = L > math.log1p(cfg.eps)
+            if cfg.tic_mode == "ppo_min":
+                # min(rho A, min(rho,1+eps) A): gradient rho A grad L unless A > 0 and rho capped.
+                rho = torch.exp(L.clamp(max=cfg.is_log_ratio_clamp))
+                coef = torch.where(capped & (A > 0), torch.zeros_like(A), rho * A)
+            stats["ratio/frac_traj_capped"] = float(capped.float().mean())
+        elif algorithm == "gmc":
+            capped = log_group_mass(L) > math.log1p(cfg.eps)
+            stats["ratio/frac_groups_capped"] = float(capped.float().mean())
+        loss, pg_stats = _pg_loss(coef.unsqueeze(-1), logp, mask, cfg, ref_logp, max_new_tokens)
+        stats.update(pg_stats)
+        # unit weights (none) are no cap of rho: they have no shortfall
+        stats.update(_weight_stats(w, L, shortfall=algorithm != "none"))
+        stats.update(_ratio_stats(L, l_tok, mask))
+        return loss, stats
+
+    loss_fn.__name__ = f"{algorithm}_loss"
+    loss_fn.__doc__ = (
+        f"Trajectory estimator ``{algorithm}``: detached weights from :func:`trajectory_weights`"
+        " times the advantage on every response token."
+        + (" ``cfg.tic_mode`` picks ``truncate`` or ``ppo_min``." if algorithm == "tic" else "")
+    )
+    return loss_fn
+
+
+tic_loss = _trajectory_loss("tic")
+gmc_loss = _trajectory_loss("gmc")
+is_loss = _trajectory_loss("is")
+none_loss = _trajectory_loss("none")
+
+
+def gspo_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *,
+              max_new_tokens: int | None = None):
+    """GSPO: ``s = exp(L/|y|)`` with PPO clip at sequence level; under ``seq_mean`` (its registry
+    default) the coefficient ``s A`` on every token is GSPO's ``s A grad(L/|y|)``."""
+    _check_shapes(logp, logp_behaviour, mask, advantages)
+    l_tok = token_log_ratios(logp, logp_behaviour, mask)
+    L = l_tok.sum(-1)
+    lengths = mask.float().sum(-1).clamp(min=1.0)
+    s = torch.exp((L / lengths).clamp(max=50.0))
+    A = advantages.float()
+    clipped = ((A > 0) & (s > 1 + cfg.gspo_eps_high)) | ((A < 0) & (s < 1 - cfg.gspo_eps_low))
+    coef = torch.where(clipped, torch.zeros_like(s), s * A)
+    loss, stats = _pg_loss(coef.unsqueeze(-1), logp, mask, cfg, ref_logp, max_new_tokens)
+    stats["ratio/frac_seq_clipped"] = float(clipped.float().mean())
+    stats.update(_ratio_stats(L, l_tok, mask))
+    return loss, stats
+
+
+def tis_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *,
+             max_new_tokens: int | None = None):
+    """Token-level truncated IS: ``min(r_t, 1+eps)`` detached times ``A``."""
+    _check_shapes(logp, logp_behaviour, mask, advantages)
+    l_tok = token_log_ratios(logp, logp_behaviour, mask)
+    log_cap = math.log1p(cfg.eps)
+    w_tok = torch.exp(l_tok.clamp(max=log_cap))
+    coef = w_tok * advantages.float().unsqueeze(-1)
+    loss, stats = _pg_loss(coef, logp, mask, cfg, ref_logp, max_new_tokens)
+    stats["ratio/frac_tokens_clipped"] = _frac(l_tok > log_cap, mask)
+    stats.update(_ratio_stats(l_tok.sum(-1), l_tok, mask))
+    return loss, stats
+
+
+# ---------------------------------------------------------------------------------------------
+# Corrections the field's RL systems ship (each with its peers' config keys). This trainer makes
+# one update per batch from the policy that scores it, so a proximal policy equals the current
+# one: decoupled PPO's proximal ratio is 1 and only the behaviour ratio ``r`` remains.
+
+
+def _token_ratio(l_tok: Tensor) -> Tensor:
+    """``r = exp(l)`` with ``l`` clamped to ``[-20, 20]`` as verl does, so ratios stay finite."""
+    return torch.exp(l_tok.clamp(-20.0, 20.0))
+
+
+def cispo_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *,
+               max_new_tokens: int | None = None):
+    """CISPO (MiniMax-M1, arXiv 2506.13585): ``-sg(clip(r, 1-cispo_eps_low, 1+cispo_eps_high)) A
+    log pi``; no token's gradient is ever zeroed. verl ``loss_mode=cispo`` (``clip_ratio_low``,
+    ``clip_ratio_high``), TRL ``loss_type="cispo"`` (``epsilon_high`` = ``1+cispo_eps_high``)."""
+    _check_shapes(logp, logp_behaviour, mask, advantages)
+    l_tok = token_log_ratios(logp, logp_behaviour, mask)
+    r = _token_ratio(l_tok)
+    w = r.clamp(1.0 - cfg.cispo_eps_low, 1.0 + cfg.cispo_eps_high)
+    loss, stats = _pg_loss(w * advantages.float().unsqueeze(-1), logp, mask, cfg, ref_logp, max_new_tokens)
+    stats["ratio/frac_tokens_clipped"] = _frac(w != r, mask)
+    stats.update(_ratio_stats(l_tok.sum(-1), l_tok, mask))
+    return loss, stats
+
+
+def icepop_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *,
+                max_new_tokens: int | None = None):
+    """Token-level masked IS (IcePop): ``r A`` on the tokens with ``icepop_low <= r <= icepop_high``,
+    0 elsewhere. verl ``rollout_is="token"`` with ``rollout_is_threshold="0.5_5.0"``, TRL
+    ``vllm_importance_sampling_mode="token_mask"``. Denominator ``all`` by default: both peers
+    zero the weight of a dropped token and keep it in the token count."""
+    _check_shapes(logp, logp_behaviour, mask, advantages)
+    l_tok = token_log_ratios(logp, logp_behaviour, mask)
+    r = _token_ratio(l_tok)
+    kept = (r >= cfg.icepop_low) & (r <= cfg.icepop_high)
+    coef = torch.where(kept, r, torch.zeros_like(r)) * advantages.float().unsqueeze(-1)
+    loss, stats = _pg_loss(coef, logp, mask, cfg, ref_logp, max_new_tokens, kept=kept)
+    stats["ratio/frac_tokens_masked"] = _frac(~kept, mask)
+    stats.update(_ratio_stats(l_tok.sum(-1), l_tok, mask))
+    return loss, stats
+
+
+def divergence_keep_mask(l_tok: Tensor, mask: Tensor, metric: str, low: float, high: float) -> Tensor:
+    """The valid tokens ``[B, G, T]`` that verl's rejection ``rollout_rs=metric`` keeps
+    (:data:`gmc.estimators.registry.DIVERGENCE_METRICS`, ``rollout_corr_helper``): with ``l`` clamped to
+    ``[-20, 20]`` as verl does, ``k1 = -l``, ``k2 = l^2 / 2`` and ``k3 = exp(l) - 1 - l`` per token,
+    taken per token (``token_*``) or summed, averaged or maximised over each response
+    (``seq_sum_*``, ``seq_mean_*``, ``seq_max_*``); a ``k1`` statistic is kept when
+    ``log(low) <= stat <= log(high)`` (no lower bound for ``low = 0``), a ``k2`` or ``k3`` one when
+    ``stat <= high``."""
+    m = mask.bool()
+    lr = l_tok.float().clamp(-20.0, 20.0)
+    level, k = metric.rsplit("_", 1)
+    per_token = {"k1": -lr, "k2": 0.5 * lr.pow(2), "k3": torch.exp(lr) - 1.0 - lr}[k]
+    if level == "token":
+        stat = per_token
+    elif level == "seq_max":
+        top = torch.where(m, per_token, torch.full_like(per_token, -math.inf)).amax(-1, keepdim=True)
+        stat = torch.where(torch.isinf(top), torch.zeros_like(top), top)
+    else:
+        total = torch.where(m, per_token, torch.zeros_like(per_token)).sum(-1, keepdim=True)
+        stat = total if level == "seq_sum" else total / m.sum(-1, keepdim=True).clamp(min=1)
+    if k == "k1":
+        keep = stat <= math.log(high)
+        if low > 0:
+            keep = keep & (stat >= math.log(low))
+    else:
+        keep = stat <= high
+    return m & keep
+
+
+def seq_mask_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *,
+                  max_new_tokens: int | None = None):
+    """Sequence-level masked IS: a response is dropped when its metric leaves
+    ``[seq_mask_low, seq_mask_high]``. ``seq_mask_metric="rho"``: the metric is the trajectory ratio
+    and a kept response is weighted by it (TRL ``vllm_importance_sampling_mode="sequence_mask"``,
+    verl ``rollout_is="sequence"`` with a ``lower_upper`` threshold); ``"geo_mean"``: the metric is
+    ``exp(L/|y|)`` and a kept response gets weight 1 (verl ``rollout_rs="seq_mean_k1"``, SkyRL
+    ``sequence_mask_metric``); one of verl's ``rollout_rs`` divergences (``token_k2``,
+    ``seq_mean_k3``, ``seq_max_k2``, ...): what :func:`divergence_keep_mask` keeps gets weight 1, the
+    ``token_*`` ones dropping single tokens. Denominator ``all`` by default, as TRL's
+    ``sequence_mask``, verl's sequence IS band and verl's bypass-mode rejection (which divides by
+    the batch's token count); verl's decoupled mode rejects by shrinking ``response_mask``, i.e.
+    ``mask_denominator="kept"``."""
+    _check_shapes(logp, logp_behaviour, mask, advantages)
+    l_tok = token_log_ratios(logp, logp_behaviour, mask)
+    L = l_tok.sum(-1)
+    m = mask.bool()
+    A = advantages.float()
+    if cfg.seq_mask_metric in DIVERGENCE_METRICS:
+        kept_tok = divergence_keep_mask(l_tok, mask, cfg.seq_mask_metric, cfg.seq_mask_low, cfg.seq_mask_high)
+        kept = ~(m & ~kept_tok).any(-1)  # the responses that keep every token
+        loss, stats = _pg_loss(kept_tok.float() * A.unsqueeze(-1), logp, mask, cfg, ref_logp, max_new_tokens,
+                               kept=kept_tok)
+        stats["ratio/frac_seq_masked"] = float((~kept).float().mean())
+        stats["ratio/frac_tokens_masked"] = _frac(~kept_tok, mask)
+        if not cfg.seq_mask_metric.startswith("token_"):
+            stats.update(_weight_stats(kept.float(), L, shortfall=False))
+        stats.update(_ratio_stats(L, l_tok, mask))
+        return loss, stats
+    lengths = mask.float().sum(-1).clamp(min=1.0)
+    log_low = math.log(cfg.seq_mask_low) if cfg.seq_mask_low > 0 else -math.inf
+    log_high = math.log(cfg.seq_mask_high)
+    stat = L if cfg.seq_mask_metric == "rho" else L / lengths
+    kept = (stat >= log_low) & (stat <= log_high)
+    if cfg.seq_mask_metric == "rho":
+        w = torch.where(kept, torch.exp(L.clamp(max=log_high)), torch.zeros_like(L))
+    else:
+        w = kept.float()
+    loss, stats = _pg_loss((w * A).unsqueeze(-1), logp, mask, cfg, ref_logp, max_new_tokens,
+                           kept=kept.unsqueeze(-1))
+    stats["ratio/frac_seq_masked"] = float((~kept).float().mean())
+    stats["ratio/frac_tokens_masked"] = _frac(~kept.unsqueeze(-1).expand_as(m), mask)
+    stats.update(_weight_stats(w, L, shortfall=cfg.seq_mask_metric == "rho"))
+    stats.update(_ratio_stats(L, l_tok, mask))
+    return loss, stats
+
+
+def m2po_keep_mask(l_tok: Tensor, mask: Tensor, tau: float) -> Tensor:
+    """M2PO's token mask ``[B, G, T]`` over the whole batch: sort the valid tokens by ``(log r)^2``
+    descending and drop the first ``k``, the least for which the mean of the rest is ``< tau``; if
+    no ``k`` gets there, all but the smallest one are dropped (AReaL's ``_apply_m2po_masking``).
+    Ties keep their order (stable sort)."""
+    m = mask.bool()
+    m2 = l_tok.float().pow(2)[m]
+    if m2.numel() == 0:
+        return m
+    sorted_m2, order = torch.sort(m2, descending=True, stable=True)
+    n = sorted_m2.numel()
+    counts = torch.arange(n, 0, -1, dtype=sorted_m2.dtype, device=m2.device)
+    suffix_mean = sorted_m2.flip(0).cumsum(0).flip(0) / counts
+    below = torch.nonzero(suffix_mean < tau)
+    k = int(below[0]) if below.numel() else n - 1
+    keep_sorted = torch.arange(n, device=m2.device) >= k
+    keep = torch.empty_like(keep_sorted)
+    keep[order] = keep_sorted
+    out = torch.zeros_like(m)
+    out[m] = keep
+    return out
+
+
+def m2po_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *,
+              max_new_tokens: int | None = None):
+    """M2PO (arXiv 2510.01161): ``r A`` on the tokens :func:`m2po_keep_mask` keeps (threshold
+    ``m2po_tau``, AReaL ``actor.m2_threshold``), no clip. AReaL measures ``(log r)^2`` between the
+    behaviour and the proximal policy; with one update per batch the proximal policy is the current
+    one. Denominator ``kept`` by default, as AReaL: its ``grpo_loss_fn`` narrows ``loss_mask`` to the
+    kept tokens before the loss divides by that mask's count."""
+    _check_shapes(logp, logp_behaviour, mask, advantages)
+    l_tok = token_log_ratios(logp, logp_behaviour, mask)
+    kept = m2po_keep_mask(l_tok, mask, cfg.m2po_tau)
+    r = _token_ratio(l_tok)
+    coef = torch.where(kept, r, torch.zeros_like(r)) * advantages.float().unsqueeze(-1)
+    loss, stats = _pg_loss(coef, logp, mask, cfg, ref_logp, max_new_tokens, kept=kept)
+    m = mask.bool()
+    stats["ratio/frac_tokens_masked"] = _frac(~kept, mask)
+    stats["ratio/m2"] = float(l_tok.pow(2)[m].mean()) if m.any() else 0.0
+    stats.update(_ratio_stats(l_tok.sum(-1), l_tok, mask))
+    return loss, stats
+
+
+def gmpo_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *,
+              max_new_tokens: int | None = None):
+    """GMPO (arXiv 2507.20673): ``-A exp(mean_t clip(l_t))`` with each token's log-ratio clipped
+    sign-aware before the geometric mean (to at most ``gmpo_clip_high`` for ``A > 0``, at least
+    ``-gmpo_clip_low`` for ``A < 0``); unlike ``gspo``, which clips the geometric mean itself.
+    verl ``loss_mode=geo_mean`` (``clip_ratio_low``, ``clip_ratio_high``). Gradient ``A s / |y|`` on
+    every unclipped token, which ``seq_mean`` (its registry default: verl takes the mean over
+    sequences) turns into GMPO's ``A s / |y|``."""
+    _check_shapes(logp, logp_behaviour, mask, advantages)
+    l_tok = token_log_ratios(logp, logp_behaviour, mask)
+    A = advantages.float().unsqueeze(-1).expand_as(l_tok)
+    clipped = ((A > 0) & (l_tok > cfg.gmpo_clip_high)) | ((A < 0) & (l_tok < -cfg.gmpo_clip_low))
+    l_clip = torch.where(clipped, l_tok.clamp(-cfg.gmpo_clip_low, cfg.gmpo_clip_high), l_tok)
+    lengths = mask.float().sum(-1).clamp(min=1.0)
+    s = torch.exp((l_clip.sum(-1) / lengths).clamp(max=50.0))
+    coef = torch.where(clipped, torch.zeros_like(A), A * s.unsqueeze(-1))
+    loss, stats = _pg_loss(coef, logp, mask, cfg, ref_logp, max_new_tokens)
+    stats["ratio/frac_tokens_clipped"] = _frac(clipped, mask)
+    stats.update(_ratio_stats(l_tok.sum(-1), l_tok, mask))
+    return loss, stats
+
+
+def dppo_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *,
+              max_new_tokens: int | None = None):
+    """DPPO, total-variation form (arXiv 2602.04879): mask a token whose probability moved more
+    than ``dppo_delta_high`` up (``A > 0``) or ``dppo_delta_low`` down (``A <= 0``); the rest get
+    ``min(r, dppo_ratio_cap) A``. verl ``loss_mode=dppo_tv`` (``clip_ratio_low``,
+    ``clip_ratio_high``, ``clip_ratio_c``), prime-rl's default loss. Denominator ``all`` by default:
+    verl multiplies the masked tokens' loss by 0 under the unchanged ``response_mask``, prime-rl
+    divides by the batch's loss-mask token count."""
+    _check_shapes(logp, logp_behaviour, mask, advantages)
+    l_tok = token_log_ratios(logp, logp_behaviour, mask)
+    m = mask.bool()
+    zeros = torch.zeros_like(l_tok)
+    dp = torch.where(m, torch.exp(logp.detach().float()) - torch.exp(logp_behaviour.float()), zeros)
+    A = advantages.float().unsqueeze(-1).expand_as(l_tok)
+    valid = torch.where(A > 0, dp <= cfg.dppo_delta_high, dp >= -cfg.dppo_delta_low)
+    coef = torch.where(valid, _token_ratio(l_tok).clamp(max=cfg.dppo_ratio_cap) * A, zeros)
+    loss, stats = _pg_loss(coef, logp, mask, cfg, ref_logp, max_new_tokens, kept=valid)
+    stats["ratio/frac_tokens_masked"] = _frac(~valid, mask)
+    stats.update(_ratio_stats(l_tok.sum(-1), l_tok, mask))
+    return loss, stats
+
+
+def sapo_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *,
+              max_new_tokens: int | None = None):
+    """SAPO (Soft Adaptive Policy Optimization, arXiv 2511.20347): a smooth sigmoid gate on the token
+    ratio in place of PPO's hard clip. The peers' loss is ``-f(r) A`` with
+    ``f(r) = sigmoid(tau (r - 1)) 4 / tau``, ``tau = sapo_tau_pos`` where ``A > 0`` and
+    ``sapo_tau_neg`` elsewhere; its gradient ``4 s (1 - s) r A grad log pi`` (``s = sigmoid(tau (r -
+    1))``) is the plain one at ``r = 1`` and fades smoothly, never to exactly 0, as ``r`` leaves 1.
+    verl ``loss_mode=sapo`` (``actor.tau_pos``, ``actor.tau_neg``; it takes the mean per sequence
+    whatever its ``loss_agg_mode``), TRL ``loss_type="sapo"`` (``sapo_temperature_pos``,
+    ``sapo_temperature_neg``; mean per sequence), AReaL ``actor.use_sapo_loss`` (which averages over
+    the batch's tokens instead). ``ratio/frac_tokens_damped``: the tokens whose gradient the gate at
+    least halves (``4 s (1 - s) <= 1/2``; at the default temperatures, ratios above about 2.76)."""
+    _check_shapes(logp, logp_behaviour, mask, advantages)
+    l_tok = token_log_ratios(logp, logp_behaviour, mask)
+    r = _token_ratio(l_tok)
+    A = advantages.float().unsqueeze(-1).expand_as(r)
+    tau = torch.where(A > 0, torch.full_like(r, cfg.sapo_tau_pos), torch.full_like(r, cfg.sapo_tau_neg))
+    x = tau * (r - 1.0)
+    damp = 4.0 * torch.sigmoid(x) * torch.sigmoid(-x)  # f'(r) = 4 s (1 - s), exact in both tails
+    loss, stats = _pg_loss(damp * r * A, logp, mask, cfg, ref_logp, max_new_tokens)
+    stats["ratio/frac_tokens_damped"] = _frac(damp <= 0.5, mask)
+    stats.update(_ratio_stats(l_tok.sum(-1), l_tok, mask))
+    return loss, stats

@@ -1,0 +1,88 @@
+"""The policy: loading a causal LM and memory-aware token log-probs.
+
+``token_logprobs_from_hidden`` computes ``log softmax(h W^T / temperature)[y]`` without
+materialising a ``[N, T, vocab]`` float32 log-softmax: the LM head and the log-softmax run over
+chunks of positions under activation checkpointing, so peak memory grows with the chunk, not
+the vocabulary times the sequence (the passes over rollouts that use it are in
+:mod:`gmc.policy.update`).
+
+The tiny CPU policy is built in ``gmc.run.tiny_model``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+from gmc.policy.preflight import check_model_dir
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(device: str = "auto") -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def load_policy(name_or_path: str, dtype: str = "float32", device: str = "auto",
+                gradient_checkpointing: bool = False):
+    """Load ``(model, tokenizer)`` by hub name or local path; the tokenizer pads on the left."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if dtype not in DTYPES:
+        raise ValueError(f"model dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    check_model_dir(name_or_path)  # a local folder lacking weights or tokenizer is named before loading
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=DTYPES[dtype])
+    except OSError as e:
+        raise OSError(
+            f"cannot load model {name_or_path!r}: {e}. Offline? Point model.name at a local folder "
+            "(for example one made by `gmc build-tiny-model`)."
+        ) from e
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+        model.config.use_cache = False
+    return model.to(resolve_device(device)), tokenizer
+
+
+def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
+    """Positions that start at 0 on the first real token of each left-padded row."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def _chunk_logprobs(head_weight: Tensor, hidden: Tensor, targets: Tensor, temperature: float) -> Tensor:
+    logits = (hidden @ head_weight.T).float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+def token_logprobs_from_hidden(head_weight: Tensor, hidden: Tensor, targets: Tensor,
+                               temperature: float = 1.0, chunk_size: int = 4096) -> Tensor:
+    """``log softmax(hidden @ W^T / temperature)[targets]`` for ``hidden [N, T, H]``, float32
+    ``[N, T]``, computed ``chunk_size`` positions at a time (checkpointed when it needs a gradient)."""
+    N, T, H = hidden.shape
+    flat_h, flat_t = hidden.reshape(N * T, H), targets.reshape(N * T)
+    pieces = []
+    for start in range(0, N * T, chunk_size):
+        h, t = flat_h[start : start + chunk_size], flat_t[start : start + chunk_size]
+        if torch.is_grad_enabled() and (h.requires_grad or head_weight.requires_grad):
+            pieces.append(checkpoint(_chunk_logprobs, head_weight, h, t, temperature, use_reentrant=False))
+        else:
+            pieces.append(_chunk_logprobs(head_weight, h, t, temperature))
+    return torch.cat(pieces).reshape(N, T)
+
+
+def parameter_bytes(model) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+

@@ -1,0 +1,298 @@
+"""The update (method.md section 7): per-token log-probs of a batch of rollouts and one step's
+gradient, within a token budget of padded tokens per forward. Every pass over rollouts (the
+behaviour pass, the KL reference, the training forward/backward) runs in *canonical
+micro-batches* (:func:`micro_batches`), so a row's log-probs do not depend on the rows it is
+batched with; :class:`Update` gives the gradient of the estimator's whole-batch loss with one
+forward and backward per micro-batch, and a no-grad pass first only for losses that need the
+batch's statistics before backward.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from gmc.estimators import EstimatorConfig, advantages_for
+from gmc.policy.model import token_logprobs_from_hidden
+
+MIN_QUANTUM = 8
+
+
+def canonical_length(n: int) -> int:
+    """The padded length of a row of ``n`` tokens: ``n`` rounded up to a multiple of
+    ``max(8, 2**floor(log2 n) / 8)``, a function of ``n`` alone (at most 12.5% padding, or 7 tokens).
+
+    A row is its prompt and response from position 0, right-padded to this length; rows of one
+    length are forwarded together. So a row meets the same tensor shape, code path and kernels
+    whichever rows share its batch, and with unchanged weights the behaviour log-probs of a stale
+    group equal its training log-probs exactly (different padding alone moves a bfloat16
+    trajectory by 3e-3 nats, enough to fire caps)."""
+    if n < 1:
+        raise ValueError(f"a row needs at least one token, got {n}")
+    quantum = max(MIN_QUANTUM, 1 << max(0, n.bit_length() - 4))
+    return -(-n // quantum) * quantum
+
+
+def micro_batches(lengths: Sequence[int], budget: int) -> list[list[int]]:
+    """Row indices per forward: rows of one canonical length together, at most ``budget`` padded
+    tokens per forward (one row at least); ``budget = 0``: a whole bucket per forward. Rows keep
+    their order within a bucket; buckets run shortest first."""
+    if budget < 0:
+        raise ValueError(f"budget must be >= 0, got {budget}")
+    buckets: dict[int, list[int]] = {}
+    for i, n in enumerate(lengths):
+        buckets.setdefault(canonical_length(n), []).append(i)
+    plan = []
+    for width in sorted(buckets):
+        rows = buckets[width]
+        per = len(rows) if budget == 0 else max(1, budget // width)
+        plan += [rows[k : k + per] for k in range(0, len(rows), per)]
+    return plan
+
+
+@dataclass
+class Rows:
+    """Rollout rows as the passes see them: each row's prompt+response token ids from position
+    0, with the prompt's length; ``lengths`` are response lengths (0 allowed: nothing to score)."""
+
+    sequences: list[Tensor]  # [P_i + R_i] int64
+    prompt_lengths: list[int]
+    lengths: list[int]
+
+    @classmethod
+    def from_groups(cls, groups) -> Rows:
+        """The rows of :class:`gmc.rollouts.groups.Group` s, group after group."""
+        seqs, prompts, lengths = [], [], []
+        for g in groups:
+            for j in range(g.response_ids.shape[0]):
+                n = int(g.response_mask[j].sum())
+                seqs.append(torch.cat([g.prompt_ids, g.response_ids[j, :n]]))
+                prompts.append(len(g.prompt_ids))
+                lengths.append(n)
+        return cls(seqs, prompts, lengths)
+
+    def __len__(self) -> int:
+        return len(self.sequences)
+
+    def plan(self, budget: int) -> list[list[int]]:
+        return micro_batches([len(s) for s in self.sequences], budget)
+
+
+Attention = Literal["causal", "masked"]
+"""How a canonical micro-batch attends [choice, ``attention``]. ``causal``: the right-padded rows
+go through the model with no attention mask, so attention is plain causal attention (SDPA's
+flash path, no ``[rows, 1, T, T]`` mask built); a real token attends only to the real tokens
+before it, and the padding after a row never reaches it, so its log-probs are those of the
+masked forward up to kernel rounding. ``masked``: an explicit padding mask (transformers builds
+the 4-D mask; SDPA computes the full square), kept as the reference."""
+
+
+def _forward(model, rows: Rows, idx: list[int], pad_id: int, temperature: float, chunk_size: int,
+             attention: Attention = "causal") -> Tensor:
+    """Response log-probs ``[len(idx), max response length]`` (float32; zero past each end) of
+    one canonical micro-batch; differentiable when grad is enabled."""
+    device = next(model.parameters()).device
+    width = canonical_length(len(rows.sequences[idx[0]]))
+    ids = torch.full((len(idx), width), pad_id, dtype=torch.long, device=device)
+    attn = torch.zeros((len(idx), width), dtype=torch.long, device=device) if attention == "masked" else None
+    T = max(1, max(rows.lengths[i] for i in idx))
+    start = torch.tensor([rows.prompt_lengths[i] for i in idx], device=device)
+    for k, i in enumerate(idx):
+        seq = rows.sequences[i]
+        ids[k, : len(seq)] = seq
+        if attn is not None:
+            attn[k, : len(seq)] = 1
+    # the hidden state at position p - 1 predicts token p: response token t of row k sits at
+    # start_k + t (clamped into the row; positions past the response end are masked by callers)
+    pos = (start.unsqueeze(1) + torch.arange(T, device=device).unsqueeze(0)).clamp(max=width - 1)
+    hidden = model.get_decoder()(input_ids=ids, attention_mask=attn).last_hidden_state
+    head = model.get_output_embeddings()
+    if getattr(head, "bias", None) is not None:
+        raise NotImplementedError("log-probs expect an LM head without bias")
+    h = hidden.gather(1, (pos - 1).unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
+    logp = token_logprobs_from_hidden(head.weight, h, ids.gather(1, pos), temperature, chunk_size)
+    live = torch.arange(T, device=device).unsqueeze(0) < torch.tensor([rows.lengths[i] for i in idx], device=device).unsqueeze(1)
+    return torch.where(live, logp, torch.zeros_like(logp))
+
+
+def precision(model, compute_dtype: torch.dtype | None):
+    """Autocast to ``compute_dtype`` when the model keeps wider (float32 master) parameters;
+    nothing when they already are in ``compute_dtype`` (or it is None)."""
+    params = next(model.parameters())
+    if compute_dtype is None or compute_dtype == params.dtype:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=params.device.type, dtype=compute_dtype)
+
+
+@contextlib.contextmanager
+def training_mode(model):
+    """Every pass over rollouts runs in training mode (the mode of the training forward),
+    restoring the model's mode afterwards."""
+    was = model.training
+    model.train()
+    try:
+        yield
+    finally:
+        model.train(was)
+
+
+def sequence_logprobs(model, rows: Rows, budget: int, pad_id: int, temperature: float = 1.0,
+                      chunk_size: int = 4096, compute_dtype: torch.dtype | None = None,
+                      attention: Attention = "causal") -> Tensor:
+    """No-grad response log-probs ``[N, T]`` (float32, on the model's device, zero past each
+    end; ``T`` the longest response, at least 1) in canonical micro-batches."""
+    device = next(model.parameters()).device
+    out = torch.zeros(len(rows), max(1, max(rows.lengths, default=1)), device=device)
+    with torch.no_grad(), training_mode(model), precision(model, compute_dtype):
+        for idx in rows.plan(budget):
+            lp = _forward(model, rows, idx, pad_id, temperature, chunk_size, attention)
+            out[torch.tensor(idx, device=device), : lp.shape[1]] = lp
+    return out
+
+
+class Update:
+    """The gradient of one optimizer step from a batch of groups, within ``budget`` padded tokens
+    per forward. :meth:`backward` leaves the gradient in the parameters' ``.grad`` and returns the
+    loss and the estimator's statistics.
+
+    The estimators' group-level quantities (``L``, the group mass, weights, advantages,
+    normalisers) depend on every row of a group, so a micro-batch cannot compute its own loss.
+    But every loss depends on the policy only through the per-token log-probs ``logp [B, G, T]``,
+    so its gradient is ``sum_t g_t grad logp_t`` with ``g = d loss / d logp``. With a budget the
+    step runs (1) a no-grad pass for every row's ``logp`` (skipped on-policy without KL, where
+    the ratios are exactly 1 and ``g`` does not depend on ``logp``), (2) the estimator on the
+    whole batch with ``logp`` as a leaf, giving the loss, its statistics and ``g``, (3) one
+    forward/backward per micro-batch of ``sum(g * logp)``. With ``per_row`` (the loss needs no
+    statistics of the batch: a row's ``g`` follows from its own log-probs,
+    :meth:`gmc.estimators.registry.Estimator.needs_batch_stats_under`) there is no pass (1): each
+    micro-batch's forward enters the whole-batch loss in place of its rows, the other rows held
+    at fixed values, and its backward gives those rows' gradient; the loss and statistics then
+    come from every row's log-probs of those forwards. So a step costs one forward and one
+    backward per token, not two forwards and one backward. Loss, statistics and gradient equal
+    the whole-batch step's (float32, to rounding). Without a budget (0) every canonical bucket
+    is forwarded with its graph kept and the loss back-propagated once."""
+
+    def __init__(self, model, loss_fn: Callable, est_cfg: EstimatorConfig, budget: int, pad_id: int,
+                 temperature: float = 1.0, chunk_size: int = 4096, reference=None,
+                 compute_dtype: torch.dtype | None = None, attention: Attention = "causal",
+                 per_row: bool = False, max_new_tokens: int | None = None):
+        if est_cfg.kl_coef > 0 and reference is None:
+            raise ValueError("kl_coef > 0 needs a reference model")
+        self.model, self.loss_fn, self.cfg, self.per_row = model, loss_fn, est_cfg, per_row
+        self.max_new_tokens = max_new_tokens
+        self.budget, self.pad_id, self.temperature, self.chunk_size = budget, pad_id, temperature, chunk_size
+        self.reference = reference if est_cfg.kl_coef > 0 else None
+        self.compute_dtype, self.attention = compute_dtype, attention
+
+    @classmethod
+    def from_config(cls, cfg, model, pad_id: int, reference=None) -> Update:
+        """The update of a run's :class:`~gmc.run.config.TrainConfig` ``cfg`` for ``model``: its
+        estimator's loss with the settings its registry entry resolves, the token limit of
+        ``seq_sum_const`` (``sampling.max_new_tokens``), budget, temperature, LM-head chunk,
+        compute dtype and attention, and whether its loss splits per row; every pass over
+        rollouts of a run (the trainer's, a rollout worker's behaviour pass) goes through one of these."""
+        from gmc.estimators import REGISTRY
+        from gmc.policy.model import DTYPES
+
+        estimator = REGISTRY[cfg.algorithm]
+        settings = estimator.resolved(cfg.estimator)
+        return cls(model, estimator.loss_function(), settings, cfg.micro_batch_tokens, pad_id,
+                   temperature=cfg.sampling.temperature, chunk_size=cfg.logprob_chunk_size, reference=reference,
+                   compute_dtype=DTYPES[cfg.model_dtype], attention=cfg.attention,
+                   per_row=not estimator.needs_batch_stats_under(settings),
+                   max_new_tokens=cfg.sampling.max_new_tokens)
+
+    def logprobs(self, model, rows: Rows) -> Tensor:
+        return sequence_logprobs(model, rows, self.budget, self.pad_id, self.temperature, self.chunk_size,
+                                 self.compute_dtype, self.attention)
+
+    def backward(self, groups, on_policy: bool) -> tuple[Tensor, dict[str, float], Tensor]:
+        """Back-propagate the estimator's loss on ``groups``; returns ``(loss, stats, rewards)``.
+        ``on_policy``: the groups were generated by the current weights and carry no behaviour
+        log-probs (the training forward gives them)."""
+        device = next(self.model.parameters()).device
+        rows = Rows.from_groups(groups)
+        B, G = len(groups), groups[0].response_ids.shape[0]
+        T = max(1, max(rows.lengths))
+        lengths = torch.tensor(rows.lengths, device=device).view(B, G)
+        mask = torch.arange(T, device=device).view(1, 1, T) < lengths.unsqueeze(-1)
+        rewards = torch.stack([g.rewards for g in groups]).to(device)
+        adv = advantages_for(rewards, lengths, self.cfg)
+        behaviour = None if on_policy else self._behaviour(groups, B, G, T, device)
+        ref = self.logprobs(self.reference, rows).to(device).view(B, G, T) if self.reference is not None else None
+        self.model.train()
+        if self.budget == 0:
+            logp = self._whole_batch_logprobs(rows, T).view(B, G, T)
+            loss, stats = self.loss_fn(logp, logp.detach() if on_policy else behaviour, mask, adv, self.cfg,
+                                       ref_logp=ref, max_new_tokens=self.max_new_tokens)
+            loss.backward()
+            return loss.detach(), stats, rewards
+        if on_policy and ref is None:
+            values = torch.zeros(B, G, T, device=device)  # ratios are exactly 1: g needs no log-probs
+        elif self.per_row:
+            loss, stats = self._row_by_row(rows, behaviour, mask, adv, ref)
+            return loss, stats, rewards
+        else:
+            values = self.logprobs(self.model, rows).view(B, G, T)
+        leaf = values.clone().requires_grad_(True)
+        loss, stats = self.loss_fn(leaf, values if on_policy else behaviour, mask, adv, self.cfg, ref_logp=ref,
+                                   max_new_tokens=self.max_new_tokens)
+        (coef,) = torch.autograd.grad(loss, leaf)
+        coef = coef.view(B * G, T)
+        for idx in rows.plan(self.budget):
+            with precision(self.model, self.compute_dtype):
+                lp = _forward(self.model, rows, idx, self.pad_id, self.temperature, self.chunk_size, self.attention)
+            at = torch.tensor(idx, device=device)
+            (lp * coef[at, : lp.shape[1]]).sum().backward()
+        return loss.detach(), stats, rewards
+
+    def _row_by_row(self, rows: Rows, behaviour: Tensor | None, mask: Tensor, adv: Tensor,
+                    ref: Tensor | None) -> tuple[Tensor, dict[str, float]]:
+        """The micro-batched step of a loss that splits per row (``behaviour`` None: on-policy,
+        the rows' own log-probs are their behaviour); returns the loss and statistics."""
+        B, G, T = mask.shape
+        values = torch.zeros(B * G, T, device=mask.device)  # every row's log-probs, filled as forwarded
+        held = values if behaviour is None else behaviour.reshape(B * G, T)  # the other rows: any finite values
+        for idx in rows.plan(self.budget):
+            with precision(self.model, self.compute_dtype):
+                lp = _forward(self.model, rows, idx, self.pad_id, self.temperature, self.chunk_size, self.attention)
+            at = torch.tensor(idx, device=mask.device)
+            logp = held.index_put((at,), torch.nn.functional.pad(lp, (0, T - lp.shape[1]))).view(B, G, T)
+            loss, _ = self.loss_fn(logp, logp.detach() if behaviour is None else behaviour, mask, adv, self.cfg,
+                                   ref_logp=ref, max_new_tokens=self.max_new_tokens)
+            loss.backward()
+            values[at, : lp.shape[1]] = lp.detach()
+        logp = values.view(B, G, T)
+        with torch.no_grad():
+            return self.loss_fn(logp, logp if behaviour is None else behaviour, mask, adv, self.cfg, ref_logp=ref,
+                                max_new_tokens=self.max_new_tokens)
+
+    def _behaviour(self, groups, B: int, G: int, T: int, device) -> Tensor:
+        out = torch.zeros(B, G, T, device=device)
+        for k, g in enumerate(groups):
+            lp = g.behaviour_logp
+            out[k, :, : lp.shape[1]] = lp[:, :T].to(device)
+        return out
+
+    def _whole_batch_logprobs(self, rows: Rows, T: int) -> Tensor:
+        """``[N, T]`` with the graph of every canonical bucket kept (no budget)."""
+        pieces, order = [], []
+        for idx in rows.plan(0):
+            with precision(self.model, self.compute_dtype):
+                lp = _forward(self.model, rows, idx, self.pad_id, self.temperature, self.chunk_size, self.attention)
+            pieces.append(torch.nn.functional.pad(lp, (0, T - lp.shape[1])))
+            order += idx
+        device = pieces[0].device
+        inverse = torch.empty(len(order), dtype=torch.long, device=device)
+        inverse[torch.tensor(order, device=device)] = torch.arange(len(order), device=device)
+        return torch.cat(pieces).index_select(0, inverse)
+
+
+def padded_tokens(rows: Rows, budget: int) -> list[int]:
+    """Padded tokens of each forward of the plan (for tests and memory reports)."""
+    return [len(idx) * canonical_length(len(rows.sequences[idx[0]])) for idx in rows.plan(budget)]

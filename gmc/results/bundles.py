@@ -1,0 +1,152 @@
+"""Published results: a bundle, the folder that redraws a sweep's tables and figures with no
+training, and its archive.
+
+A bundle (``published/default/`` for the default run) is a results folder without checkpoints,
+models or completions: per run its ``summary.json``, ``config.yaml``, ``run.json`` (or
+``shared.json``), its per-step curves reduced to what the figures read
+(:data:`FIGURE_FIELDS`), every evaluation's scores, the resolved configuration (the runs'
+``config.yaml``, ``configs/`` of the evaluation and the base models), the tables and figures,
+and :data:`PROVENANCE` (the commit, the machine, the thread counts the runs recorded).
+``gmc report --results <bundle>`` redraws its tables and figures from it alone.
+:func:`export_results` packs the same bundle into one ``.tar.gz`` to carry it elsewhere, and
+:func:`import_results` unpacks it into a results folder.
+Given Snakemake's logs of the sweep's run, a bundle records its time per stage
+(:mod:`gmc.results.stages`). A re-run is judged against a bundle by :mod:`gmc.results.compare`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import shutil
+import tarfile
+import tempfile
+from pathlib import Path
+
+from gmc.io import atomic_dir, atomic_path, read_jsonl, write_json, write_text
+from gmc.results.stages import stage_times, stages_markdown
+from gmc.results.tables import write_tables
+from gmc.run.provenance import git_revision, package_versions
+from gmc.run.rundir import CONFIG, GROUPS, INFO, METRICS, SUMMARY
+from gmc.sweep.points import parse_point
+from gmc.sweep.resolve import SHARED_FILE
+
+PROVENANCE = "provenance.json"
+"""The bundle's record of where it was made: commit, date, machine, threads, packages."""
+
+RUN_FILES = (SUMMARY, CONFIG, INFO, SHARED_FILE)
+"""Files of a run directory the bundle keeps whole."""
+
+FIGURE_FIELDS = {METRICS: ("step", "rollout/reward_mean"), GROUPS: ("step", "staleness", "length_max")}
+"""Per-step logs the bundle keeps, reduced to the fields the figures read (:mod:`gmc.results.figures`):
+the reward curve of every run, the groups' staleness and length of the runs under a named
+delay mode (a fixed delay's staleness is the delay)."""
+
+
+
+def machine() -> dict:
+    """The processor, its vector extensions, cores and the system: what moves float rounding."""
+    info = {"system": platform.platform(), "machine": platform.machine(), "cores": os.cpu_count()}
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return info
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name":
+            info["processor"] = value.strip()
+        elif key.strip() == "flags":
+            flags = set(value.split())
+            info["vector"] = sorted(f for f in flags if f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "fma"))
+            break
+    return info
+
+
+def _threads(results: Path, bundle: Path) -> dict:
+    """The thread counts the runs trained with (their ``run.json``) and the base models were built
+    with (``models/**/build_summary.json``), as they recorded them."""
+    def recorded(paths):
+        found = sorted({json.loads(p.read_text()).get("threads") for p in paths} - {None})
+        return found or "not recorded"
+    return {"train": recorded((bundle / "train").glob(f"**/{INFO}")),
+            "build": recorded((results / "models").glob("**/build_summary.json"))}
+
+
+STAGES = "stages.md"
+"""The bundle's time per stage as a Markdown table (from :data:`PROVENANCE`'s ``stages``)."""
+
+
+def write_stages(bundle: str | Path) -> None:
+    """Write :data:`STAGES` from the bundle's provenance, where it records its stages."""
+    provenance = Path(bundle) / PROVENANCE
+    stages = json.loads(provenance.read_text()).get("stages") if provenance.exists() else None
+    if stages:
+        write_text(Path(bundle) / STAGES, stages_markdown(stages))
+
+
+def publish(results: str | Path, bundle: str | Path, logs: list[str | Path] = ()) -> int:
+    """Write the bundle of the finished sweep in ``results`` to ``bundle`` (replaced whole, atomically)
+    with its tables and, given Snakemake's ``logs`` of its run, its time per stage
+    (:func:`stage_times`); returns the number of files. Figures are drawn into it by ``gmc report``."""
+    results = Path(results)
+    if not (results / "train").is_dir():
+        raise FileNotFoundError(f"{results}/train: not a results folder of a finished sweep")
+    stages = stage_times(list(logs)) if logs else None
+    with atomic_dir(bundle) as tmp:
+        for run in sorted((results / "train").glob("**/seed~*")):
+            if parse_point(run) is None or not ((run / SUMMARY).exists() or (run / SHARED_FILE).exists()):
+                continue
+            out = tmp / run.relative_to(results)
+            out.mkdir(parents=True)
+            for name in RUN_FILES:
+                if (run / name).exists():
+                    shutil.copy2(run / name, out / name)
+            named = not parse_point(run)["delay"].isdigit()
+            for name, keep in FIGURE_FIELDS.items():
+                if (run / name).exists() and (name != GROUPS or named):
+                    rows = [{k: r[k] for k in keep if k in r} for r in read_jsonl(run / name)]
+                    (out / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+        for path in sorted((results / "eval").glob("**/*.json")):
+            (tmp / path.relative_to(results)).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, tmp / path.relative_to(results))
+        if (results / "configs").is_dir():  # the runs' own config.yaml are their resolved train configs
+            shutil.copytree(results / "configs", tmp / "configs", ignore=shutil.ignore_patterns("train"))
+        commits = sorted({json.loads(p.read_text()).get("git_revision", "unknown")
+                          for p in (tmp / "train").glob(f"**/{INFO}")})
+        write_json(tmp / PROVENANCE, {
+            "commit": commits[0] if len(commits) == 1 else commits, "published_with": git_revision(),
+            "made": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "machine": machine(), "threads": _threads(results, tmp), "packages": package_versions(),
+            "python": platform.python_version(), "from": str(results),
+            **({"stages": stages} if stages else {})})
+        write_tables(tmp)
+        write_stages(tmp)
+        count = sum(1 for p in tmp.rglob("*") if p.is_file())
+    return count
+
+
+def export_results(results: str | Path, archive: str | Path) -> int:
+    """The bundle of ``results`` (:func:`publish`) packed into the ``.tar.gz`` ``archive`` (written
+    atomically); returns the number of files."""
+    with tempfile.TemporaryDirectory() as tmp:
+        bundle = Path(tmp) / "bundle"
+        count = publish(results, bundle)
+        with atomic_path(archive) as out, tarfile.open(out, "w:gz") as tar:
+            for path in sorted(bundle.rglob("*")):
+                if path.is_file():
+                    tar.add(path, arcname=str(path.relative_to(bundle)))
+    return count
+
+
+def import_results(archive: str | Path, results: str | Path) -> int:
+    """Unpack an archive made by :func:`export_results` under ``results``; returns the number of
+    files. A member path outside the folder is refused, naming the archive."""
+    with tarfile.open(archive, "r:gz") as tar:
+        names = tar.getnames()
+        for name in names:
+            if name.startswith("/") or ".." in Path(name).parts:
+                raise ValueError(f"{archive}: unsafe member path {name!r}")
+        tar.extractall(results, filter="data")
+    return len(names)

@@ -1,0 +1,341 @@
+"""Figures of a sweep (PNG and PDF), one function per entry of :data:`gmc.results.outputs.FIGURES`,
+and the helpers every figure of the package uses (the theory lab's are :mod:`gmc.theory.figures`).
+
+A figure function takes the runs' frame (:func:`gmc.results.tables.collect`; curves are read from
+the run directories it names) and an output folder, labels its axes, shows the 95% intervals
+over seeds (:func:`gmc.results.stats.mean_interval`) and writes each figure atomically in both formats;
+estimators are labelled and coloured by :data:`gmc.estimators.registry.REGISTRY`, delays by
+:data:`gmc.rollouts.delays.DELAY_MODES`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from gmc.estimators import REGISTRY  # noqa: E402
+from gmc.io import save_figure  # noqa: E402
+from gmc.results.outputs import FIGURES  # noqa: E402
+from gmc.results.stats import mean_interval  # noqa: E402
+from gmc.run.rundir import GROUPS, METRICS  # noqa: E402
+from gmc.sweep.points import delay_order, delay_title  # noqa: E402
+
+ALGORITHM_COLORS = {name: e.color for name, e in REGISTRY.items()}
+
+
+def algorithm_label(name: str) -> str:
+    """An estimator's legend label (its registry label; the name itself if unregistered)."""
+    return REGISTRY[name].label if name in REGISTRY else name
+
+
+def panel_row(n: int, width: float = 4.0, sharey: bool = False):
+    """A figure with ``n`` panels side by side; returns ``(fig, axes)``."""
+    fig, axes = plt.subplots(1, n, figsize=(width * n, 3.6), sharey=sharey, squeeze=False, layout="constrained")
+    return fig, axes[0]
+
+
+LEGEND_INSIDE = 6
+"""Legend entries a panel holds inside its axes; more (a league of estimators) go beside the panels."""
+
+
+def legend(fig, axes, fontsize: float = 7) -> None:
+    """One legend per panel while each fits inside its axes; otherwise one legend for the figure,
+    to the right of the panels, with every panel's entries (each label once), so that no line is
+    hidden under it."""
+    entries = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            entries.setdefault(label, handle)
+    if len(entries) <= LEGEND_INSIDE:
+        for ax in axes:
+            if ax.get_legend_handles_labels()[1]:
+                ax.legend(fontsize=fontsize)
+        return
+    fig.set_figwidth(fig.get_figwidth() + 2.6)  # the panels keep their width beside it
+    fig.legend(list(entries.values()), list(entries), loc="outside right center", fontsize=fontsize)
+
+
+def save_both(fig, out: Path, stem: str) -> list[Path]:
+    paths = [out / f"{stem}.png", out / f"{stem}.pdf"]
+    for p in paths:
+        save_figure(fig, p, dpi=150)
+    plt.close(fig)
+    return paths
+
+
+def spread(values: list, k: int = 4) -> list:
+    """At most ``k`` values spread over ``values`` (first and last included)."""
+    if len(values) <= k:
+        return list(values)
+    return [values[i] for i in sorted({round(j * (len(values) - 1) / (k - 1)) for j in range(k)})]
+
+
+# ---------------------------------------------------------------------------------------------
+# figures of a sweep
+
+
+def _numeric_delays(frame: pd.DataFrame) -> pd.DataFrame:
+    out = frame[frame["delay"].str.isdigit()].copy()
+    out["delay"] = out["delay"].astype(int)
+    return out
+
+
+def _score_column(frame: pd.DataFrame) -> tuple[str, str]:
+    """The headline score: mean Pass@1 over benchmarks when evaluated, else final train reward.
+
+    Adds ``score`` and its evaluation standard error ``score_se`` (0 for the train reward) to ``frame``."""
+    from gmc.results.tables import FINAL_REWARD, SE, benchmarks_in, with_benchmark_means
+
+    benches = benchmarks_in(frame)
+    means = with_benchmark_means(frame)
+    if "eval/mean/pass_at_1" in means.columns:
+        frame["score"] = means["eval/mean/pass_at_1"]
+        frame["score_se"] = means[f"eval/mean/pass_at_1{SE}"]
+        return "score", f"Pass@1 (mean over {', '.join(benches)})"
+    frame["score"] = frame[FINAL_REWARD]
+    frame["score_se"] = 0.0
+    return "score", "final training reward (last 20 steps)"
+
+
+SCORE_RANGE = (-0.05, 1.05)
+"""The score and reward axis: every score is a fraction of answers, every reward 0 or 1, so an
+interval over few seeds that reaches past [0, 1] is cut at the frame instead of stretching the axis."""
+
+CATEGORICAL_DELAYS = 4
+"""Up to this many fixed delays are drawn as evenly spaced categories; more on a symlog axis
+ticked at the delays."""
+
+
+def _delay_axis(ax, frame: pd.DataFrame) -> pd.DataFrame:
+    """Sets ``ax``'s x axis for the fixed delays of ``frame`` and returns ``frame`` with ``x``,
+    the position of each row's delay on it."""
+    delays = sorted(frame["delay"].unique())
+    frame = frame.copy()
+    if len(delays) <= CATEGORICAL_DELAYS:
+        frame["x"] = frame["delay"].map({d: i for i, d in enumerate(delays)})
+        ax.set_xticks(range(len(delays)), [str(d) for d in delays])
+        ax.set_xlim(-0.5, len(delays) - 0.5)
+    else:
+        frame["x"] = frame["delay"]
+        ax.set_xscale("symlog", linthresh=1)
+        ax.set_xticks(delays, [str(d) for d in delays])
+        ax.set_xlim(-0.5, 1.5 * max(max(delays), 1))
+    ax.set_xlabel("delay d (optimizer steps)")
+    return frame
+
+
+def _line_by_algorithm(ax, frame, x, y, se=None):
+    """Mean over seeds per ``x``, one line per algorithm, error bars = 95% interval
+    (:func:`gmc.results.stats.mean_interval`, evaluation noise ``se`` folded in; none with one seed)."""
+    for algo, grp in frame.groupby("algorithm"):
+        points = []
+        for xv, g in grp.groupby(x):
+            iv = mean_interval(g[y], g[se] if se else None)
+            points.append((xv, iv.mean, 0.0 if pd.isna(iv.half) else iv.half))
+        xs, ms, hs = zip(*sorted(points))
+        seeds = grp.groupby(x)["seed"].nunique()
+        n = f"n = {seeds.min()}" if seeds.min() == seeds.max() else f"n = {seeds.min()}-{seeds.max()}"
+        ax.errorbar(xs, ms, yerr=hs, marker="o", ms=4, capsize=2, color=ALGORITHM_COLORS.get(algo),
+                    label=f"{algorithm_label(algo)} ({n})")
+
+
+def run_figures(results: str | Path, out: str | Path | None = None) -> list[Path]:
+    """Every figure of :data:`gmc.results.outputs.FIGURES` from the run directories under ``results``
+    (no training, no evaluation), into ``out`` (default ``<results>/figures``)."""
+    from gmc.results.tables import collect
+
+    results = Path(results)
+    out = Path(out or results / "figures")
+    frame = collect(results)
+    return [p for entry in FIGURES.values() for p in entry.resolve()(frame.copy(), out)]
+
+
+def league_figure(regimes: dict[str, str | Path], out: Path) -> list[Path]:
+    """Final score against the fixed delay per estimator, one panel per regime: ``regimes`` maps a
+    panel's title to its results folder (largest group size of each; delays as :func:`_delay_axis`
+    places them; bars: 95% interval over seeds). Written to ``out/league.{png,pdf}``."""
+    from gmc.results.tables import collect
+
+    fig, axes = panel_row(len(regimes), 5.5)
+    for ax, (name, results) in zip(axes, regimes.items()):
+        G, frame = _largest_group(collect(results))
+        score, score_label = _score_column(frame)
+        numeric = _delay_axis(ax, _numeric_delays(frame))
+        algorithms = [a for a in REGISTRY if a in set(numeric["algorithm"])]
+        # each estimator a little apart, so that the bars do not hide each other
+        offset = {a: 0.3 * (i / max(len(algorithms) - 1, 1) - 0.5) for i, a in enumerate(algorithms)}
+        numeric["x"] += numeric["algorithm"].map(offset)
+        _line_by_algorithm(ax, numeric, "x", score, "score_se")
+        seeds = int(numeric.groupby(["algorithm", "delay"])["seed"].nunique().min())
+        ax.set_title(f"{name}: G = {G}, {seeds} seeds")
+        ax.set_ylabel(score_label)
+        ax.set_ylim(*SCORE_RANGE)
+        ax.legend(fontsize=7, ncol=2)  # per panel: its estimators and seeds
+    fig.suptitle("Final score vs delay per estimator; bars: 95% interval over seeds")
+    return save_both(fig, Path(out), "league")
+
+
+def _largest_group(frame: pd.DataFrame) -> tuple[int, pd.DataFrame]:
+    G = int(frame["group"].max())
+    return G, frame[frame["group"] == G]
+
+
+def reward_vs_step(frame: pd.DataFrame, out: Path) -> list[Path]:
+    """Training reward vs step, one panel per delay, one line per algorithm (largest group size)."""
+    import numpy as np
+
+    from gmc.io import read_jsonl
+
+    G, sub = _largest_group(frame)
+    delays = sorted(sub["delay"].unique(), key=delay_order)
+    fig, axes = panel_row(len(delays), 4, sharey=True)
+    for ax, delay in zip(axes, delays):
+        for algo, grp in sub[sub["delay"] == delay].groupby("algorithm"):
+            curves = pd.concat([pd.Series([r.get("rollout/reward_mean", np.nan)
+                                           for r in read_jsonl(Path(d) / METRICS)]).rolling(10, min_periods=1).mean()
+                                for d in grp["run_dir"]], axis=1)  # [step, seed]
+            band = [mean_interval(row) for row in curves.to_numpy()]
+            mean = np.array([iv.mean for iv in band])
+            ax.plot(curves.index, mean, color=ALGORITHM_COLORS.get(algo), label=f"{algorithm_label(algo)} (n = {curves.shape[1]})")
+            if curves.shape[1] > 1:
+                ax.fill_between(curves.index, [iv.lo for iv in band], [iv.hi for iv in band],
+                                color=ALGORITHM_COLORS.get(algo), alpha=0.2, lw=0)
+        ax.set_title(delay_title(delay))
+        ax.set_xlabel("optimizer step")
+    legend(fig, axes)
+    axes[0].set_ylabel("rollout reward (10-step mean)")
+    axes[0].set_ylim(*SCORE_RANGE)  # rewards are 0 or 1
+    fig.suptitle(f"Training reward of fresh rollouts, G = {G}; bands: 95% interval over seeds")
+    return save_both(fig, out, "reward_vs_step")
+
+
+def score_vs_delay(frame: pd.DataFrame, out: Path) -> list[Path]:
+    """Final score vs delay, one panel per group size; each named delay mode as a horizontal line
+    of its own style (the mean over seeds), in its estimator's colour."""
+    score, score_label = _score_column(frame)
+    numeric = _numeric_delays(frame)
+    groups = sorted(frame["group"].unique())
+    fig, axes = panel_row(len(groups), 4, sharey=True)
+    styles = [":", "--", "-.", (0, (1, 3)), (0, (5, 1))]
+    for ax, g in zip(axes, groups):
+        _line_by_algorithm(ax, _delay_axis(ax, numeric[numeric["group"] == g]), "x", score, "score_se")
+        lat = frame[~frame["delay"].str.isdigit() & (frame["group"] == g)]
+        modes = sorted(lat["delay"].unique(), key=delay_order)
+        for (algo, delay), grp in lat.groupby(["algorithm", "delay"]):
+            ax.axhline(grp[score].mean(), color=ALGORITHM_COLORS.get(algo), lw=1,
+                       ls=styles[modes.index(delay) % len(styles)])
+        for i, delay in enumerate(modes):  # one legend entry per line style
+            ax.plot([], [], color="gray", lw=1, ls=styles[i % len(styles)], label=delay_title(delay))
+        ax.set_title(f"G = {g}")
+    legend(fig, axes)
+    axes[0].set_ylabel(score_label)
+    axes[0].set_ylim(*SCORE_RANGE)  # shared by the panels
+    fig.suptitle("Final score vs delay; bars: 95% interval over seeds")
+    return save_both(fig, out, "score_vs_delay")
+
+
+def score_vs_group(frame: pd.DataFrame, out: Path) -> list[Path]:
+    """Final score vs group size, one panel per delay."""
+    score, score_label = _score_column(frame)
+    groups = sorted(frame["group"].unique())
+    if len(groups) < 2:  # nothing varies along G: say so instead of drawing one point per panel
+        fig, ax = plt.subplots(figsize=(5, 2), layout="constrained")
+        ax.text(0.5, 0.5, f"This sweep has one group size (G = {groups[0]}):\nno score against G to draw.",
+                ha="center", va="center", transform=ax.transAxes)
+        ax.set_axis_off()
+        return save_both(fig, out, "score_vs_group")
+    delays = sorted(frame["delay"].unique(), key=delay_order)
+    fig, axes = panel_row(len(delays), 4, sharey=True)
+    for ax, delay in zip(axes, delays):
+        _line_by_algorithm(ax, frame[frame["delay"] == delay], "group", score, "score_se")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(groups, [str(g) for g in groups])
+        ax.set_xlabel("group size G")
+        ax.set_title(delay_title(delay))
+    legend(fig, axes)
+    axes[0].set_ylabel(score_label)
+    axes[0].set_ylim(*SCORE_RANGE)  # shared by the panels
+    fig.suptitle("Final score vs group size; bars: 95% interval over seeds")
+    return save_both(fig, out, "score_vs_group")
+
+
+def ratio_diagnostics(frame: pd.DataFrame, out: Path) -> list[Path]:
+    """Each estimator's capped fraction, ESS / G and shortfall vs delay (largest group size)."""
+    import numpy as np
+
+    G, _ = _largest_group(frame)
+    panels = [("capped", "fraction capped / clipped"), ("ratio/ess_frac", "ESS / G"),
+              ("ratio/shortfall", "shortfall sum(rho - w) / sum(rho)")]
+    numeric = _numeric_delays(frame)
+    own = dict.fromkeys(d for e in REGISTRY.values() for d in e.diagnostics)  # each estimator's clip statistic
+    capped_cols = [c for c in own if c in numeric.columns]
+    numeric["capped"] = numeric[capped_cols].bfill(axis=1).iloc[:, 0] if capped_cols else np.nan
+    fig, axes = panel_row(3)
+    for ax, (col, label) in zip(axes, panels):
+        at = _delay_axis(ax, numeric[numeric["group"] == G])
+        if col in numeric.columns:
+            _line_by_algorithm(ax, at, "x", col)
+        ax.set_ylabel(label)
+    legend(fig, axes[:1], fontsize=8)
+    fig.suptitle(f"Ratio diagnostics vs delay (G = {G}; capped: each estimator's own fraction, "
+                 f"the tables' 'own statistic')")
+    return save_both(fig, out, "ratio_diagnostics")
+
+
+def staleness_vs_length(frame: pd.DataFrame, out: Path) -> list[Path]:
+    """Mean staleness vs the group's longest response under each named delay mode."""
+    from gmc.io import read_jsonl
+
+    fig, ax = plt.subplots(figsize=(5, 3.6), layout="constrained")
+    named = frame[~frame["delay"].str.isdigit()]
+    for (delay, algo), grp in named.groupby(["delay", "algorithm"]):
+        rows = [r for d in grp["run_dir"] for r in read_jsonl(Path(d) / GROUPS)]
+        gdf = pd.DataFrame(rows)
+        bins = pd.cut(gdf["length_max"], bins=8)
+        stats = gdf.groupby(bins, observed=True)["staleness"].mean()
+        centers = [b.mid for b in stats.index]
+        ax.plot(centers, stats.values, marker="o", color=ALGORITHM_COLORS.get(algo),
+                label=f"{algorithm_label(algo)}, {delay_title(delay)}")
+    if named.empty:
+        ax.text(0.5, 0.5, "no runs of a named delay mode in this sweep", ha="center", va="center",
+                transform=ax.transAxes)
+    else:
+        ax.legend()
+    ax.set_xlabel("longest response in the group (tokens)")
+    ax.set_ylabel("mean staleness (optimizer steps)")
+    modes = ", ".join(delay_title(d) for d in sorted(named["delay"].unique(), key=delay_order))
+    ax.set_title(f"{modes[:1].upper() + modes[1:]}: staleness by answer length" if modes else "Staleness by answer length")
+    return save_both(fig, out, "staleness_vs_length")
+
+
+def staleness_distribution(frame: pd.DataFrame, out: Path) -> list[Path]:
+    """The distribution of consumed staleness per delay that is not a fixed number (the latency
+    model, real asynchrony, replayed traces), runs and seeds pooled: simulated against real lags."""
+    import numpy as np
+
+    from gmc.io import read_jsonl
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.6), layout="constrained")
+    named = frame[~frame["delay"].str.isdigit()]
+    delays = sorted(named["delay"].unique(), key=delay_order)
+    width = 0.8 / max(1, len(delays))
+    for i, delay in enumerate(delays):
+        runs = named[named["delay"] == delay]
+        lags = np.array([r["staleness"] for d in runs["run_dir"] for r in read_jsonl(Path(d) / GROUPS)])
+        values, counts = np.unique(lags, return_counts=True)
+        ax.bar(values + (i - (len(delays) - 1) / 2) * width, counts / counts.sum(), width=width,
+               label=f"{delay_title(delay)} ({runs['seed'].nunique()} seeds, mean {lags.mean():.2f})")
+    if named.empty:
+        ax.text(0.5, 0.5, "no runs of a named delay mode or trace in this sweep", ha="center", va="center",
+                transform=ax.transAxes)
+    else:
+        ax.legend(fontsize=8)
+    ax.set_xlabel("staleness of a consumed group (optimizer steps)")
+    ax.set_ylabel("fraction of consumed groups")
+    ax.set_title("Staleness distribution: simulated and real asynchrony")
+    return save_both(fig, out, "staleness_distribution")

@@ -1,0 +1,92 @@
+"""What a sweep writes from its run directories: tables, figures and the theory lab's files, by
+name (method.md section 7).
+
+:data:`TABLES` and :data:`FIGURES` are the registries ``gmc tables`` / ``gmc figures`` call and
+the workflow's rules read for their outputs; an entry names the function that makes it
+(``module:function``, imported only when called, so the workflow reads the registry without
+pandas or matplotlib). A table function takes the runs' frame (:func:`gmc.results.tables.collect`)
+and the base model's scores (:func:`gmc.results.tables.base_scores`, a row per seed) and returns a
+:class:`gmc.results.tables.Rendered` table, written as
+``<name>.csv``, ``.md`` and ``.tex``; a figure function takes the frame and the output folder
+and writes ``<name>.png`` and ``.pdf``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gmc.settings import load_named
+
+
+@dataclass(frozen=True)
+class Output:
+    """A registered table or figure."""
+
+    function: str
+    """``module:function`` that makes it."""
+    title: str
+    """What it shows, in a sentence (the report's caption starts with it)."""
+
+    def resolve(self) -> Callable:
+        return load_named(self.function)
+
+
+TABLES: dict[str, Output] = {
+    "main": Output("gmc.results.tables:main_table",
+                   "Scores per algorithm, delay and group size: mean ± 95% interval over seeds."),
+    "runs": Output("gmc.results.tables:runs_table",
+                   "Every run's final scores, one row per seed, each seed's base model first."),
+    "diagnostics": Output("gmc.results.tables:diagnostics_table",
+                          "Staleness and each estimator's clip, cap and weight statistics."),
+    "paired": Output("gmc.results.tables:paired_table",
+                     "Paired differences between estimators and each one's cost of staleness."),
+    "league": Output("gmc.results.tables:league_table",
+                     "Every estimator at the largest delay ranked by final Pass@1 (95% intervals), its paired "
+                     "difference to GMC and cost of staleness with sign counts, and its own statistics."),
+}
+"""Every table of a sweep by name, in the order they are written."""
+
+TABLE_FORMATS = ("csv", "md", "tex")
+
+FIGURES: dict[str, Output] = {
+    "reward_vs_step": Output("gmc.results.figures:reward_vs_step",
+                             "Reward of the fresh rollouts against the optimizer step, one panel per delay, "
+                             "10-step moving average, largest group size."),
+    "score_vs_delay": Output("gmc.results.figures:score_vs_delay",
+                             "Final score against the fixed delay, one panel per group size; horizontal lines: "
+                             "the named delay modes, one line style each."),
+    "score_vs_group": Output("gmc.results.figures:score_vs_group", "Final score against the group size G, one panel per delay."),
+    "ratio_diagnostics": Output("gmc.results.figures:ratio_diagnostics",
+                                "Each estimator's capped or clipped fraction, ESS / G and the shortfall "
+                                "sum(rho - w) / sum(rho), mean over training, against the delay."),
+    "staleness_vs_length": Output("gmc.results.figures:staleness_vs_length",
+                                  "Staleness against the group's longest response under the named delay modes: "
+                                  "under the latency model the delay depends on the trajectory (the paper's "
+                                  "Assumption 3 fails)."),
+    "staleness_distribution": Output("gmc.results.figures:staleness_distribution",
+                                     "The distribution of consumed staleness under the latency model, real "
+                                     "asynchrony on Ray and replayed traces, side by side."),
+}
+"""Every figure of a sweep by name, in the order they are drawn."""
+
+FIGURE_FORMATS = ("png", "pdf")
+
+THEORY_FILES: tuple[str, ...] = (
+    "fixed_policy.csv",
+    "claims.csv",
+    "delayed_summary.csv",
+    "theory_bias_vs_G_exact_baseline.png",
+    "theory_bias_vs_eps.png",
+    "theory_shortfall_vs_eps.png",
+    "theory_reward_vs_delay.png",
+)
+"""What the workflow asks of the theory lab (``gmc theory``; it writes more, see :mod:`gmc.theory.lab`)."""
+
+
+def table_files(name: str) -> list[str]:
+    return [f"{name}.{ext}" for ext in TABLE_FORMATS]
+
+
+def figure_files(name: str) -> list[str]:
+    return [f"{name}.{ext}" for ext in FIGURE_FORMATS]

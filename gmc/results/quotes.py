@@ -1,0 +1,154 @@
+"""Documents that quote published bundles: every number a document quotes from a bundle is the
+bundle's, none copied by hand.
+
+Two markers, invisible in rendered Markdown (paths relative to the document's folder, as its
+links are):
+
+- ``<!-- include published/default/tables/main.md -->`` ... ``<!-- end include -->``: the block
+  between them is the named file, verbatim (a table of a bundle, its ``stages.md``).
+  :func:`refresh` rewrites every such block from its file.
+- ``<!-- numbers from published/default -->`` ... ``<!-- end numbers -->``: prose whose every
+  number must be printed in that bundle. :func:`unquoted` lists those that are not.
+
+A number, as both sides print it: an estimate with its interval, as one (``-0.204 ± 0.100``,
+``+0.186 [+0.131, +0.240]``; signs must match), a lone decimal (``0.176``, ``31.1%``; sign
+ignored, so that prose may say "costs 0.188" of a difference the table prints as ``-0.188``), a
+sign count (``4/4``) or a duration (``972 s``, ``74.0 min``; a decimal one, ``0.815 s``, may
+also be a decimal the bundle prints without its unit). An estimate quoted with its interval
+cannot match by chance; a lone decimal is checked only to be one the bundle prints somewhere,
+which a number copied from an earlier run passes about as often as the bundle's tables cover
+three-decimal values, so quote estimates with their intervals. Integers without a unit (seeds,
+steps, jobs) are the sweep's configuration, not its results, and are not checked. The bundle's
+printed numbers are those of its Markdown files (tables, ``stages.md``) and of its
+configuration (``configs/``).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from gmc.io import write_text
+
+INCLUDE = re.compile(r"<!-- include (?P<path>\S+) -->\n(?P<body>.*?)<!-- end include -->", re.S)
+NUMBERS = re.compile(r"<!-- numbers from (?P<path>\S+) -->\n(?P<body>.*?)<!-- end numbers -->", re.S)
+_SIGNED = r"[+\-−]?\d+\.\d+"
+DURATION = re.compile(r"(?<![\w.,])(\d{1,3}(?:,\d{3})+|\d+(?:\.\d+)?) (s|min)\b")
+INTERVAL = re.compile(rf"(?<![\w.])({_SIGNED})\s+±\s+(\d+\.\d+)(?!\.?\w)")  # \s: prose wraps lines
+BRACKETS = re.compile(rf"(?<![\w.])({_SIGNED})\s+\[({_SIGNED}),\s+({_SIGNED})\]")
+DECIMAL = re.compile(r"(?<![\w.])(\d+\.\d+%?)(?!\.?\w)")
+FRACTION = re.compile(r"(?<![\w./])(\d+/\d+)(?![\w/])")
+
+
+def _signed(x: str) -> str:
+    return x.replace("−", "-").lstrip("+")
+
+
+KINDS = (
+    (DURATION, lambda m: f"{m[1].replace(',', '')} {m[2]}"),
+    (INTERVAL, lambda m: f"{_signed(m[1])} ± {m[2]}"),
+    (BRACKETS, lambda m: f"{_signed(m[1])} [{_signed(m[2])}, {_signed(m[3])}]"),
+    (DECIMAL, lambda m: m[1]),
+    (FRACTION, lambda m: m[1]),
+)
+"""Each kind of number, in the order they are taken from a text, and its normal form."""
+
+
+def numbers(text: str) -> list[tuple[str, int]]:
+    """Every number of ``text`` (module docstring) with its offset, in normal form: an estimate
+    with its interval as one (``-0.204 ± 0.100``, ``+0.186 [+0.131, +0.240]``: its signs must
+    match), a lone decimal without its sign, durations as ``<value> <unit>`` without thousands
+    separators."""
+    found = []
+    for pattern, normal in KINDS:
+        found += [(normal(m), m.start()) for m in pattern.finditer(text)]
+        text = pattern.sub(lambda m: " " * len(m[0]), text)
+    return sorted(found, key=lambda x: x[1])
+
+
+def bundle_numbers(bundle: Path) -> set[str]:
+    """Every number the bundle prints: its Markdown files and its configuration."""
+    files = [*bundle.rglob("*.md"), *(bundle / "configs").rglob("*.yaml")]
+    if not files:
+        raise FileNotFoundError(f"{bundle}: no tables or configuration to quote (not a bundle made by gmc publish?)")
+    texts = [path.read_text() for path in files]
+    # every estimate with its interval, and each of its numbers alone
+    return {n for text in texts for n, _ in numbers(text)} | {m[1] for t in texts for m in DECIMAL.finditer(t)}
+
+
+def _line(text: str, offset: int) -> int:
+    return text.count("\n", 0, offset) + 1
+
+
+def documents(root: str | Path = ".") -> list[Path]:
+    """The documents of a checkout that may quote bundles: ``README.md`` and every page under
+    ``docs/`` (the bundles, reached through the link ``docs/published``, are not pages)."""
+    root = Path(root)
+    pages = [p for p in sorted((root / "docs").rglob("*.md")) if "published" not in p.relative_to(root).parts]
+    return [p for p in [root / "README.md", *pages] if p.exists()]
+
+
+def stale_includes(doc: str | Path) -> list[str]:
+    """Each include block of ``doc`` that differs from its file, named by its line."""
+    doc = Path(doc)
+    root = doc.parent
+    text = doc.read_text()
+    out = []
+    for m in INCLUDE.finditer(text):
+        source = root / m["path"]
+        if not source.exists():
+            out.append(f"{doc}:{_line(text, m.start())}: includes {m['path']}, which does not exist")
+        elif m["body"] != source.read_text():
+            out.append(f"{doc}:{_line(text, m.start())}: the block differs from {m['path']}")
+    return out
+
+
+def refresh(doc: str | Path) -> int:
+    """Rewrite every include block of ``doc`` from its file; returns how many changed. A block
+    naming a missing file is an error that names it (nothing is written)."""
+    doc = Path(doc)
+    root = doc.parent
+    text = doc.read_text()
+    missing = [m["path"] for m in INCLUDE.finditer(text) if not (root / m["path"]).exists()]
+    if missing:
+        raise FileNotFoundError(f"{doc}: includes {', '.join(missing)}, which do not exist")
+    changed = 0
+
+    def block(m: re.Match) -> str:
+        nonlocal changed
+        body = (root / m["path"]).read_text()
+        changed += body != m["body"]
+        return f"<!-- include {m['path']} -->\n{body}<!-- end include -->"
+
+    new = INCLUDE.sub(block, text)
+    if changed:
+        write_text(doc, new)
+    return changed
+
+
+def unquoted(doc: str | Path) -> list[str]:
+    """Each number in a ``numbers from`` region of ``doc`` that its bundle does not print, named
+    by its line; included blocks inside a region are checked by :func:`stale_includes` instead."""
+    doc = Path(doc)
+    root = doc.parent
+    text = doc.read_text()
+    out = []
+    known: dict[str, set[str]] = {}
+    for m in NUMBERS.finditer(text):
+        if m["path"] not in known:
+            known[m["path"]] = bundle_numbers(root / m["path"])
+        body = INCLUDE.sub(lambda b: " " * len(b[0]), m["body"])
+        start = m.start("body")
+        for number, offset in numbers(body):
+            value = number.split(" ")[0]  # a decimal duration may be printed without its unit
+            if number not in known[m["path"]] and not (DURATION.fullmatch(number) and "." in value
+                                                       and value in known[m["path"]]):
+                out.append(f"{doc}:{_line(text, start + offset)}: {number} is not a number of {m['path']}")
+    return out
+
+
+def quoted_bundles(doc: str | Path) -> dict[str, list[str]]:
+    """What ``doc`` quotes: the files it includes and the bundles its number regions name."""
+    text = Path(doc).read_text()
+    return {"include": [m["path"] for m in INCLUDE.finditer(text)],
+            "numbers": [m["path"] for m in NUMBERS.finditer(text)]}

@@ -1,0 +1,223 @@
+"""The collector: prompts -> generate -> grade -> behaviour log-probs -> groups (method.md
+section 4).
+
+:class:`Collector` turns prompt records and a policy version into :class:`gmc.rollouts.groups.Group` s
+and returns what it measured (:class:`RolloutStats`) with them; it keeps no state between
+calls, so the trainer runs it in process and a remote rollout worker can run the same object
+on the prompts it is given. The run's prompt order is a :class:`PromptCursor` (a seeded
+permutation per epoch, resumable), which stays with the trainer. Behaviour log-probs
+[choice, ``behaviour_logprobs``]: ``trainer`` recomputes them with the trainer's forward
+(:mod:`gmc.policy.update`'s canonical micro-batches, so they equal the training forward's bit for bit
+while the weights are unchanged), ``sampler`` takes the engine's own, ``none`` leaves them to
+the training forward (on-policy runs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+
+from gmc.policy.update import Rows, Update, precision
+from gmc.rollouts.engines import ENGINES, SamplingConfig
+from gmc.rollouts.groups import Collected, Group
+from gmc.tasks.datasets import Record, format_prompt, load_dataset, load_file
+from gmc.tasks.synthetic import SyntheticTask
+
+Behaviour = Literal["none", "sampler", "trainer"]
+
+
+class PromptCursor:
+    """Walks a seeded permutation of the training records, epoch after epoch; resumable."""
+
+    def __init__(self, records: Sequence[Record], seed: int):
+        self.records = records
+        self.seed = seed
+        self.epoch = 0
+        self.pos = 0
+        self._order = self._permutation()
+
+    def _permutation(self) -> list[int]:
+        return np.random.default_rng([self.seed, self.epoch]).permutation(len(self.records)).tolist()
+
+    def take(self, n: int) -> list[int]:
+        out = []
+        for _ in range(n):
+            if self.pos == len(self._order):
+                self.epoch, self.pos = self.epoch + 1, 0
+                self._order = self._permutation()
+            out.append(self._order[self.pos])
+            self.pos += 1
+        return out
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "pos": self.pos}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.pos = state["epoch"], state["pos"]
+        self._order = self._permutation()
+
+
+def training_records(train_data: str, synthetic: SyntheticTask, seed: int, source: str = "local",
+                     root: str | None = None) -> list[Record]:
+    """The records a run trains on: 5,000 synthetic problems, a registered training set or a file."""
+    if train_data == "synthetic":
+        return synthetic.generate("train", 5000, seed=seed)
+    if Path(train_data).suffix in (".jsonl", ".json", ".parquet"):
+        return load_file(train_data)
+    return load_dataset(train_data, source=source, root=root)
+
+
+@dataclass(frozen=True)
+class RolloutStats:
+    """What one collector call measured."""
+
+    samples: int
+    tokens: int
+    seconds: float
+    """Generation, grading and behaviour pass."""
+    behaviour_seconds: float
+    reward_sum: float
+    length_max: int
+    truncated: int
+    mismatch: float | None
+    """Largest |sampler log-prob - trainer log-prob| of a token (None without a trainer pass)."""
+
+
+def rollout_metrics(stats: Sequence[RolloutStats]) -> dict[str, float]:
+    """The ``rollout/`` and generation ``time/`` metrics of one step's collector calls (none: {})."""
+    if not stats:
+        return {}
+    n = sum(s.samples for s in stats)
+    tokens = sum(s.tokens for s in stats)
+    seconds = sum(s.seconds for s in stats)
+    out = {
+        "rollout/reward_mean": sum(s.reward_sum for s in stats) / n,
+        "rollout/response_length_mean": tokens / n,
+        "rollout/response_length_max": float(max(s.length_max for s in stats)),
+        "rollout/frac_truncated": sum(s.truncated for s in stats) / n,
+        "rollout/samples": float(n),
+        "time/rollout_seconds": seconds,
+        "time/rollout_tokens_per_second": tokens / max(seconds, 1e-9),
+        "time/behaviour_seconds": sum(s.behaviour_seconds for s in stats),
+        "rollout/generate_calls": float(len(stats)),
+    }
+    mismatches = [s.mismatch for s in stats if s.mismatch is not None]
+    if mismatches:
+        out["rollout/logp_mismatch_max"] = max(mismatches)
+    return out
+
+
+class Collector:
+    """Generates, grades and scores groups of ``group_size`` responses per prompt.
+
+    ``logprobs(rows)`` is the trainer's no-grad log-prob pass (:meth:`gmc.policy.update.Update.logprobs`
+    on the policy), used when ``behaviour`` is ``trainer``; ``generation`` is the context the
+    engine generates in (the trainer's autocast, for an engine that samples with the trainer's
+    own module)."""
+
+    def __init__(self, engine, tokenizer, grader, *, group_size: int, sampling: SamplingConfig,
+                 behaviour: Behaviour, logprobs: Callable[[Rows], torch.Tensor] | None = None,
+                 thinking: bool = False, generation: Callable[[], contextlib.AbstractContextManager] | None = None):
+        if behaviour == "trainer" and logprobs is None:
+            raise ValueError("behaviour log-probs from the trainer need its logprobs pass")
+        self.engine, self.tokenizer, self.grader = engine, tokenizer, grader
+        self.group_size, self.sampling, self.behaviour = group_size, sampling, behaviour
+        self.logprobs, self.thinking = logprobs, thinking
+        self.generation = generation or contextlib.nullcontext
+        self.pad_id = tokenizer.pad_token_id
+
+    def close(self) -> None:
+        """End the grading pool."""
+        self.grader.close()
+
+    def collect(self, records: Sequence[tuple[int, Record]], version: int) -> Collected:
+        """One group per ``(prompt index, record)``, generated with the engine's current weights
+        and labelled ``version``."""
+        t0 = time.perf_counter()
+        G = self.group_size
+        prompts = [format_prompt(self.tokenizer, r.problem, self.thinking) for _, r in records]
+        with self.generation():
+            sample_groups = self.engine.generate(prompts, G, self.sampling)
+        flat = [s for g in sample_groups for s in g]
+        grades = self.grader.grade_batch([s.text for s in flat], [r.answer for _, r in records for _ in range(G)])
+        groups = [self._group(index, sample_groups[k], grades[k * G : (k + 1) * G], version)
+                  for k, (index, _) in enumerate(records)]
+        t1, mismatch = time.perf_counter(), None
+        if self.behaviour == "trainer":
+            behaviour = self.logprobs(Rows.from_groups(groups)).cpu()
+            for k, g in enumerate(groups):
+                g.behaviour_logp = behaviour[k * G : (k + 1) * G, : g.response_ids.shape[1]].clone()
+            mismatch = max(float((torch.tensor(s.logprobs) - behaviour[i, : s.length]).abs().max()) if s.length else 0.0
+                           for i, s in enumerate(flat))
+        t2 = time.perf_counter()
+        lengths = [s.length for s in flat]
+        stats = RolloutStats(samples=len(flat), tokens=sum(lengths), seconds=t2 - t0, behaviour_seconds=t2 - t1,
+                             reward_sum=sum(g.reward for g in grades), length_max=max(lengths),
+                             truncated=sum(s.finish_reason == "length" for s in flat), mismatch=mismatch)
+        return Collected(groups, stats)
+
+    def _group(self, index: int, samples, grades, version: int) -> Group:
+        G = len(samples)
+        lengths = [s.length for s in samples]
+        T = max(1, max(lengths))
+        resp = torch.full((G, T), self.pad_id, dtype=torch.long)
+        sampler = torch.zeros(G, T)
+        versions = torch.full((G, T), version, dtype=torch.long) if samples[0].versions is not None else None
+        for j, s in enumerate(samples):
+            resp[j, : s.length] = torch.tensor(s.token_ids, dtype=torch.long)
+            sampler[j, : s.length] = torch.tensor(s.logprobs)
+            if versions is not None and s.length:
+                versions[j, : s.length] = torch.tensor(s.versions)
+        return Group(
+            prompt_index=index,
+            prompt_ids=torch.tensor(samples[0].prompt_ids, dtype=torch.long),
+            response_ids=resp,
+            response_mask=torch.arange(T).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1),
+            rewards=torch.tensor([g.reward for g in grades], dtype=torch.float32),
+            # the sampler's own unless the trainer recomputes them; none when trained on-policy
+            behaviour_logp=sampler if self.behaviour == "sampler" else None,
+            sampler_logp=sampler,
+            version=version,
+            token_versions=versions,
+        )
+
+
+def rollout_side(cfg, update: Update, tokenizer, behaviour: Behaviour, grader_workers: int | None = None) -> Collector:
+    """The rollout side of a run of :class:`gmc.run.config.TrainConfig` ``cfg`` on ``update.model``, in
+    one place for the trainer and a Ray rollout worker: the engine (``cfg.engine`` with its
+    settings, seeded by the run), a grading pool of ``grader_workers`` processes and ``update``'s
+    numerics for the behaviour pass (the trainer's own, or a worker's copy), held by the collector
+    (its ``engine`` and ``grader``; :meth:`Collector.close` ends the pool). An engine that samples
+    with the trainer's module generates under its autocast."""
+    from gmc.rollouts.engines import make_engine
+    from gmc.tasks.grading import Grader
+
+    engine = make_engine(cfg.engine, update.model, tokenizer, model_path=cfg.model, seed=cfg.seed,
+                         settings=getattr(cfg, cfg.engine, None), dtype=cfg.model_dtype)
+    entry = ENGINES[cfg.engine]
+    shares = entry.shares_model
+    return Collector(engine, tokenizer, Grader(workers=grader_workers, start_method=entry.grading_start),
+                     group_size=cfg.group_size,
+                     sampling=cfg.sampling, behaviour=behaviour,
+                     logprobs=lambda rows: update.logprobs(update.model, rows), thinking=cfg.thinking,
+                     generation=(lambda: precision(update.model, update.compute_dtype)) if shares else None)
+
+
+class RunRollouts:
+    """A run's :class:`gmc.rollouts.groups.Rollouts`: its prompt cursor and its collector."""
+
+    def __init__(self, cursor: PromptCursor, collector: Collector | None):
+        self.cursor, self.collector = cursor, collector
+
+    def take(self, n: int) -> list[int]:
+        return self.cursor.take(n)
+
+    def collect(self, prompts: list[int], version: int) -> Collected:
+        return self.collector.collect([(i, self.cursor.records[i]) for i in prompts], version)

@@ -1,0 +1,170 @@
+"""The configuration of a training run: :class:`TrainConfig` (method.md sections 3, 4 and 6),
+loaded strictly from YAML with ``--set key=value`` overrides (:mod:`gmc.settings`).
+
+Every key is a field here or of a nested settings class, with its type, bounds, default and
+docstring; the workflow's schema for the ``train`` section is generated from them. Reading a
+config imports no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import field
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from gmc.estimators import REGISTRY, EstimatorConfig
+from gmc.rollouts.delays import DelayConfig
+from gmc.rollouts.engines import ENGINES, HFConfig, SamplingConfig, VLLMConfig
+from gmc.settings import (
+    ConfigError,
+    NonNegative,
+    NonNegativeInt,
+    Positive,
+    PositiveInt,
+    from_dict,
+    load_config,
+    registered,
+    settings,
+    to_dict,
+)
+from gmc.tasks.synthetic import SyntheticTask
+
+__all__ = ["TrainConfig", "ConfigError", "from_dict", "to_dict", "load_config", "load_train_config"]
+
+Dtype = Literal["float32", "bfloat16", "float16"]
+
+
+@settings
+class TrainConfig:
+    """Everything one training run depends on (method.md sections 3, 4 and 6).
+
+    Paper-scale values are in ``workflow/presets/paper.yaml``; the defaults here are the tiny
+    CPU run's.
+    """
+
+    model: str = "results/models/tiny/seed~0"
+    """Local folder of HF weights, or a hub name (``gmc build-tiny-model`` makes the default)."""
+    model_dtype: Dtype = "float32"
+    """Compute dtype: ``float32``, ``bfloat16`` or ``float16``. Below float32, forwards run under
+    autocast to this dtype while the parameters stay float32 (``master_weights``)."""
+    master_weights: bool = True
+    """Below float32: keep float32 parameters, so the optimizer updates float32 masters and an
+    update of 1e-6 on a weight of 0.02 is not rounded away (bfloat16 keeps 8 mantissa bits);
+    checkpoints hold the masters. False: parameters in ``model_dtype``, updated in place (half
+    the parameter memory; small updates round away)."""
+    device: str = "auto"
+    """``auto`` (CUDA when available), ``cpu`` or ``cuda[:i]``."""
+    gradient_checkpointing: bool | Literal["auto"] = False
+    """Recompute activations in the backward pass (less memory, more time); ``auto``: only when
+    the memory plan without it does not fit the device (:func:`gmc.policy.memory.plan`; off on a CPU
+    without ``memory_limit_gib``)."""
+    train_data: str = "synthetic"
+    """``synthetic``, a registered training set (``math``) or a JSONL/JSON/Parquet file."""
+    data_source: Literal["local", "hub"] = "local"
+    """Registered training sets: read the local copy or the Hugging Face hub."""
+    data_root: str | None = None
+    """Local data root (default ``$GMC_DATA_ROOT``, else ``data/`` in the repository)."""
+    synthetic: SyntheticTask = field(default_factory=SyntheticTask)
+    """Difficulty knobs of the synthetic task."""
+    thinking: bool = False
+    """Qwen3 thinking mode in the chat template."""
+    algorithm: registered(lambda: REGISTRY, "estimator") = "gmc"
+    """Estimator name, a key of :data:`gmc.estimators.registry.REGISTRY`."""
+    estimator: EstimatorConfig = field(default_factory=EstimatorConfig)
+    """Estimator hyper-parameters (the ``seq_sum_const`` aggregation divides by
+    ``sampling.max_new_tokens``)."""
+    group_size: Annotated[int, Field(ge=2)] = 8
+    """Responses per prompt, G (group-normalised advantages need at least 2)."""
+    prompts_per_step: PositiveInt = 8
+    """Prompts (groups) per optimizer step; the paper's [choice] is 32."""
+    steps: PositiveInt = 200
+    """Optimizer steps."""
+    lr: Positive = 2e-4
+    """Peak learning rate (paper [choice]: 1e-6 for Qwen3)."""
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """Learning-rate schedule after warm-up."""
+    warmup_steps: NonNegativeInt = 0
+    """Linear learning-rate warm-up, in optimizer steps."""
+    optimizer: Literal["auto", "adamw", "adamw8bit"] = "auto"
+    """``auto``: 8-bit AdamW (bitsandbytes) on CUDA, torch AdamW on CPU."""
+    weight_decay: NonNegative = 0.0
+    """AdamW weight decay."""
+    max_grad_norm: Positive = 1.0
+    """Clip the gradient norm to this value."""
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    """Training rollouts: temperature in (0, 10] and top_p 1, so that behaviour log-probs describe
+    what was sampled."""
+    engine: registered(lambda: ENGINES, "rollout engine") = "hf"
+    """Rollout engine, a key of :data:`gmc.rollouts.engines.ENGINES`: ``hf`` (any machine) or ``vllm`` (GPU)."""
+    hf: HFConfig = field(default_factory=HFConfig)
+    """Settings of the HF engine (a per-token wall-clock cost for benchmarks)."""
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
+    """Settings of the vLLM engine (memory share, sleep mode, context length, eager mode, dtype)."""
+    delay: DelayConfig = field(default_factory=DelayConfig)
+    """How stale the rollouts are: delay mode and its settings (method.md section 4)."""
+    behaviour_logprobs: Literal["trainer", "sampler"] = "trainer"
+    """Behaviour log-probs of a stale batch [choice]. ``trainer``: recomputed by the trainer model
+    when the batch is generated (method.md section 4; one no-grad forward per batch).
+    ``sampler``: the rollout engine's own log-probs, no extra pass; with the HF engine they come
+    from the same weights (equal to float32 rounding), with vLLM from its own kernels, so the
+    sampler/trainer mismatch enters the ratios (what ``tis`` corrects). Needs sampling at
+    temperature 1, top_p 1. On-policy steps need neither: the training forward gives them."""
+    seed: NonNegativeInt = 0
+    """Seed of sampling, data order and initialisation."""
+    checkpoint_every: NonNegativeInt = 50
+    """Write a checkpoint every N steps (and at the end); 0: only at the end."""
+    checkpoint_minutes: NonNegative = 0.0
+    """Also write one when this many minutes of wall clock passed since the last (bounds what a
+    kill loses when steps are long); 0: off. A run also checkpoints when SIGTERM or SIGUSR1 stops
+    it at a step boundary (exit status 75: continue with ``--resume``)."""
+    keep_checkpoints: Literal["last", "all", "none"] = "last"
+    """What a finished run keeps of its checkpoints beside its final model: ``last``, the final
+    checkpoint (float32 masters, optimizer, queued rollouts: what continuing the run needs);
+    ``all``, the previous one too; ``none``, neither (the run can then only be run again).
+    docs/reference/run.md, "Disk"."""
+    max_nonfinite_steps: PositiveInt = 3
+    """Stop after this many consecutive steps with a non-finite loss or gradient."""
+    logprob_chunk_size: PositiveInt = 4096
+    """Positions per chunk of the LM head in the log-prob computation."""
+    micro_batch_tokens: NonNegativeInt = 0
+    """Token budget of one forward over rollouts (training forward/backward, behaviour and
+    reference passes): at most this many padded tokens (prompt + response) per forward, one row
+    at least; gradients accumulate, and the step equals the whole-batch step (gmc.policy.update).
+    0: no budget, the whole batch at once."""
+    memory_limit_gib: Positive | None = None
+    """Device memory the run's memory plan must fit (:mod:`gmc.policy.memory`), GiB; None: the CUDA
+    device's total memory, and no check on a CPU. A plan that does not fit stops the run before
+    anything large loads, naming the keys that would shrink it."""
+    attention: Literal["causal", "masked"] = "causal"
+    """How a micro-batch attends (gmc.policy.update): ``causal``, right-padded rows with no attention
+    mask (the fast path on every device: no 4-D mask, SDPA's flash kernels); ``masked``, an
+    explicit padding mask (the reference; log-probs equal up to kernel rounding)."""
+    reference_device: str = "auto"
+    """Where the frozen reference policy of the KL term lives (``estimator.kl_coef > 0``):
+    ``auto`` (the training device) or a device such as ``cpu``; loaded like the policy."""
+    tracking_uri: str | None = None
+    """MLflow tracking URI for live logging (e.g. ``sqlite:///results/mlflow.db``); None:
+    ``$MLFLOW_TRACKING_URI`` if set, else no live logging."""
+    experiment: str | None = None
+    """MLflow experiment name; None: ``$MLFLOW_EXPERIMENT_NAME`` if set, else ``gmc``."""
+
+    def __post_init__(self) -> None:
+        # training samples: a greedy policy has no log-probs to weight, so 0 is refused here; the
+        # log-probs are those of softmax(logits / temperature)
+        if not self.sampling.temperature > 0:
+            raise ConfigError("training needs a temperature > 0: a greedy policy has no log-probs to weight "
+                              f"(got {self.sampling.temperature})", "sampling.temperature")
+        if self.sampling.top_p != 1:
+            raise ConfigError("training needs 1: the ratios are of softmax(logits / temperature), and a "
+                              f"nucleus-truncated sampler is another distribution (got {self.sampling.top_p})",
+                              "sampling.top_p")
+        if self.behaviour_logprobs == "sampler" and self.sampling.temperature != 1:
+            raise ConfigError("'sampler' needs sampling.temperature 1 and sampling.top_p 1, so that the sampler's "
+                              "log-probs are the policy's", "behaviour_logprobs")
+
+
+def load_train_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
+    """Read a YAML file of :class:`TrainConfig` keys, apply ``key=value`` overrides, validate."""
+    return load_config(TrainConfig, path, overrides)

@@ -1,0 +1,539 @@
+"""The training loop (method.md sections 3 and 4): it composes the other modules and owns no
+math of its own.
+
+Per step, :meth:`Trainer.train_step` takes a batch from the source of the run's delay mode
+(:mod:`gmc.rollouts.sources`, which runs the collector of :mod:`gmc.rollouts.collect` on the
+run's prompts), back-propagates the chosen estimator's loss (:mod:`gmc.policy.update`), steps the
+optimizer and hands the new weights to the rollout engine. :meth:`Trainer.run` hands each step's
+metrics and groups to the run directory, checkpoints, and at the end writes the model and
+``summary.json``; the run directory's files and guarantees are :mod:`gmc.run.rundir`'s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+import math
+import os
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import yaml
+from tqdm import tqdm
+
+from gmc.estimators import diagnostic_names
+from gmc.io import atomic_dir, atomic_path, read_jsonl, write_json, write_text
+from gmc.policy.model import DTYPES, load_policy, parameter_bytes
+from gmc.policy.update import Update
+from gmc.rollouts.collect import (
+    PromptCursor,
+    RunRollouts,
+    rollout_metrics,
+    rollout_side,
+    training_records,
+)
+from gmc.rollouts.delays import delay_mode
+from gmc.rollouts.groups import Group, staleness_stats
+from gmc.rollouts.sources import prefill_settings
+from gmc.run.config import TrainConfig, to_dict
+from gmc.run.provenance import provenance
+from gmc.run.rundir import (
+    CONFIG,
+    INFO,
+    METRICS,
+    CheckpointError,
+    RunDir,
+    group_record,
+    nonfinite_tensors,
+)
+from gmc.settings import ConfigError
+from gmc.stop import STOP
+
+log = logging.getLogger(__name__)
+
+TIME_PREFIX = "time/"
+"""Wall-clock metrics (with the line's ``time`` stamp); everything else in ``metrics.jsonl`` is
+reproducible from the seed."""
+
+
+def without_time(rows: list[dict]) -> list[dict]:
+    """Metrics lines without their wall-clock entries: what a seed reproduces."""
+    return [{k: v for k, v in r.items() if k != "time" and not k.startswith(TIME_PREFIX)} for r in rows]
+
+
+class NonFiniteError(RuntimeError):
+    """Too many consecutive steps with a non-finite loss or gradient."""
+
+
+PREEMPTED = 75
+"""Exit status of ``gmc train`` stopped by SIGTERM or SIGUSR1 (:data:`gmc.stop.STOP`) after
+checkpointing (``EX_TEMPFAIL``): resume with ``--resume``."""
+
+
+class Preempted(RuntimeError):
+    """The run was stopped by a signal at a step boundary, its checkpoint written."""
+
+
+@dataclass
+class Step:
+    """What one optimizer step leaves for the run: its metrics and the groups it trained on."""
+
+    metrics: dict[str, float]
+    groups: list[Group]
+
+
+class Trainer:
+    """One training run in ``out``; :meth:`run` trains (or resumes) to ``cfg.steps``."""
+
+    clock = staticmethod(time.monotonic)
+    """Seconds of the wall clock that ``checkpoint_minutes`` counts. The trainer's own, so that a
+    test replaces it on the class or an instance, never ``time.monotonic`` for the whole process
+    (the pools' helper threads read that too)."""
+
+    def __init__(self, cfg: TrainConfig, out: str | os.PathLike, resume: bool = False, progress: bool = True,
+                 prefill: str | os.PathLike | None = None):
+        self.cfg = cfg
+        self.out = Path(out)
+        self.progress = progress
+        self.rundir = RunDir(self.out)
+        self.ckpt_path = self.rundir.checkpoint
+        resuming = self.rundir.open(to_dict(cfg), resume)  # the lock, the config check, leftovers
+        try:
+            self._setup(cfg, resuming)
+            if prefill is not None and not resuming:  # a resumed run's checkpoint holds its queue
+                self._load_prefill(Path(prefill))
+        except BaseException:
+            self.rundir.close()
+            raise
+
+    def _setup(self, cfg: TrainConfig, resuming: bool) -> None:
+        # bad data and a plan that does not fit the device fail here, before the model loads
+        records = training_records(cfg.train_data, cfg.synthetic, cfg.seed, cfg.data_source, cfg.data_root)
+        mode = delay_mode(cfg.delay)
+        mode.check_run(cfg)
+        self.memory_plan = check_memory(cfg)
+        random.seed(cfg.seed)
+        np.random.seed(cfg.seed)
+        torch.manual_seed(cfg.seed)
+
+        # below float32, the parameters (and the optimizer's view of them) stay float32 masters
+        # and every forward runs under autocast to model_dtype (method.md section 7)
+        params_dtype = "float32" if cfg.master_weights else cfg.model_dtype
+        self.compute_dtype = DTYPES[cfg.model_dtype]
+        checkpointing = self.memory_plan.gradient_checkpointing if self.memory_plan else cfg.gradient_checkpointing is True
+        self.model, self.tokenizer = load_policy(cfg.model, params_dtype, cfg.device, checkpointing)
+        self.device = next(self.model.parameters()).device
+        reference = None
+        if cfg.estimator.kl_coef > 0:  # the frozen starting policy, loaded like the policy
+            ref_device = self.device if cfg.reference_device == "auto" else cfg.reference_device
+            reference, _ = load_policy(cfg.model, params_dtype, ref_device)
+            reference.requires_grad_(False)
+        self.update = Update.from_config(cfg, self.model, self.tokenizer.pad_token_id, reference)
+        # on-policy runs train each batch with the weights that made it: the training forward gives
+        # the behaviour log-probs exactly, no extra pass needed
+        self.on_policy = mode.on_policy(cfg.delay)
+        # the run's own engine, grader and collector, unless its groups are generated by remote workers
+        self.collector = rollout_side(cfg, self.update, self.tokenizer,
+                                      "none" if self.on_policy else cfg.behaviour_logprobs) \
+            if mode.in_process else None
+        self.engine = self.collector.engine if self.collector else None
+        self.cursor = PromptCursor(records, cfg.seed)
+        self.source = mode.make_source(cfg, RunRollouts(self.cursor, self.collector), records)
+        self.optimizer = self._make_optimizer()
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
+        self.step = 0
+        self.consecutive_nonfinite = 0
+        self.skipped = 0
+        if resuming:
+            self._load_checkpoint()
+        else:
+            self._start_fresh()
+        self.source.publish(self.model, self.step)
+
+    # -- setup ------------------------------------------------------------------------------
+
+    def _make_optimizer(self):
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        kind = self.cfg.optimizer
+        if kind == "auto":
+            kind = "adamw8bit" if self.device.type == "cuda" else "adamw"
+        if kind == "adamw8bit":
+            import bitsandbytes as bnb
+
+            return bnb.optim.AdamW8bit(params, lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)
+        return torch.optim.AdamW(params, lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)
+
+    def _lr_factor(self, step: int) -> float:
+        cfg = self.cfg
+        if step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        frac = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+        if cfg.lr_schedule == "linear":
+            return max(0.0, 1.0 - frac)
+        if cfg.lr_schedule == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * min(1.0, frac)))
+        return 1.0
+
+    def _start_fresh(self) -> None:
+        self.rundir.reset()
+        write_text(self.out / CONFIG, yaml.safe_dump(to_dict(self.cfg), sort_keys=False))
+        self.run_info = provenance(seed=self.cfg.seed, device=str(self.device), threads=torch.get_num_threads(),
+                                   parameter_bytes=parameter_bytes(self.model))
+        write_json(self.out / INFO, self.run_info)
+
+    # -- one step -----------------------------------------------------------------------------
+
+    def train_step(self) -> Step:
+        """One optimizer step on the source's next batch; the rollout engine releases the device
+        for the update (:meth:`gmc.rollouts.streams.RolloutEngine.release_memory`). A device that runs out
+        of memory stops the run with the plan beside the measured peak (:func:`out_of_memory`)."""
+        t0 = time.perf_counter()
+        with out_of_memory(self.memory_plan, "generation", self.device):
+            batch = self.source.next_batch(self.step)
+        t1 = time.perf_counter()
+        if self.engine is not None:
+            self.engine.release_memory()
+        with out_of_memory(self.memory_plan, "training", self.device):
+            loss, stats, rewards = self.update.backward(batch.groups, self.on_policy)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
+        finite = self._optimizer_step(bool(torch.isfinite(loss)) and bool(torch.isfinite(grad_norm)))
+        if self.engine is not None:
+            self.engine.sync_weights(self.model)
+        self.source.publish(self.model, self.step + 1)
+        t2 = time.perf_counter()
+        lengths = torch.cat([g.lengths for g in batch.groups]).float()
+        metrics = {
+            "train/loss": float(loss) if finite else float("nan"),
+            "train/grad_norm": float(grad_norm),
+            "train/lr": self.scheduler.get_last_lr()[0],
+            "train/reward_mean": float(rewards.mean()),
+            "train/frac_groups_all_same": float((rewards.std(-1) == 0).float().mean()),
+            "train/response_length_mean": float(lengths.mean()),
+            "train/skipped_steps": float(self.skipped),
+            **stats,
+            **rollout_metrics(batch.collected),
+            **staleness_stats(batch.groups),
+            **self.source.stats(),
+            "time/step_seconds": t2 - t0,
+            "time/update_seconds": t2 - t1,
+        }
+        return Step(metrics, batch.groups)
+
+    def _optimizer_step(self, finite: bool) -> bool:
+        """Step the optimizer and schedule on a finite loss and gradient, else skip and count;
+        too many non-finite steps in a row stop the run."""
+        if finite:
+            self.optimizer.step()
+            self.scheduler.step()
+            self.consecutive_nonfinite = 0
+        else:
+            self.skipped += 1
+            self.consecutive_nonfinite += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.consecutive_nonfinite >= self.cfg.max_nonfinite_steps:
+            raise NonFiniteError(
+                f"{self.consecutive_nonfinite} consecutive steps with a non-finite loss or gradient at step "
+                f"{self.step}; the last good checkpoint is {self.ckpt_path if self.ckpt_path.exists() else 'none'}"
+            )
+        return finite
+
+    # -- checkpoints ----------------------------------------------------------------------
+
+    def _rng_state(self) -> dict:
+        state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+                 "engine": self.engine.generator_state() if hasattr(self.engine, "generator_state") else None}
+        if torch.cuda.is_available():
+            state["cuda"] = torch.cuda.get_rng_state_all()
+        return state
+
+    def _set_rng_state(self, rng: dict) -> None:
+        """Every random state :meth:`_rng_state` took: the process's (:func:`restore_rng_state`)
+        and the engine's streams."""
+        restore_rng_state(rng)
+        if rng.get("engine") is not None and hasattr(self.engine, "set_generator_state"):
+            self.engine.set_generator_state(rng["engine"])
+
+    def save_checkpoint(self) -> None:
+        """Write the checkpoint (see :mod:`gmc.run.rundir`); weights that are not finite are never written."""
+        weights = self.model.state_dict()
+        bad = nonfinite_tensors(weights)
+        if bad:
+            raise NonFiniteError(
+                f"{len(bad)} of {len(weights)} weight tensors are not finite after step {self.step} (first: {bad[0]}); "
+                f"no checkpoint written; the last good checkpoint is "
+                f"{self.ckpt_path if self.ckpt_path.exists() else 'none'}")
+        state = {
+            "step": self.step, "model": weights, "optimizer": self.optimizer.state_dict(),
+            "optimizer_class": type(self.optimizer).__name__, "scheduler": self.scheduler.state_dict(),
+            "rng": self._rng_state(), "cursor": self.cursor.state_dict(),
+            "source": self.source.state_dict(), "skipped": self.skipped,
+            "consecutive_nonfinite": self.consecutive_nonfinite, "run_info": self.run_info,
+        }
+        self.rundir.write_checkpoint(state)
+
+    def _load_checkpoint(self) -> None:
+        """Resume from the run directory's checkpoint, whichever device wrote it: the checkpoint
+        is read onto the CPU (:meth:`RunDir.load_checkpoint`); the weights are copied into the
+        model's own parameters and torch moves the optimizer's state to theirs, so no second copy
+        of either lands on the device; the random states go where they belong
+        (:func:`restore_rng_state`); the source's queued groups stay on the CPU until a step
+        consumes them (the update moves each batch to the device)."""
+        state = self.rundir.load_checkpoint()
+        kind = state.get("optimizer_class", type(self.optimizer).__name__)
+        if kind != type(self.optimizer).__name__:
+            raise CheckpointError(
+                f"{self.out}: the checkpoint's optimizer state is {kind}'s, this run's optimizer is "
+                f"{type(self.optimizer).__name__} (optimizer: auto is adamw8bit on CUDA, adamw elsewhere); resume on "
+                "the kind of device that wrote it, or start a run that moves between devices with optimizer: adamw")
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self._set_rng_state(state["rng"])
+        self.cursor.load_state_dict(state["cursor"])
+        self.source.load_state_dict(state["source"])
+        self.step = state["step"]
+        self.skipped = state["skipped"]
+        self.consecutive_nonfinite = state["consecutive_nonfinite"]
+        self.run_info = state["run_info"]
+        if self.step < self.cfg.steps:
+            self.rundir.unfinish()
+        if self.engine is not None:
+            self.engine.sync_weights(self.model)
+        self.rundir.truncate_logs(self.step)
+        log.info("resumed %s at step %d", self.out, self.step)
+
+    # -- a prefill shared by runs that differ only in the estimator ------------------------------
+
+    def write_prefill(self, path: str | os.PathLike) -> None:
+        """Generate this run's fixed-delay prefill (its ``d`` batches of the starting weights)
+        and write it to ``path`` with the states it leaves (prompt cursor, random streams) and
+        its measurements, for every run of the same :func:`~gmc.rollouts.sources.prefill_settings`
+        to start from (``gmc train --prefill``) instead of generating it again."""
+        settings = prefill_settings(self.cfg)
+        if settings is None or self.step:
+            raise ConfigError(f"{self.out}: no prefill to write (delay mode {self.cfg.delay.mode!r}, warmup "
+                              f"{self.cfg.delay.warmup!r}, d {self.cfg.delay.d}, step {self.step}): a prefill is the "
+                              "queue a fixed delay with warmup: prefill and d > 0 starts with")
+        collected = self.source.prefill(self.step)
+        state = {"settings": settings, "source": self.source.state_dict(), "cursor": self.cursor.state_dict(),
+                 "rng": self._rng_state(), "collected": collected}
+        with atomic_path(path) as tmp:
+            torch.save(state, tmp)
+
+    def _load_prefill(self, path: Path) -> None:
+        """Start from the prefill at ``path`` (:meth:`write_prefill`): the run then goes on
+        exactly as if it had generated it; a prefill made for other settings is refused, naming them."""
+        mine = prefill_settings(self.cfg)
+        if mine is None:
+            raise ConfigError(f"--prefill {path}: this run starts without a prefill (delay mode {self.cfg.delay.mode!r}, "
+                              f"warmup {self.cfg.delay.warmup!r}, d {self.cfg.delay.d})")
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=False)
+        except Exception as e:
+            raise ConfigError(f"--prefill {path}: cannot be read ({type(e).__name__}: {e})") from None
+        theirs = state.get("settings") if isinstance(state, dict) else None
+        if theirs != mine:
+            keys = sorted(k for k in {**mine, **(theirs or {})} if (theirs or {}).get(k) != mine.get(k))
+            raise ConfigError(f"--prefill {path}: made for other settings (differing: {', '.join(keys[:8])}); a run "
+                              "shares the prefill of runs whose settings differ only in the estimator")
+        self._set_rng_state(state["rng"])
+        self.cursor.load_state_dict(state["cursor"])
+        self.source.load_prefill(state["source"], state["collected"])
+        log.info("%s: starts from the prefill %s (%d queued batches)", self.out, path, len(state["source"]["queue"]))
+
+    # -- the loop -------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Shut the source (its workers), the collector (its grading pool) and the run directory (its lock)."""
+        self.source.close()
+        if self.collector:
+            self.collector.close()
+        self.rundir.close()
+
+    def run(self) -> dict:
+        """Train to ``cfg.steps``, checkpointing every ``checkpoint_every`` steps, every
+        ``checkpoint_minutes`` of wall clock and at the end. SIGTERM or SIGUSR1 (:data:`STOP`)
+        stops the run at the next step boundary with a checkpoint (:class:`Preempted`)."""
+        cfg = self.cfg
+        from gmc.run.tracking import live_tracker
+
+        tracker = live_tracker(cfg.tracking_uri, cfg.experiment, self.out, self.run_info["run_id"], to_dict(cfg))
+        bar = tqdm(total=cfg.steps, initial=self.step, desc=f"train {cfg.algorithm}", disable=not self.progress,
+                   unit="step")
+        STOP.install()  # again, if gmc train installed it: whatever replaced it since (Ray) is overruled
+        last_checkpoint = self.clock()
+        try:
+            with self.rundir.logs() as logs:
+                while self.step < cfg.steps:
+                    step = self.train_step()
+                    record = {"step": self.step, "time": time.time(), **step.metrics}
+                    logs.write(record, [group_record(self.step, g) for g in step.groups])
+                    if tracker:
+                        tracker.log(record)
+                    bar.update(1)
+                    bar.set_postfix(reward=f"{record['train/reward_mean']:.3f}",
+                                    stale=f"{record['async/staleness_mean']:.1f}")
+                    self.step += 1
+                    due = cfg.checkpoint_minutes and self.clock() - last_checkpoint >= 60 * cfg.checkpoint_minutes
+                    if (cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0) or self.step == cfg.steps \
+                            or due or STOP.received:
+                        self.save_checkpoint()
+                        last_checkpoint = self.clock()
+                    if STOP.received and self.step < cfg.steps:
+                        name = STOP.name
+                        log.warning("%s: stopped by %s after step %d; checkpoint written; resume with --resume",
+                                    self.out, name, self.step)
+                        raise Preempted(f"stopped by {name} after step {self.step} of {cfg.steps}; the checkpoint "
+                                        f"is written: continue with --resume")
+            with atomic_dir(self.out / "model") as tmp:
+                # the final model in its compute dtype (the masters stay in the checkpoint)
+                state = {k: v.to(self.compute_dtype) if v.is_floating_point() else v
+                         for k, v in self.model.state_dict().items()}
+                self.model.save_pretrained(tmp, state_dict=state)
+                self.tokenizer.save_pretrained(tmp)
+            summary = summarize_metrics(self.out / METRICS)
+            summary["run_id"] = self.run_info["run_id"]
+            self.rundir.finish(summary, cfg.keep_checkpoints)
+        finally:
+            try:  # the stop signals stay recorded while the workers and Ray shut down
+                bar.close()
+                self.close()
+            finally:
+                STOP.restore()
+        if tracker:
+            tracker.finish(summary)
+        return summary
+
+
+def restore_rng_state(rng: dict) -> None:
+    """Python's, NumPy's and torch's random states as a checkpoint's ``rng`` holds them, on any
+    device: torch's generators take their states as CPU byte tensors, so each is brought to the
+    CPU first, wherever the checkpoint's tensors were mapped; the CUDA states are restored only
+    where CUDA is available, one per device both runs have (a run written on the CPU leaves
+    them as the seed set them)."""
+    random.setstate(rng["python"])
+    np.random.set_state(rng["numpy"])
+    torch.set_rng_state(_cpu_bytes(rng["torch"]))
+    if rng.get("cuda") and torch.cuda.is_available():
+        states = [_cpu_bytes(s) for s in rng["cuda"]][: torch.cuda.device_count()]
+        torch.cuda.set_rng_state_all(states)
+
+
+def _cpu_bytes(state) -> torch.Tensor:
+    return torch.as_tensor(state).detach().to(device="cpu", dtype=torch.uint8)
+
+
+def check_memory(cfg: TrainConfig):
+    """The run's memory plan (:class:`gmc.policy.memory.Plan`) against its device (``memory_limit_gib``,
+    else the CUDA device's free memory); a run whose plan does not fit is refused. None on a
+    CPU without a limit, or for a model whose shape cannot be read."""
+    from gmc.policy.memory import GIB, ModelShape, check_fits, device_limit, plan
+
+    limit = device_limit(cfg)
+    if limit is None:
+        return None
+    try:
+        shape = ModelShape.of(cfg.model)
+    except (ValueError, OSError, KeyError) as e:
+        log.warning("no memory plan: %s", e)
+        return None
+    p = plan(cfg, limit, shape)
+    log.info("memory plan (peak %.1f of %.1f GiB):\n%s", p.peak / GIB, limit / GIB, p.table())
+    check_fits(p)
+    return p
+
+
+@contextlib.contextmanager
+def out_of_memory(memory_plan, phase: str, device):
+    """Turn the device's out-of-memory error in ``phase`` into a :class:`gmc.policy.memory.MemoryPlanError`
+    that shows the plan beside the peak the device measured, so a wrong plan says which item it
+    missed instead of a bare CUDA error."""
+    from gmc.policy.memory import GIB, MemoryPlanError
+
+    try:
+        yield
+    except torch.OutOfMemoryError as e:
+        if device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(device)
+            measured = (f"measured: peak allocated {torch.cuda.max_memory_allocated(device) / GIB:.2f} GiB, peak "
+                        f"reserved {torch.cuda.max_memory_reserved(device) / GIB:.2f} GiB, free now {free / GIB:.2f} "
+                        f"of {total / GIB:.2f} GiB")
+        else:
+            measured = f"measured: no peak counter on {device.type}"
+        planned = (f"planned: {getattr(memory_plan, phase) / GIB:.2f} GiB for {phase} of "
+                   f"{memory_plan.limit / GIB:.2f} GiB\n{memory_plan.table()}") if memory_plan else "no memory plan"
+        raise MemoryPlanError(f"out of memory in {phase}; {measured}; {planned}\n({e})") from e
+
+
+# ---------------------------------------------------------------------------------------------
+# the summary
+
+
+def summarize_metrics(path: str | Path, window: int = 20) -> dict:
+    rows = read_jsonl(path)
+    if not rows:
+        return {"steps": 0}
+
+    def mean(key, part):
+        vals = [r[key] for r in part if key in r and r[key] is not None and math.isfinite(r[key])]
+        return sum(vals) / len(vals) if vals else None
+
+    head, tail = rows[:window], rows[-window:]
+    out: dict = {"steps": len(rows)}
+    for key in ("rollout/reward_mean", "train/reward_mean"):
+        out[f"{key}_first{window}"] = mean(key, head)
+        out[f"{key}_last{window}"] = mean(key, tail)
+    for key in ("async/staleness_mean", *diagnostic_names(), "time/step_seconds"):
+        out[key] = mean(key, rows)
+    out["train/skipped_steps"] = rows[-1].get("train/skipped_steps", 0.0)
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def main_prefill(config: str | None, overrides: list[str], out: str) -> None:
+    """Write the prefill of the run of ``config`` (with ``overrides``) to ``out``
+    (:meth:`Trainer.write_prefill`); the run itself is not trained."""
+    import tempfile
+
+    from gmc.run.config import load_train_config
+
+    cfg = load_train_config(config, overrides)
+    with tempfile.TemporaryDirectory(prefix="gmc-prefill-") as tmp:
+        trainer = Trainer(cfg, Path(tmp) / "run", progress=False)
+        try:
+            trainer.write_prefill(out)
+        finally:
+            trainer.close()
+
+
+def main_train(config: str | None, overrides: list[str], out: str, resume: bool,
+               evaluation: tuple[str, str] | None = None, prefill: str | None = None) -> dict:
+    """Train the run of ``config`` (with ``overrides``) into ``out``; with ``evaluation``
+    (``(EvalConfig file, folder)``), then evaluate its final model in this process, exactly as
+    ``gmc evaluate`` would (:func:`gmc.run.evaluate.evaluate`), without paying a second start-up. A bad
+    evaluation config is refused before training."""
+    from gmc.run.config import load_train_config
+
+    cfg = load_train_config(config, overrides)
+    eval_cfg = None
+    if evaluation is not None:
+        from gmc.run.evaluate import EvalConfig
+        from gmc.settings import load_config
+
+        eval_cfg = load_config(EvalConfig, evaluation[0])
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    trainer = Trainer(cfg, out, resume=resume, prefill=prefill)
+    summary = trainer.run()
+    if eval_cfg is not None:
+        from gmc.run.evaluate import evaluate
+
+        del trainer  # the policy, optimizer and engine go before the evaluation's model loads
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        evaluate(str(Path(out) / "model"), evaluation[1], eval_cfg)
+    return summary

@@ -1,0 +1,181 @@
+"""The configuration of each run of a sweep, resolved once.
+
+:func:`resolve_run` takes the workflow's configuration (as :func:`gmc.sweep.schema.validate`
+leaves it: defaults filled, values coerced) and a point, and returns the run's whole
+:class:`~gmc.run.config.TrainConfig`. The workflow writes it to
+``<results>/configs/train/<point>.yaml`` and the job reads that file and nothing else; the
+workflow's validation and ``gmc plan-memory --preset`` call the same function. Every
+TrainConfig key has one home: the ``train`` section, or one of :data:`RUN_KEYS`, which the
+``train`` section therefore does not accept. Runs that are provably identical are trained once
+(:func:`shared_runs`), and fixed-delay runs that start from the same prefill share it
+(:func:`shared_prefills`). No torch is imported.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from gmc.estimators import REGISTRY
+from gmc.rollouts.delays import on_policy
+from gmc.rollouts.sources import prefill_id
+from gmc.run.config import TrainConfig
+from gmc.run.evaluate import EvalConfig
+from gmc.run.tracking import resolve_experiment, resolve_uri
+from gmc.settings import ConfigError, from_dict, to_dict
+from gmc.sweep.points import TRACE_PREFIX, Point, model_dir
+
+
+def delay_values(config: dict[str, Any], delay: str) -> dict[str, Any]:
+    """The ``delay`` settings of a run at a point's ``delay``: ``fixed`` with ``d`` (and the sweep's
+    warm-up) for a number, ``trace`` with its file, else the named mode with its section's settings."""
+    if str(delay).isdigit():
+        return {"mode": "fixed", "d": int(delay), "warmup": config["sweep"]["warmup"]}
+    if delay.startswith(TRACE_PREFIX):
+        return {"mode": "trace", "trace": config["traces"][delay.removeprefix(TRACE_PREFIX)]["file"]}
+    return {"mode": delay, **config[delay]["delay"]}
+
+
+def _mlflow(config: dict[str, Any]) -> dict[str, Any]:
+    """Live logging (a tracking URI in the config or ``$MLFLOW_TRACKING_URI``): where, under which
+    experiment; otherwise only the configured experiment (the runs are imported at the end)."""
+    uri, experiment = resolve_uri(config["mlflow"]["tracking_uri"], default=None), config["mlflow"]["experiment"]
+    if uri:
+        return {"tracking_uri": uri, "experiment": resolve_experiment(experiment)}
+    return {"tracking_uri": None, "experiment": experiment}
+
+
+RUN_KEYS: dict[str, Callable[[dict, Point], Any]] = {
+    "model": lambda config, point: model_dir(config, point.seed),
+    "algorithm": lambda config, point: point.algorithm,
+    "group_size": lambda config, point: point.group,
+    "seed": lambda config, point: point.seed,
+    "delay": lambda config, point: delay_values(config, point.delay),
+    "data_source": lambda config, point: config["data"]["source"],
+    "data_root": lambda config, point: config["data"]["root"],
+    "synthetic": lambda config, point: config["synthetic"],
+    "tracking_uri": lambda config, point: _mlflow(config)["tracking_uri"],
+    "experiment": lambda config, point: _mlflow(config)["experiment"],
+}
+"""The TrainConfig keys a run takes from outside the ``train`` section, each from its one home:
+``model.name``, the point, ``data``, ``synthetic``, ``mlflow`` (``delay``: ``sweep.delays`` and
+``sweep.warmup``, the named delay modes' sections, ``traces``)."""
+
+
+def run_values(config: dict[str, Any], point: Point) -> dict[str, Any]:
+    """The values a run's TrainConfig is built from: the ``train`` section and :data:`RUN_KEYS`."""
+    return {**config["train"], **{key: value(config, point) for key, value in RUN_KEYS.items()}}
+
+
+def resolve_run(config: dict[str, Any], point: Point) -> TrainConfig:
+    """The whole TrainConfig of the run at ``point`` of the sweep ``config``; a bad value is a
+    :class:`ConfigError` naming the key where the workflow's configuration holds it
+    (``train.lr``, ``latency.delay.slots``, ``model.name``)."""
+    try:
+        return from_dict(TrainConfig, run_values(config, point))
+    except ConfigError as e:
+        raise ConfigError(f"{e.reason} (run {point.path})", _section_key(e.key, point)) from None
+
+
+def _section_key(key: str | None, point: Point) -> str | None:
+    """Where a TrainConfig key lives in the workflow's configuration."""
+    if key is None:
+        return None
+    top = key.split(".", 1)[0].split("[", 1)[0]
+    if top == "delay":
+        leaf = key.split(".", 1)[1] if "." in key else ""
+        if str(point.delay).isdigit():
+            return "sweep.delays" if leaf in ("", "d", "mode") else f"sweep.{leaf}"
+        if point.delay.startswith(TRACE_PREFIX):
+            return f"traces.{point.delay.removeprefix(TRACE_PREFIX)}.file"
+        return f"{point.delay}.{key}"
+    homes = {"model": "model.name", "algorithm": "sweep.algorithms", "group_size": "sweep.group_sizes",
+             "seed": "sweep.seeds", "data_source": "data.source", "data_root": "data.root",
+             "tracking_uri": "mlflow.tracking_uri", "experiment": "mlflow.experiment"}
+    if top == "synthetic":
+        return key
+    return homes.get(top, f"train.{key}")
+
+
+def resolve_eval(config: dict[str, Any]) -> EvalConfig:
+    """The EvalConfig of every evaluation job: the ``evaluate`` section with the data and
+    synthetic task settings."""
+    values = eval_values(config)
+    try:
+        return from_dict(EvalConfig, values)
+    except ConfigError as e:
+        raise ConfigError(e.reason, f"evaluate.{e.key}" if e.key else "evaluate") from None
+
+
+def eval_values(config: dict[str, Any]) -> dict[str, Any]:
+    return dict(config["evaluate"], data_source=config["data"]["source"], data_root=config["data"]["root"],
+                synthetic=config["synthetic"])
+
+
+# ---------------------------------------------------------------------------------------------
+# runs that are provably identical
+
+
+SHARED_FILE = "shared.json"
+"""In the run directory of a point that shares another point's run: which run, and why."""
+
+
+def on_policy_class(cfg: TrainConfig) -> tuple | None:
+    """What the run's loss reduces to when it trains every batch with the weights that made it
+    (every ratio exactly 1): its estimator's declared class (``("pg", aggregation)``, the
+    aggregation set in ``estimator.aggregation`` or else the estimator's own); None when the
+    run is not on-policy or its estimator does not reduce to a plain policy gradient."""
+    if not on_policy(cfg.delay):
+        return None
+    entry = REGISTRY[cfg.algorithm]
+    return entry.on_policy_class(entry.resolved(cfg.estimator))
+
+
+def _share_key(cfg: TrainConfig) -> tuple | None:
+    cls = on_policy_class(cfg)
+    if cls is None:
+        return None
+    values = to_dict(cfg)
+    del values["algorithm"]
+    return (cls, json.dumps(values, sort_keys=True))
+
+
+def shared_runs(config: dict[str, Any], points: list[Point]) -> dict[Point, Point]:
+    """Each point whose run is provably identical to an earlier point's, mapped to that point:
+    same resolved settings but the estimator, on-policy, and estimators of one on-policy class
+    (:func:`on_policy_class`); the sweep trains the first point of each class only."""
+    first: dict[tuple, Point] = {}
+    shared = {}
+    for point in points:
+        key = _share_key(resolve_run(config, point))
+        if key is None:
+            continue
+        if key in first:
+            shared[point] = first[key]
+        else:
+            first[key] = point
+    return shared
+
+
+def check_shared(member: TrainConfig, run: TrainConfig) -> tuple:
+    """The on-policy class two runs share; a ValueError when they are not provably identical."""
+    a, b = _share_key(member), _share_key(run)
+    if a is None or a != b:
+        raise ValueError(f"{member.algorithm} and {run.algorithm} do not train the same run: "
+                         f"{on_policy_class(member)} vs {on_policy_class(run)}, or other settings differ")
+    return a[0]
+
+
+def shared_prefills(config: dict[str, Any], points: list[Point]) -> dict[Point, tuple[str, Point]]:
+    """Each point whose fixed-delay prefill another point's run would generate too (same
+    :func:`~gmc.rollouts.sources.prefill_settings`: every setting but the estimator), mapped to the
+    prefill's name (:func:`~gmc.rollouts.sources.prefill_id`) and the first point of its class, whose
+    config writes it; the sweep generates each once (``gmc prefill``) and starts every member
+    from it (``gmc train --prefill``). A prefill of one run alone is left to that run."""
+    members: dict[str, list[Point]] = {}
+    for point in points:
+        name = prefill_id(resolve_run(config, point))
+        if name is not None:
+            members.setdefault(name, []).append(point)
+    return {p: (name, ps[0]) for name, ps in members.items() if len(ps) > 1 for p in ps}

@@ -1,0 +1,264 @@
+"""The off-policy corrections against the peers' own loss code on identical inputs: verl's
+``core_algos`` policy losses and rollout-correction helpers (its rejection metrics, and its
+decoupled and bypass modes for the two denominators of a mask), TRL's ``GRPOTrainer._compute_loss``.
+
+``make test-peers`` installs the peers (TRL from the ``bench`` extra, verl without its
+dependencies, which pin another transformers) and runs this file; elsewhere each test skips where
+its peer does not import. Both sides see the same float32 tensors; the gradients with respect to
+the policy's log-probs must agree.
+"""
+
+import dataclasses
+import types
+from collections import defaultdict
+
+import pytest
+import torch
+
+from gmc.estimators import (
+    DIVERGENCE_METRICS,
+    REGISTRY,
+    EstimatorConfig,
+    get_estimator,
+    group_advantages,
+)
+
+B, G, T = 4, 4, 10
+
+
+def stale_batch(seed, scale=0.4):
+    """Log-probs ``[B, G, T]`` far enough from the behaviour's that every clip and mask fires."""
+    g = torch.Generator().manual_seed(seed)
+    logp_b = -torch.rand(B, G, T, generator=g) * 2 - 0.05
+    logp = (logp_b + scale * torch.randn(B, G, T, generator=g)).clamp(max=-1e-3)
+    lengths = torch.randint(2, T + 1, (B, G), generator=g)
+    mask = torch.arange(T).expand(B, G, T) < lengths.unsqueeze(-1)
+    adv = group_advantages(torch.randint(0, 2, (B, G), generator=g).float())
+    return logp, logp_b, mask, adv
+
+
+def ours(name, logp, logp_b, mask, adv, cfg):
+    """The gradient ``[B*G, T]`` of our loss with respect to the log-probs."""
+    x = logp.clone().requires_grad_(True)
+    loss, stats = get_estimator(name)(x, logp_b, mask, adv, REGISTRY[name].resolved(cfg), max_new_tokens=T)
+    loss.backward()
+    return x.grad.reshape(B * G, T), stats
+
+
+def flat(logp, logp_b, mask, adv):
+    """The peers' layout: rows ``[B*G, T]``, a float mask, the advantage on every token."""
+    return (logp.reshape(B * G, T), logp_b.reshape(B * G, T), mask.reshape(B * G, T).float(),
+            adv.reshape(B * G, 1).expand(B * G, T).contiguous())
+
+
+@pytest.fixture(scope="module")
+def verl():
+    core_algos = pytest.importorskip("verl.trainer.ppo.core_algos", reason="verl is not installed (make test-peers)")
+    from verl.trainer.config.algorithm import RolloutCorrectionConfig
+    from verl.trainer.ppo import rollout_corr_helper
+    from verl.workers.config.actor import ActorConfig, PolicyLossConfig
+
+    return types.SimpleNamespace(core_algos=core_algos, corr=rollout_corr_helper, ActorConfig=ActorConfig,
+                                 PolicyLossConfig=PolicyLossConfig, RolloutCorrectionConfig=RolloutCorrectionConfig)
+
+
+def verl_grad(verl, loss_mode, batch, agg, response_mask=None, old_log_prob=None, batch_num_tokens=None, **actor):
+    """The gradient of verl's policy loss ``loss_mode``; ``response_mask`` and ``old_log_prob``
+    replace the batch's, ``batch_num_tokens`` is the global token count a verl worker passes."""
+    logp, logp_b, mask, adv = flat(*batch)
+    x = logp.clone().requires_grad_(True)
+    config = verl.ActorConfig(strategy="fsdp", rollout_n=G, ppo_micro_batch_size_per_gpu=1, **actor)
+    if batch_num_tokens is not None:
+        config.global_batch_info["batch_num_tokens"] = batch_num_tokens
+    loss, _ = verl.core_algos.get_policy_loss_fn(loss_mode)(
+        old_log_prob=logp_b if old_log_prob is None else old_log_prob, log_prob=x, advantages=adv,
+        response_mask=mask if response_mask is None else response_mask, loss_agg_mode=agg, config=config)
+    loss.backward()
+    return x.grad
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_cispo_equals_verl(verl, seed):
+    batch = stale_batch(seed)
+    cfg = EstimatorConfig(cispo_eps_low=0.3, cispo_eps_high=0.2)
+    grad, stats = ours("cispo", *batch, cfg)
+    assert 0 < stats["ratio/frac_tokens_clipped"] < 1
+    ref = verl_grad(verl, "cispo", batch, "token-mean", clip_ratio_low=0.3, clip_ratio_high=0.2)
+    torch.testing.assert_close(grad, ref, rtol=1e-5, atol=1e-7)
+    # the defaults: verl's CISPO recipe
+    ref = verl_grad(verl, "cispo", batch, "token-mean", clip_ratio_low=10.0, clip_ratio_high=0.2)
+    torch.testing.assert_close(ours("cispo", *batch, EstimatorConfig())[0], ref, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_gmpo_equals_verl_geo_mean(verl, seed):
+    batch = stale_batch(seed)
+    grad, stats = ours("gmpo", *batch, EstimatorConfig())
+    assert 0 < stats["ratio/frac_tokens_clipped"] < 1
+    ref = verl_grad(verl, "geo_mean", batch, "seq-mean-token-mean", clip_ratio_low=0.4, clip_ratio_high=0.4)
+    torch.testing.assert_close(grad, ref, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_sapo_equals_verl(verl, seed):
+    batch = stale_batch(seed)
+    grad, stats = ours("sapo", *batch, EstimatorConfig(sapo_tau_pos=4.0, sapo_tau_neg=5.0))
+    assert 0 < stats["ratio/frac_tokens_damped"] < 1
+    # verl takes the mean per sequence whatever loss_agg_mode says
+    ref = verl_grad(verl, "sapo", batch, "token-mean", tau_pos=4.0, tau_neg=5.0)
+    torch.testing.assert_close(grad, ref, rtol=1e-5, atol=1e-7)
+    # the defaults: verl's tau_pos and tau_neg
+    ref = verl_grad(verl, "sapo", batch, "seq-mean-token-mean")
+    torch.testing.assert_close(ours("sapo", *batch, EstimatorConfig())[0], ref, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_dppo_equals_verl_dppo_tv(verl, seed):
+    batch = stale_batch(seed)
+    cfg = EstimatorConfig(dppo_delta_low=0.05, dppo_delta_high=0.05, dppo_ratio_cap=1.5)
+    grad, stats = ours("dppo", *batch, cfg)
+    assert 0 < stats["ratio/frac_tokens_masked"] < 1
+    ref = verl_grad(verl, "dppo_tv", batch, "token-mean", clip_ratio_low=0.05, clip_ratio_high=0.05,
+                    clip_ratio_c=1.5)
+    torch.testing.assert_close(grad, ref, rtol=1e-5, atol=1e-7)
+
+
+def assert_weights_equal(name, batch, cfg, weights):
+    """Our per-token weight on ``A grad log pi`` (the gradient of the ``token_mean`` loss with unit
+    advantages, times the token count) equals the peer's ``weights [B*G, T]`` on valid tokens; the
+    estimator's own mask statistic shows that the bounds dropped part of the batch, not all."""
+    logp, logp_b, mask, _ = batch
+    grad, stats = ours(name, logp, logp_b, mask, torch.ones(B, G), cfg)
+    (key,) = REGISTRY[name].diagnostics
+    assert 0 < stats[key] < 1, (key, stats[key])
+    valid = mask.reshape(B * G, T).float()
+    torch.testing.assert_close(-grad * valid.sum(), weights * valid, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_icepop_weights_equal_verl_token_is_with_a_band(verl, seed):
+    batch = stale_batch(seed, scale=0.8)
+    logp, logp_b, mask, _ = flat(*batch)
+    weights, _ = verl.corr.compute_rollout_correction_weights(
+        log_ratio=logp - logp_b, response_mask=mask, rollout_is="token", rollout_is_threshold="0.5_5.0")
+    assert_weights_equal("icepop", batch, EstimatorConfig(), weights)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_seq_mask_weights_equal_verl_sequence_is_with_a_band(verl, seed):
+    batch = stale_batch(seed, scale=0.3)
+    logp, logp_b, mask, _ = flat(*batch)
+    weights, _ = verl.corr.compute_rollout_correction_weights(
+        log_ratio=logp - logp_b, response_mask=mask, rollout_is="sequence", rollout_is_threshold="0.5_3.0")
+    assert_weights_equal("seq_mask", batch, EstimatorConfig(seq_mask_low=0.5), weights)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_seq_mask_geo_mean_equals_verl_seq_mean_k1_rejection(verl, seed):
+    batch = stale_batch(seed, scale=0.3)
+    logp, logp_b, mask, _ = flat(*batch)
+    kept, _ = verl.corr.compute_rollout_rejection_mask(
+        log_ratio=logp - logp_b, response_mask=mask, rollout_rs="seq_mean_k1", rollout_rs_threshold="0.9_1.1")
+    # verl bounds exp(mean_t -log r), the reciprocal of our geometric mean
+    cfg = EstimatorConfig(seq_mask_metric="geo_mean", seq_mask_low=1 / 1.1, seq_mask_high=1 / 0.9)
+    assert_weights_equal("seq_mask", batch, cfg, kept.float())
+
+
+DIVERGENCE_BOUNDS = {"token_k1": (0.7, 1.4), "token_k2": (0, 0.1), "token_k3": (0, 0.1), "seq_sum_k1": (0.5, 2.0),
+                     "seq_sum_k2": (0, 0.3), "seq_sum_k3": (0, 0.3), "seq_mean_k1": (0.9, 1.1),
+                     "seq_mean_k2": (0, 0.04), "seq_mean_k3": (0, 0.04), "seq_max_k2": (0, 0.12),
+                     "seq_max_k3": (0, 0.12)}
+"""``(seq_mask_low, seq_mask_high)`` per rejection metric, dropping part of :func:`stale_batch` (0.3)."""
+
+
+def verl_threshold(metric):
+    """verl's ``rollout_rs_threshold`` for our bounds: ``"low_high"`` for k1, the upper bound otherwise."""
+    low, high = DIVERGENCE_BOUNDS[metric]
+    return f"{low}_{high}" if metric.endswith("k1") else str(high)
+
+
+@pytest.mark.parametrize("metric", DIVERGENCE_METRICS)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_seq_mask_divergence_metrics_equal_verl_rejection(verl, metric, seed):
+    batch = stale_batch(seed, scale=0.3)
+    logp, logp_b, mask, _ = flat(*batch)
+    kept, _ = verl.corr.compute_rollout_rejection_mask(
+        log_ratio=logp - logp_b, response_mask=mask, rollout_rs=metric, rollout_rs_threshold=verl_threshold(metric))
+    low, high = DIVERGENCE_BOUNDS[metric]
+    assert_weights_equal("seq_mask", batch, EstimatorConfig(seq_mask_metric=metric, seq_mask_low=low,
+                                                            seq_mask_high=high), kept.float())
+
+
+@pytest.mark.parametrize("metric", ["seq_mean_k1", "token_k2", "seq_max_k3"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_two_denominators_are_verls_bypass_and_decoupled_rejection(verl, metric, seed):
+    """``all`` is verl's bypass mode (the rejection inside the loss, divided by the batch's token
+    count); ``kept`` its decoupled mode (the rejection shrinks ``response_mask`` before a PPO loss
+    whose proximal policy, one update per batch, is the current one)."""
+    batch = stale_batch(seed, scale=0.3)
+    logp, logp_b, mask, _ = flat(*batch)
+    low, high = DIVERGENCE_BOUNDS[metric]
+    cfg = EstimatorConfig(seq_mask_metric=metric, seq_mask_low=low, seq_mask_high=high)
+    rc = verl.RolloutCorrectionConfig(rollout_is=None, rollout_rs=metric, rollout_rs_threshold=verl_threshold(metric),
+                                      loss_type="reinforce", bypass_mode=True)
+    bypass = verl_grad(verl, "bypass_mode", batch, "token-mean", batch_num_tokens=mask.sum(),
+                       policy_loss=verl.PolicyLossConfig(loss_mode="bypass_mode", rollout_correction=rc))
+    grad_all, stats = ours("seq_mask", *batch, cfg)
+    assert 0 < stats["ratio/frac_tokens_masked"] < 1
+    torch.testing.assert_close(grad_all, bypass, rtol=1e-5, atol=1e-7)
+    kept, _ = verl.corr.compute_rollout_rejection_mask(
+        log_ratio=logp - logp_b, response_mask=mask, rollout_rs=metric, rollout_rs_threshold=verl_threshold(metric))
+    decoupled = verl_grad(verl, "vanilla", batch, "token-mean", response_mask=kept, old_log_prob=logp.detach())
+    grad_kept, _ = ours("seq_mask", *batch, dataclasses.replace(cfg, mask_denominator="kept"))
+    torch.testing.assert_close(grad_kept, decoupled, rtol=1e-5, atol=1e-7)
+    assert not torch.allclose(grad_kept, grad_all)
+
+
+def trl_grad(loss_type, batch, args=None, **attrs):
+    """``GRPOTrainer._compute_loss`` on a stand-in trainer whose model returns ``logp``; ``args``
+    adds to its ``GRPOConfig`` stand-in."""
+    grpo_trainer = pytest.importorskip("trl.trainer.grpo_trainer", reason="TRL is not installed (make test-peers)")
+    logp, logp_b, mask, adv = flat(*batch)
+    x = logp.clone().requires_grad_(True)
+    accelerator = types.SimpleNamespace(num_processes=1, sync_gradients=True, gather=lambda t: t,
+                                        gather_for_metrics=lambda t: t, reduce=lambda t, reduction="sum": t)
+    settings = {"epsilon_low": 0.2, "epsilon_high": 0.2, **attrs}
+    trainer = types.SimpleNamespace(
+        loss_type=loss_type, beta=0.0, importance_sampling_level="token",
+        top_entropy_quantile=1.0, off_policy_mask_threshold=None, use_vllm=False, aux_loss_enabled=False,
+        _entropy_bonus_enabled=False, current_gradient_accumulation_steps=1, accelerator=accelerator,
+        model=types.SimpleNamespace(training=True), _metrics={"train": defaultdict(list)},
+        args=types.SimpleNamespace(steps_per_generation=1, delta=None, use_bias_correction_kl=False, **(args or {})),
+        _get_per_token_logps_and_entropies=lambda *a, **k: (x, torch.zeros_like(x), None), **settings)
+    inputs = {"prompt_ids": torch.zeros(B * G, 1, dtype=torch.long), "prompt_mask": torch.ones(B * G, 1),
+              "completion_ids": torch.zeros(B * G, T, dtype=torch.long), "completion_mask": mask,
+              "advantages": adv[:, 0], "old_per_token_logps": logp_b, "num_items_in_batch": mask.sum()}
+    grpo_trainer.GRPOTrainer._compute_loss(trainer, None, inputs).backward()
+    return x.grad
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_cispo_equals_trl(seed):
+    batch = stale_batch(seed)
+    cfg = EstimatorConfig(cispo_eps_high=0.3)
+    grad, stats = ours("cispo", *batch, cfg)
+    assert 0 < stats["ratio/frac_tokens_clipped"] < 1
+    # TRL's CISPO clips from above only, at the absolute bound epsilon_high
+    ref = trl_grad("cispo", batch, epsilon_high=1.3)
+    torch.testing.assert_close(grad, ref, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_sapo_equals_trl(seed):
+    batch = stale_batch(seed)
+    grad, stats = ours("sapo", *batch, EstimatorConfig(sapo_tau_pos=4.0, sapo_tau_neg=5.0))
+    assert 0 < stats["ratio/frac_tokens_damped"] < 1
+    ref = trl_grad("sapo", batch, args={"sapo_temperature_pos": 4.0, "sapo_temperature_neg": 5.0})
+    torch.testing.assert_close(grad, ref, rtol=1e-5, atol=1e-7)
+    # the defaults: GRPOConfig's sapo temperatures
+    from trl import GRPOConfig
+
+    defaults = {k: getattr(GRPOConfig, k) for k in ("sapo_temperature_pos", "sapo_temperature_neg")}
+    assert defaults == {"sapo_temperature_pos": 1.0, "sapo_temperature_neg": 1.05}
+    torch.testing.assert_close(ours("sapo", *batch, EstimatorConfig())[0], trl_grad("sapo", batch, args=defaults),
+                               rtol=1e-5, atol=1e-7)

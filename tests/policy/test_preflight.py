@@ -1,0 +1,33 @@
+"""Model folders are checked before anything loads them: a missing tokenizer, half-written
+weights, a missing config and a missing folder are each named."""
+
+import shutil
+
+import pytest
+
+
+def test_model_folders_are_checked_before_loading(tmp_path, tiny_model_dir):
+    from gmc.policy.model import load_policy
+    from gmc.policy.preflight import ModelFolderError
+
+    def broken(name, damage):
+        folder = tmp_path / name
+        shutil.copytree(tiny_model_dir, folder)
+        damage(folder)
+        return str(folder)
+
+    no_tokenizer = broken("no_tokenizer", lambda f: (f / "tokenizer.json").unlink())
+    with pytest.raises(ModelFolderError, match="lacks a tokenizer"):
+        load_policy(no_tokenizer, device="cpu")
+
+    def truncate(folder):
+        weights = folder / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[:-1000])
+
+    with pytest.raises(ModelFolderError, match=r"model\.safetensors: incomplete safetensors file"):
+        load_policy(broken("half_written", truncate), device="cpu")
+    with pytest.raises(ModelFolderError, match=r"lacks config\.json; weights"):
+        load_policy(broken("empty", lambda f: [p.unlink() for p in f.iterdir() if not p.name.startswith("tok")]),
+                    device="cpu")
+    with pytest.raises(ModelFolderError, match="not found"):
+        load_policy(str(tmp_path / "nowhere" / "tiny"), device="cpu")

@@ -1,0 +1,34 @@
+"""The figures of a sweep: intervals over seeds, labels and axes."""
+
+import pytest
+from helpers import fake_run
+
+from gmc.results.stats import mean_interval
+from gmc.results.tables import (
+    collect,
+)
+
+
+def test_figures_show_intervals_over_seeds(tmp_path):
+    import matplotlib.pyplot as plt
+
+    from gmc.results import figures
+
+    r = tmp_path / "results"
+    for seed, (g, t) in enumerate([(0.70, 0.50), (0.72, 0.56), (0.74, 0.52)]):
+        fake_run(r, "gmc", 16, 8, seed, 0.5 + 0.1 * seed, g, se=0.02)
+        fake_run(r, "tic", 16, 8, seed, 0.5, t, se=0.02)
+    fake_run(r, "gmc", 0, 8, 0, 0.5, 0.7, se=0.02)
+    paths = figures.run_figures(r)
+    assert {p.stem for p in paths} >= {"reward_vs_step", "score_vs_delay", "score_vs_group"}
+    frame = collect(r)
+    figures._score_column(frame)
+    fig, ax = plt.subplots()
+    gmc = figures._numeric_delays(frame[frame.algorithm == "gmc"])
+    figures._line_by_algorithm(ax, gmc, "delay", "score", "score_se")
+    bars = ax.containers[0]  # errorbar container: (line, caps, bar collections)
+    segs = bars.lines[2][0].get_segments()
+    half = {int(float(seg[0][0])): (seg[1][1] - seg[0][1]) / 2 for seg in segs}
+    expected = mean_interval([0.35, 0.36, 0.37], [0.02] * 3).half
+    assert half[0] == 0 and half[16] == pytest.approx(expected)  # one seed at delay 0: no bar
+    plt.close(fig)

@@ -1,0 +1,134 @@
+"""The tables built from run directories: means and intervals over seeds, the base model per
+seed, shared runs, paired differences, and points parsed back from paths."""
+
+import json
+import math
+import shutil
+
+import pandas as pd
+import pytest
+from helpers import fake_run
+
+from gmc.results.tables import (
+    base_scores,
+    collect,
+    parse_point,
+    to_latex,
+    to_markdown,
+    write_tables,
+)
+
+
+def test_tables_aggregate_seeds(tmp_path):
+    r = tmp_path / "results"
+    fake_run(r, "gmc", 16, 8, 0, 0.5, 0.4)
+    fake_run(r, "gmc", 16, 8, 1, 0.7, 0.6)
+    fake_run(r, "grpo", 0, 8, 0, 0.3, 0.2)
+    fake_run(r, "grpo", "latency", 8, 0, 0.1, 0.1)
+    frame = collect(r)
+    assert list(frame["delay"]) == ["16", "16", "0", "latency"]
+    tables = write_tables(r)
+    main = tables["main"]
+    row = main[(main.algorithm == "gmc")].iloc[0]
+    assert row["rollout/reward_mean_last20:mean"] == pytest.approx(0.6)
+    sd = pd.Series([0.5, 0.7]).std()
+    assert row["rollout/reward_mean_last20:std"] == pytest.approx(sd)
+    assert row["rollout/reward_mean_last20:half"] == pytest.approx(12.7062047 * sd / math.sqrt(2))
+    assert row["eval/mean/greedy:mean"] == pytest.approx(0.5) and row["n_seeds"] == 2
+    # greedy: binomial standard error over the 101 problems, folded into the interval
+    se = [math.sqrt(p * (1 - p) / 100) for p in (0.4, 0.6)]
+    half = 12.7062047 * math.sqrt((sd**2 + (se[0] ** 2 + se[1] ** 2) / 2) / 2)
+    assert row["eval/synthetic/greedy:half"] == pytest.approx(half)
+    assert row["eval/mean/greedy:half"] == pytest.approx(half)
+    md = to_markdown(main)
+    assert "0.600 ± 1.271" in md and "synthetic Pass@1" in md
+    grpo = main[main.algorithm == "grpo"].iloc[0]  # one seed: a mean, no interval
+    assert grpo["n_seeds"] == 1 and math.isnan(grpo["eval/synthetic/pass_at_1:half"])
+    assert r"$\pm$" in to_latex(main)
+    assert (r / "tables" / "main.csv").exists() and (r / "tables" / "diagnostics.tex").exists()
+
+
+def test_a_base_model_per_seed_gives_the_base_row_an_interval(tmp_path):
+    r = tmp_path / "results"
+    fake_run(r, "gmc", 0, 8, 0, 0.5, 0.4)
+    for seed, score in enumerate((0.30, 0.36, 0.42)):
+        d = r / "eval" / "base" / f"seed~{seed}"
+        d.mkdir(parents=True)
+        (d / "synthetic.json").write_text(json.dumps({"benchmark": "synthetic", "greedy": score, "problems": 101}))
+    assert list(base_scores(r)["seed"]) == [0, 1, 2]
+    base = write_tables(r)["main"].iloc[0]
+    assert base["algorithm"] == "base" and base["n_seeds"] == 3
+    se = [math.sqrt(p * (1 - p) / 100) for p in (0.30, 0.36, 0.42)]
+    half = 4.30265273 * math.sqrt((0.06**2 + sum(x**2 for x in se) / 3) / 3)
+    assert base["eval/synthetic/greedy:mean"] == pytest.approx(0.36)
+    assert base["eval/synthetic/greedy:half"] == pytest.approx(half)
+    runs = write_tables(r)["runs"]  # what the interval is made of: one row per seed, base models first
+    assert [(a, s) for a, s in zip(runs["algorithm"], runs["seed"])] == [("base", 0), ("base", 1), ("base", 2),
+                                                                         ("gmc", 0)]
+    assert list(runs["eval/synthetic/greedy"]) == pytest.approx([0.30, 0.36, 0.42, 0.4])
+    assert "| base | - | 0 | 1 | - | 0.360 | - | 0.360 | - |" in (r / "tables" / "runs.md").read_text()
+    # one base model for every seed (a hub model): one row, no interval
+    shutil.rmtree(r / "eval" / "base")
+    (r / "eval" / "base").mkdir()
+    (r / "eval" / "base" / "synthetic.json").write_text(json.dumps({"benchmark": "synthetic", "greedy": 0.3,
+                                                                    "problems": 101}))
+    base = write_tables(r)["main"].iloc[0]
+    assert base["algorithm"] == "base" and base["n_seeds"] == 1 and math.isnan(base["eval/synthetic/greedy:half"])
+
+
+def test_a_shared_run_appears_under_both_names_and_differs_from_itself_by_exactly_zero(tmp_path):
+    r = tmp_path / "results"
+    for seed, score in enumerate((0.40, 0.55, 0.47)):
+        fake_run(r, "gmc", 0, 8, seed, score, score, se=0.02)
+        tic = r / "train" / "algo~tic" / "delay~0" / "group~8" / f"seed~{seed}"
+        tic.mkdir(parents=True)
+        (tic / "shared.json").write_text(json.dumps({"run": f"algo~gmc/delay~0/group~8/seed~{seed}"}))
+    frame = collect(r)
+    assert sorted(frame["algorithm"]) == ["gmc"] * 3 + ["tic"] * 3
+    assert set(frame.loc[frame.algorithm == "tic", "shared_with"]) == {"gmc"}
+    tables = write_tables(r)
+    row = tables["paired"][(tables["paired"].comparison == "gmc − tic")
+                           & (tables["paired"].metric == "eval/synthetic/pass_at_1")].iloc[0]
+    assert row["diff"] == 0 and row["half"] == 0  # one evaluation: no evaluation noise between them
+    assert "tic (run of gmc)" in (r / "tables" / "main.md").read_text()
+
+
+def test_parse_point_and_missing_runs(tmp_path):
+    assert parse_point("results/train/algo~gmc/delay~latency/group~8/seed~2") == {
+        "algorithm": "gmc", "delay": "latency", "group": 8, "seed": 2}
+    assert parse_point("results/train/other") is None
+    with pytest.raises(FileNotFoundError, match="no finished runs"):
+        collect(tmp_path)
+
+
+def test_paired_differences_at_equal_delay_group_and_seed(tmp_path):
+    r = tmp_path / "results"
+    for seed, (g, t, p) in enumerate([(0.70, 0.50, 0.60), (0.72, 0.56, 0.74), (0.74, 0.52, 0.62)]):
+        fake_run(r, "gmc", 16, 8, seed, 0.5, g, se=0.02)
+        fake_run(r, "tic", 16, 8, seed, 0.5, t, se=0.02)
+        fake_run(r, "grpo", 16, 8, seed, 0.5, p, se=0.02)
+    fake_run(r, "gmc", 0, 8, 1, 0.5, 0.9)  # on-policy partner of gmc's seed 1 only
+    fake_run(r, "tic", 16, 4, 0, 0.5, 0.7)  # no partner: skipped
+    paired = write_tables(r)["paired"]
+    assert list(dict.fromkeys(paired["comparison"])) == ["gmc − tic", "gmc − grpo", "tic − grpo",
+                                                         "gmc: stale − on-policy"]
+    assert set(zip(paired["delay"], paired["group"])) == {("16", 8)}
+    stale = paired[(paired.comparison == "gmc: stale − on-policy") & (paired.metric == "eval/synthetic/pass_at_1")]
+    assert len(stale) == 1 and stale.iloc[0]["n_seeds"] == 1  # seed 1 alone is paired
+    assert stale.iloc[0]["diff"] == pytest.approx((0.72 - 0.9) / 2)
+    row = paired[(paired.comparison == "tic − grpo") & (paired.metric == "eval/synthetic/pass_at_1")].iloc[0]
+    assert row["diff"] == pytest.approx(((0.50 - 0.60) + (0.56 - 0.74) + (0.52 - 0.62)) / 6)
+    row = paired[(paired.comparison == "gmc − tic") & (paired.metric == "eval/synthetic/pass_at_1")].iloc[0]
+    d = [(0.70 - 0.50) / 2, (0.72 - 0.56) / 2, (0.74 - 0.52) / 2]  # pass_at_1 = score / 2
+    half = 4.30265273 * math.sqrt((pd.Series(d).var() + 2 * 0.02**2) / 3)
+    assert row["diff"] == pytest.approx(sum(d) / 3) and row["half"] == pytest.approx(half)
+    assert row["n_seeds"] == 3 and row["n_sign"] == 3 and row["excludes_zero"]
+    row = paired[(paired.comparison == "gmc − grpo") & (paired.metric == "eval/synthetic/pass_at_1")].iloc[0]
+    assert row["n_sign"] == 2 and not row["excludes_zero"]
+    reward = paired[paired.metric == "rollout/reward_mean_last20"]
+    assert (reward["diff"] == 0).all() and not reward["excludes_zero"].any()
+    md = (r / "tables" / "paired.md").read_text()
+    assert "gmc − tic at delay 16, G = 8, synthetic Pass@1: +0.097" in md and "(3/3) *" in md
+    assert "gmc − grpo at delay 16, G = 8, synthetic Pass@1" not in md
+    assert "$-$" in (r / "tables" / "paired.tex").read_text()
+    assert len(pd.read_csv(r / "tables" / "paired.csv")) == len(paired)

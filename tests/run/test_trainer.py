@@ -1,0 +1,220 @@
+"""The training loop: fixed delay 0 equals the plain loop, staleness logged per group, behaviour
+log-probs from the trainer or the sampler, hard-kill and signal resumes equal the uninterrupted
+run, checkpoints by wall clock, non-finite steps, shared prefills, and bad data caught before
+the model loads."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+import yaml
+from helpers import train
+
+from gmc.estimators import losses
+from gmc.io import read_jsonl
+from gmc.run.config import ConfigError, load_train_config, to_dict
+from gmc.run.rundir import RunDir
+from gmc.run.trainer import NonFiniteError, Trainer, without_time
+
+
+@pytest.mark.parametrize("line, message", [
+    (b'{"problem": "1+1", "answer": "2\xff"}', r"train\.jsonl:2: not UTF-8 text \(byte 0xff\)"),
+    (b'{"problem": "1+1", "answer": true}', r"train\.jsonl:2: field 'answer' must be text"),
+    (b'{"problem": "1+1", "answer": {"a": 1}}', r"train\.jsonl:2: field 'answer' must be text"),
+    (b'{"problem": 7, "answer": "2"}', r"train\.jsonl:2: field 'problem' must be text"),
+])
+def test_bad_training_data_is_named_before_the_model_loads(tmp_path, small_config, no_model_load, line, message):
+    from gmc.tasks.datasets import DataError
+
+    data = tmp_path / "train.jsonl"
+    data.write_bytes(b'{"problem": "2+2", "answer": "4"}\n' + line + b"\n")
+    with pytest.raises(DataError, match=message):
+        Trainer(small_config(train_data=str(data)), tmp_path / "run", progress=False)
+    RunDir(tmp_path / "run").acquire()  # the failed start released the lock
+
+
+def test_fixed_delay_zero_equals_plain_loop(tmp_path, train_small):
+    a = train(tmp_path, "sync", train_small, **{"delay.mode": "sync"})
+    b = train(tmp_path, "fixed0", train_small, **{"delay.mode": "fixed", "delay.d": 0})
+    ra, rb = read_jsonl(a / "metrics.jsonl"), read_jsonl(b / "metrics.jsonl")
+    assert len(ra) == 3 and without_time(ra) == without_time(rb)
+    assert all(r["async/staleness_max"] == 0 for r in rb)
+    # on-policy: the behaviour log-probs are the trainer's own, so every weight is 1
+    assert all(abs(r["ratio/log_ratio_max"]) < 1e-4 for r in rb)
+    assert (b / "summary.json").exists() and (b / "model" / "config.json").exists()
+
+
+def test_prefill_staleness_logged_per_group(tmp_path, train_small):
+    out = train(tmp_path, "d2", train_small, **{"delay.d": 2, "algorithm": "tic"})
+    groups = read_jsonl(out / "groups.jsonl")
+    assert len(groups) == 3 * 3 and {g["staleness"] for g in groups} == {2}
+    metrics = read_jsonl(out / "metrics.jsonl")
+    assert metrics[0]["async/queue_groups"] == 2 * 3
+    assert "ratio/frac_traj_capped" in metrics[0] and "rollout/reward_mean" in metrics[0]
+
+
+def test_behaviour_logprobs_from_the_trainer_or_the_sampler(tmp_path, train_small, small_config):
+    """Stale groups carry behaviour log-probs recomputed by the trainer model (a separate pass),
+    or, with behaviour_logprobs: sampler, the engine's own; with the HF engine they agree."""
+    out = train(tmp_path, "trainer", train_small, **{"delay.d": 2})
+    metrics = read_jsonl(out / "metrics.jsonl")
+    assert all(r["rollout/logp_mismatch_max"] < 1e-4 and r["time/behaviour_seconds"] > 0 for r in metrics)
+    out = train(tmp_path, "sampler", train_small, **{"delay.d": 2, "behaviour_logprobs": "sampler"})
+    metrics = read_jsonl(out / "metrics.jsonl")
+    assert all("rollout/logp_mismatch_max" not in r for r in metrics)
+    assert {g["staleness"] for g in read_jsonl(out / "groups.jsonl")} == {2}
+    for behaviour, on_policy in (("trainer", False), ("sampler", False), ("trainer", True)):
+        trainer = Trainer(small_config(**{"delay.d": 0 if on_policy else 2, "behaviour_logprobs": behaviour}),
+                          tmp_path / f"{behaviour}-{on_policy}", progress=False)
+        assert trainer.collector.behaviour == ("none" if on_policy else behaviour)
+        trainer.close()
+    with pytest.raises(ConfigError, match="behaviour_logprobs: 'sampler' needs"):
+        load_train_config(None, ["behaviour_logprobs=sampler", "sampling.temperature=0.7"])
+
+
+def test_latency_mode_runs(tmp_path, train_small):
+    out = train(tmp_path, "lat", train_small, **{"delay.mode": "latency", "delay.slots": 6, "delay.beta": 0.1})
+    metrics = read_jsonl(out / "metrics.jsonl")
+    assert metrics[-1]["async/clock"] > 0 and metrics[-1]["async/in_flight"] == 6
+    groups = read_jsonl(out / "groups.jsonl")
+    assert all(g["completed_at"] >= g["submitted_at"] for g in groups)
+
+
+def cli_run_and_uninterrupted_twin(tmp_path, cfg):
+    """``gmc train`` on ``cfg`` as a subprocess: its command (without ``--out``) and environment,
+    after running it once uninterrupted into ``tmp_path/straight``."""
+    config = tmp_path / "train.yaml"
+    config.write_text(yaml.safe_dump(to_dict(cfg)))
+    cmd = [sys.executable, "-m", "gmc", "train", "--config", str(config)]
+    env = {**os.environ, "TQDM_DISABLE": "1"}
+    subprocess.run([*cmd, "--out", str(tmp_path / "straight")], check=True, env=env, capture_output=True)
+    return cmd, env
+
+
+def test_resume_after_hard_kill_reproduces_the_uninterrupted_run(tmp_path, small_config):
+    cmd, env = cli_run_and_uninterrupted_twin(tmp_path, small_config(steps=6, checkpoint_every=3, **{"delay.d": 2}))
+
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen([*cmd, "--out", str(killed)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while not (killed / "checkpoint.pt").exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert (killed / "checkpoint.pt").exists() and not (killed / "summary.json").exists()
+    subprocess.run([*cmd, "--out", str(killed), "--resume"], check=True, env=env, capture_output=True)
+
+    straight = read_jsonl(tmp_path / "straight" / "metrics.jsonl")
+    resumed = read_jsonl(killed / "metrics.jsonl")
+    assert [r["step"] for r in resumed] == list(range(6))
+    assert without_time(resumed) == without_time(straight)
+    assert read_jsonl(killed / "groups.jsonl") == read_jsonl(tmp_path / "straight" / "groups.jsonl")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGUSR1, signal.SIGTERM], ids=["SIGUSR1", "SIGTERM"])
+def test_a_stop_signal_checkpoints_at_the_step_boundary_and_the_resume_equals_the_uninterrupted_run(
+        tmp_path, small_config, signum):
+    """SLURM's warning before a time limit (SIGUSR1) or the limit itself (SIGTERM): the run ends at
+    the next step boundary with a checkpoint there and exit status 75, and --resume continues it."""
+    cmd, env = cli_run_and_uninterrupted_twin(tmp_path, small_config(steps=8, checkpoint_every=0, **{"delay.d": 1}))
+    stopped = tmp_path / "stopped"
+    proc = subprocess.Popen([*cmd, "--out", str(stopped)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.time() + 120
+    while len(read_jsonl(stopped / "metrics.jsonl")) < 2 and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.02)
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 75, err
+    step = torch.load(stopped / "checkpoint.pt", weights_only=False)["step"]
+    assert 2 <= step < 8 and len(read_jsonl(stopped / "metrics.jsonl")) == step
+    assert f"stopped by {signal.Signals(signum).name} after step {step} of 8" in err
+    subprocess.run([*cmd, "--out", str(stopped), "--resume"], check=True, env=env, capture_output=True)
+    assert without_time(read_jsonl(stopped / "metrics.jsonl")) == without_time(
+        read_jsonl(tmp_path / "straight" / "metrics.jsonl"))
+
+
+def test_checkpoints_by_wall_clock(tmp_path, train_small, monkeypatch):
+    """checkpoint_minutes: a checkpoint whenever that much wall clock passed since the last."""
+    from gmc.run import trainer
+
+    clock = iter(range(0, 10_000, 45))  # every reading of the trainer's clock: 45 s later
+    # the trainer's clock alone: time.monotonic is every thread's (a pool's helper threads too)
+    monkeypatch.setattr(trainer.Trainer, "clock", staticmethod(lambda: next(clock)))
+    saved = []
+    real = trainer.Trainer.save_checkpoint
+    monkeypatch.setattr(trainer.Trainer, "save_checkpoint", lambda self: (saved.append(self.step), real(self)))
+    train_small(tmp_path / "run", steps=5, checkpoint_every=0, checkpoint_minutes=1.0)
+    assert saved == [2, 4, 5]  # 90 s after the start, 90 s after that, and the end
+
+
+def test_existing_run_needs_resume(tmp_path, train_small, small_config):
+    out = train(tmp_path, "done", train_small, steps=1)
+    cfg = small_config(steps=1)
+    with pytest.raises(FileExistsError, match="finished run"):
+        Trainer(cfg, out, progress=False)
+
+
+def test_nonfinite_steps_are_skipped_then_stop(tmp_path, small_config, monkeypatch):
+    real = losses.gmc_loss
+    calls = {"n": 0}
+
+    def poisoned(*args, **kwargs):
+        loss, stats = real(*args, **kwargs)
+        calls["n"] += 1
+        return (loss * float("nan") if calls["n"] > 2 else loss), stats
+
+    monkeypatch.setattr(losses, "gmc_loss", poisoned)  # the registry names the loss; it resolves on use
+    cfg = small_config(steps=10, checkpoint_every=1, max_nonfinite_steps=3)
+    out = tmp_path / "nan"
+    trainer = Trainer(cfg, out, progress=False)
+    with pytest.raises(NonFiniteError, match="3 consecutive steps"):
+        trainer.run()
+    rows = read_jsonl(out / "metrics.jsonl")
+    assert [r["train/skipped_steps"] for r in rows] == [0, 0, 1, 2]
+    ckpt = torch.load(out / "checkpoint.pt", weights_only=False)
+    assert ckpt["step"] == 4  # the last completed step; the failing step wrote nothing
+    for p in ckpt["model"].values():
+        assert torch.isfinite(p).all()
+    assert not (out / "summary.json").exists()
+
+
+@pytest.mark.parametrize("behaviour", ["trainer", "sampler"])
+def test_a_run_started_from_a_shared_prefill_equals_the_run_that_generates_its_own(tmp_path, small_config, behaviour):
+    """A fixed-delay prefill depends on every setting but the estimator: gmc prefill writes one
+    with one estimator's config, and another estimator's run started from it (gmc train
+    --prefill) equals its own uninterrupted run, metrics, groups and all."""
+    from gmc.run.trainer import main_prefill
+
+    run = dict(steps=4, **{"delay.d": 3, "behaviour_logprobs": behaviour})
+    maker, user = tmp_path / "tic.yaml", tmp_path / "gmc.yaml"
+    maker.write_text(yaml.safe_dump(to_dict(small_config(algorithm="tic", **run))))
+    user.write_text(yaml.safe_dump(to_dict(small_config(algorithm="gmc", **run))))
+    main_prefill(str(maker), [], str(tmp_path / "prefill.pt"))
+
+    own, shared = tmp_path / "own", tmp_path / "shared"
+    Trainer(load_train_config(str(user)), own, progress=False).run()
+    Trainer(load_train_config(str(user)), shared, progress=False, prefill=tmp_path / "prefill.pt").run()
+    a, b = read_jsonl(own / "metrics.jsonl"), read_jsonl(shared / "metrics.jsonl")
+    assert len(a) == 4 and a[0]["rollout/samples"] == 4 * 3 * 4  # the prefill's 3 calls and step 0's
+    assert without_time(a) == without_time(b)
+    assert read_jsonl(own / "groups.jsonl") == read_jsonl(shared / "groups.jsonl")
+
+
+def test_a_prefill_made_for_other_settings_is_refused_naming_them(tmp_path, small_config):
+    from gmc.run.trainer import main_prefill
+
+    maker = tmp_path / "d3.yaml"
+    maker.write_text(yaml.safe_dump(to_dict(small_config(**{"delay.d": 3}))))
+    main_prefill(str(maker), [], str(tmp_path / "prefill.pt"))
+    with pytest.raises(ConfigError, match=r"prefill\.pt: made for other settings \(differing: delay, seed\)"):
+        Trainer(small_config(seed=1, **{"delay.d": 2}), tmp_path / "run", progress=False, prefill=tmp_path / "prefill.pt")
+    with pytest.raises(ConfigError, match="starts without a prefill"):
+        Trainer(small_config(), tmp_path / "run2", progress=False, prefill=tmp_path / "prefill.pt")
+    with pytest.raises(ConfigError, match="no prefill to write"):
+        main_prefill(None, [f"model={small_config().model}", "delay.d=0"], str(tmp_path / "none.pt"))
+    assert not (tmp_path / "none.pt").exists()

@@ -1,0 +1,35 @@
+"""The synthetic arithmetic task: seeded, disjoint splits and correct answers, and its errors."""
+
+import pytest
+
+from gmc.settings import ConfigError
+from gmc.tasks.datasets import (
+    DataError,
+)
+from gmc.tasks.synthetic import SyntheticTask, eval_expression, solution_steps
+
+
+def test_synthetic_task_is_seeded_disjoint_and_correct():
+    task = SyntheticTask()
+    train = task.generate("train", 500, seed=0)
+    test = task.generate("test", 200, seed=0)
+    assert [r.problem for r in train] == [r.problem for r in task.generate("train", 500, seed=0)]
+    assert not {r.problem for r in train} & {r.problem for r in test}
+    assert len({r.problem for r in train}) == 500
+    for r in train[:100]:
+        expr = r.meta["expression"]
+        assert int(r.answer) == eval(expr)  # the reference evaluator of the test, not the library
+        assert solution_steps(expr).endswith(f"\\boxed{{{r.answer}}}")
+    hard = SyntheticTask(min_operands=4, max_operands=5, min_digits=2, max_digits=3, operators="*")
+    assert all(r.problem.count("*") >= 3 for r in hard.generate("test", 20))
+
+
+def test_synthetic_errors():
+    with pytest.raises(ConfigError, match="synthetic.operators: must be a non-empty subset of"):
+        SyntheticTask(operators="/")
+    with pytest.raises(ConfigError, match=r"synthetic.max_operands: must be >= min_operands \(4\)"):
+        SyntheticTask(min_operands=4)
+    with pytest.raises(DataError, match="split"):
+        SyntheticTask().generate("valid", 3)
+    with pytest.raises(DataError, match="not an arithmetic expression"):
+        eval_expression("2**3")
