@@ -1,11 +1,49 @@
-"""The documentation stands alone and points at real things: the specification is in docs/, the
-README links it, and every file and registry the newcomer guide names exists."""
+"""The documentation stands alone and points at real things: the README is a short entry that
+links the documentation, the specification is in docs/, every file and registry the extension
+guide names exists, every page is in the site's navigation, and every number a page quotes from
+a published bundle is the bundle's."""
 
+import os
 import re
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-PATH_RE = re.compile(r"`([\w./<>-]+/[\w.<>-]+|[\w-]+\.(?:md|yaml|py|smk))`")
+import yaml
+from helpers import REPO
+
+DOCS = REPO / "docs"
+README = REPO / "README.md"
+PATH_RE = re.compile(r"`([\w./<>-]+/[\w.<>-]*|[\w-]+\.(?:md|yaml|py|smk))`")
+"""A backticked repository path: ``gmc/estimators/registry.py``, ``tests/estimators/``, ``config.yaml``."""
+
+
+def doc_pages() -> list[Path]:
+    """Every Markdown page under docs/, not following the link docs/published (the bundles)."""
+    pages = []
+    for root, dirs, files in os.walk(DOCS):  # os.walk does not follow directory links
+        dirs[:] = sorted(d for d in dirs if not (Path(root) / d).is_symlink())
+        pages += [Path(root) / f for f in sorted(files) if f.endswith(".md")]
+    return pages
+
+
+def mkdocs_config() -> dict:
+    """mkdocs.yml, with any ``!!python/...`` tag (a theme's) read as None."""
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_multi_constructor("tag:yaml.org,2002:python/", lambda loader, suffix, node: None)
+    return yaml.load((REPO / "mkdocs.yml").read_text(), Loader=Loader)
+
+
+def nav_pages(nav) -> list[str]:
+    """Every page a navigation names, in order."""
+    if isinstance(nav, str):
+        return [nav]
+    if isinstance(nav, list):
+        return [page for item in nav for page in nav_pages(item)]
+    if isinstance(nav, dict):
+        return [page for value in nav.values() for page in nav_pages(value)]
+    return []
 
 
 TASKS = {"A new estimator": ("REGISTRY",), "A new delay mode": ("DELAY_MODES",),
@@ -13,49 +51,145 @@ TASKS = {"A new estimator": ("REGISTRY",), "A new delay mode": ("DELAY_MODES",),
          "A new figure or table": ("FIGURES", "TABLES"), "A new cluster": ()}
 """Each task of docs/extending.md and the registries it extends."""
 
+REGISTRY_HOMES = {"REGISTRY": "gmc/estimators/registry.py", "DELAY_MODES": "gmc/rollouts/delays.py",
+                  "BENCHMARKS": "gmc/tasks/datasets.py", "ENGINES": "gmc/rollouts/engines.py",
+                  "FIGURES": "gmc/results/outputs.py", "TABLES": "gmc/results/outputs.py"}
+"""Where each registry is defined."""
 
-def test_every_task_of_the_newcomer_guide_lists_files_that_hold_its_registry():
-    text = (REPO / "docs" / "extending.md").read_text()
+
+def test_every_task_of_the_extension_guide_lists_files_that_hold_its_registry():
+    text = (DOCS / "extending.md").read_text()
     paths = {p for p in PATH_RE.findall(text) if "<" not in p}
     missing = sorted(p for p in paths if not (REPO / p).exists())
     assert not missing, f"docs/extending.md names files that do not exist: {missing}"
     sections = re.split(r"\n## \d+\. ", text)[1:]
     assert [s.split("\n", 1)[0] for s in sections] == list(TASKS)
     for section, (task, registries) in zip(sections, TASKS.items()):
-        files = re.findall(r"`([^`]+)`", section.split("**Files:**", 1)[1])
+        files = [f for f in re.findall(r"`([^`]+)`", section.split("**Files:**", 1)[1]) if "<" not in f]
         assert files and all((REPO / f).exists() for f in files), (task, files)
         for name in registries:  # the registry the task extends is defined in a file it lists
+            assert REGISTRY_HOMES[name] in files, f"{task}: {REGISTRY_HOMES[name]} is not among {files}"
             defined = [f for f in files if f.endswith(".py")
                        and re.search(rf"^{name}(: [^=]+)? = ", (REPO / f).read_text(), re.M)]
             assert defined, f"{task}: {name} is defined in none of {files}"
             assert f"`{name}`" in section
 
 
+def test_the_extension_guide_registers_an_estimator_with_every_declaration():
+    section = (DOCS / "extending.md").read_text().split("## 2. ", 1)[0]
+    examples = [b for b in re.findall(r"```python\n(.*?)```", section, re.S) if "Estimator(" in b]
+    assert examples, "docs/extending.md shows no Estimator(...) entry"
+    for field in ("aggregation=", "on_policy=", "needs_batch_stats=", "mask_denominator="):
+        assert field in examples[0], f"the Estimator(...) example leaves out {field}"
+
+
 def test_the_specification_lives_in_the_repository_with_its_provenance():
-    method = (REPO / "docs" / "method.md").read_text()
+    method = (DOCS / "method.md").read_text()
     assert "arXiv [2610.01896]" in method and "arXiv [2508.02833]" in method
     for section in range(1, 8):
         assert f"\n## {section}. " in method
-    readme = (REPO / "README.md").read_text()
-    first_paragraph = readme.split("\n## ")[0]
-    assert "](docs/method.md)" in first_paragraph and "../shared" not in first_paragraph
-    for doc in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+    for doc in [README, *doc_pages()]:
         assert "shared/docs" not in doc.read_text(), doc
 
 
+def test_the_readme_is_a_short_entry_that_links_the_specification():
+    readme = README.read_text()
+    lines = readme.splitlines()
+    assert len(lines) <= 200, f"README.md has {len(lines)} lines; the details belong in docs/"
+    first_paragraph = readme.split("\n\n")[1]  # after the title
+    assert "](docs/method.md)" in first_paragraph
+    assert "../shared" not in readme
+    blocks = re.findall(r"^```bash\n(.*?)^```", readme, re.S | re.M)
+    quick_start = [b for b in blocks if re.search(r"^make run +# ", b, re.M) and re.search(r"^make test +# ", b, re.M)]
+    assert quick_start, "README.md shows no bash block with `make run` and `make test`, one line each with a comment"
+    for link in re.findall(r"\]\((docs/[^)#]+)", readme):
+        assert (REPO / link).exists(), f"README.md links {link}, which does not exist"
+
+
+def test_every_page_is_in_the_navigation():
+    config = mkdocs_config()
+    assert config["docs_dir"] == "docs"
+    nav = nav_pages(config["nav"])
+    assert len(nav) == len(set(nav)), "a page is in the navigation twice"
+    pages = {p.relative_to(DOCS).as_posix() for p in doc_pages()}
+    assert pages - set(nav) == set(), "pages missing from mkdocs.yml's nav"
+    assert set(nav) - pages == set(), "mkdocs.yml's nav names pages that do not exist"
+
+
+def test_the_site_copies_only_the_figures_the_pages_show():
+    """docs/published is the bundles; of them the site builds no page and copies only the images a
+    page shows (mkdocs.yml's exclude_docs: everything under published/ but those)."""
+    assert (DOCS / "published").is_symlink() and (DOCS / "published").resolve() == (REPO / "published").resolve()
+    rules = mkdocs_config()["exclude_docs"].split()
+    assert "/published/**" in rules
+    kept = {rule[len("!/"):] for rule in rules if rule.startswith("!/published/")}
+    shown = set()
+    for page in doc_pages():
+        for image in re.findall(r"!\[[^\]]*\]\(([^)\s]+)\)", page.read_text()):
+            target = Path(os.path.relpath(os.path.normpath(page.parent / image), DOCS)).as_posix()
+            assert (DOCS / target).exists(), f"{page}: shows {image}, which does not exist"
+            if target.startswith("published/"):
+                shown.add(target)
+    assert shown == kept, f"exclude_docs keeps {sorted(kept - shown)} unshown, leaves out {sorted(shown - kept)}"
+    assert all(path.endswith(".png") for path in kept)
+
+
 BUNDLES = ("default", "corrections", "corrections_long", "real_async")
-"""The published bundles: one per preset, each quoted by the README."""
+"""The published bundles: one per preset, each quoted by a page."""
 
 
-def test_every_number_the_readme_quotes_from_a_bundle_is_the_bundles():
-    """The README's tables are the bundles' files verbatim, and every number of its prose about a
+def quoting_docs() -> list[Path]:
+    """The README and every page that quotes a bundle."""
+    from gmc.results.quotes import quoted_bundles
+
+    return [doc for doc in [README, *doc_pages()] if any(quoted_bundles(doc).values())]
+
+
+def test_every_number_a_page_quotes_from_a_bundle_is_the_bundles():
+    """A page's tables from a bundle are its files verbatim, and every number of its prose about a
     bundle is printed in that bundle (``gmc quote-bundles --check``): none is copied by hand."""
-    from gmc.quotes import quoted_bundles, stale_includes, unquoted
+    from gmc.results.quotes import stale_includes, unquoted
 
-    readme = REPO / "README.md"
-    quoted = quoted_bundles(readme)
-    assert {f"published/{b}" for b in BUNDLES} <= set(quoted["numbers"])
+    docs = quoting_docs()
+    assert README in docs and len(docs) > 1
+    problems = [problem for doc in docs for problem in stale_includes(doc) + unquoted(doc)]
+    assert problems == []
+
+
+def test_every_published_bundle_is_quoted():
+    """Each bundle's numbers are quoted by some page, and its tables included in one."""
+    from gmc.results.quotes import quoted_bundles
+
+    numbers, includes = set(), set()
+    for doc in quoting_docs():
+        quoted = quoted_bundles(doc)
+        numbers |= {(doc.parent / path).resolve() for path in quoted["numbers"]}
+        includes |= {(doc.parent / path).resolve() for path in quoted["include"]}
+    for bundle in BUNDLES:
+        home = (REPO / "published" / bundle).resolve()
+        assert home in numbers, f"no page quotes numbers from published/{bundle}"
+        assert any(home in path.parents for path in includes), f"no page includes a table of published/{bundle}"
     for table in ("default/tables/main.md", "corrections/tables/league.md", "corrections_long/tables/league.md"):
-        assert f"published/{table}" in quoted["include"]
-    assert stale_includes(readme) == []
-    assert unquoted(readme) == []
+        assert (REPO / "published" / table).resolve() in includes, f"no page includes published/{table}"
+    assert "published/default/tables/main.md" in quoted_bundles(README)["include"]
+
+
+def test_every_module_of_the_package_has_its_api_on_a_reference_page():
+    """Each module's public names are listed on the reference page of its subpackage (generated
+    from its docstrings by ``::: module``), the top-level modules on the pages their sections name."""
+    import gmc
+
+    package = Path(gmc.__file__).parent
+    modules = {".".join(p.relative_to(package.parent).with_suffix("").parts) for p in package.rglob("*.py")
+               if p.name not in ("__init__.py", "__main__.py")}
+    documented = {}
+    for page in sorted((DOCS / "reference").glob("*.md")):
+        for module in re.findall(r"^::: (gmc[\w.]*)$", page.read_text(), re.M):
+            documented.setdefault(module, page.name)
+    assert sorted(modules - set(documented)) == []
+    for module, page in documented.items():
+        room = module.split(".")[1]
+        if room in ("tasks", "estimators", "policy", "rollouts", "sweep", "results", "theory"):
+            assert page == f"{room}.md", (module, page)
+        elif room == "run":
+            assert page == "run.md", (module, page)
