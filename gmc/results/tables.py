@@ -2,11 +2,11 @@
 retrained.
 
 :func:`collect` reads one row per finished run (its sweep point, training summary and
-evaluation scores with their standard errors); the tables of :data:`gmc.results.outputs.TABLES` give
-every cell as mean ± 95% interval over seeds (:func:`gmc.results.stats.mean_interval`), and the paired
-differences of estimators at equal (delay, G, seed) and each one's cost of staleness
-(:func:`gmc.results.stats.paired_difference`). Results bundles (:func:`export_bundle`) carry what the
-tables need, without checkpoints.
+evaluation scores with their standard errors); the tables of :data:`gmc.results.outputs.TABLES`
+give every cell as mean ± 95% interval over seeds (:func:`gmc.results.stats.mean_interval`), and
+the paired differences of estimators at equal (delay, G, seed) and each one's cost of staleness
+(:func:`gmc.results.stats.paired_difference`). A published bundle (:mod:`gmc.results.bundles`)
+carries what the tables need, without checkpoints.
 """
 
 from __future__ import annotations
