@@ -57,7 +57,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefill", default=None, metavar="FILE",
                    help="start a fixed-delay run from this prefill (gmc prefill) instead of generating its d "
                         "batches; it must be made for the same settings but the estimator (ignored on --resume)")
+    p.add_argument("--history", default=None, metavar="DIR",
+                   help="with delay.warmup history: start from this history (gmc history) instead of training its "
+                        "own first; it must be made for the same settings but the estimator and the delay "
+                        "(ignored on --resume)")
     p.set_defaults(func=_train)
+
+    p = sub.add_parser("history", help="train the on-policy history that a run with delay.warmup history starts "
+                       "from, which every run of the same settings but the estimator and the delay can share "
+                       "(gmc train --history); an interrupted one goes on from its checkpoint")
+    _settings_arguments(p, "TrainConfig (gmc/run/config.py) of a run that starts from the history")
+    p.add_argument("--out", required=True, help="the history's run directory")
+    p.add_argument("--keep", type=int, default=None, metavar="N",
+                   help="keep the batches of its last N updates for the fixed delays that start from it (default: "
+                        "the run's delay.d)")
+    p.set_defaults(func=_history)
 
     p = sub.add_parser("prefill", help="write a fixed-delay run's prefill (the d batches of its starting weights), "
                        "which every run of the same settings but the estimator can start from (gmc train --prefill)")
@@ -323,11 +337,26 @@ def _train(args: argparse.Namespace) -> int:
 
     evaluation = (args.evaluate, args.eval_out) if args.evaluate else None
     try:
-        summary = main_train(args.config, args.overrides, args.out, args.resume, evaluation, args.prefill)
+        summary = main_train(args.config, args.overrides, args.out, args.resume, evaluation, args.prefill,
+                             args.history)
     except Preempted as e:
         print(f"gmc train: {e}", file=sys.stderr)
         return PREEMPTED
     print(json.dumps(summary, indent=2))
+    return 0
+
+
+def _history(args: argparse.Namespace) -> int:
+    from gmc.stop import STOP
+
+    STOP.install()
+    from gmc.run.trainer import PREEMPTED, Preempted, main_history
+
+    try:
+        main_history(args.config, args.overrides, args.out, args.keep)
+    except Preempted as e:
+        print(f"gmc history: {e}", file=sys.stderr)
+        return PREEMPTED
     return 0
 
 

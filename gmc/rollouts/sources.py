@@ -59,6 +59,12 @@ class SyncSource:
     def queued_groups(self) -> list[Group]:
         return []
 
+    def load_history(self, batches: list[list[Group]]) -> None:
+        """Start after a history (``warmup: history``): its last batches, oldest first, labelled
+        with the versions that made them. A source without a queue takes none."""
+        if batches:
+            raise ValueError(f"{type(self).__name__} keeps no queue: it starts from a history's weights alone")
+
     def publish(self, model, version: int) -> None:
         """The weights of ``version`` (the starting ones, then after every optimizer step); an
         in-process source generates with the trainer's model itself and needs no copy."""
@@ -79,11 +85,13 @@ class SyncSource:
 
 class FixedDelaySource(SyncSource):
     """A FIFO of step batches with delay ``d``: at step ``t`` a batch is generated with the current
-    weights and pushed, and the batch generated at ``t - d`` is popped. Warm-up ``prefill``
-    [choice] starts the queue with ``d`` batches from ``theta_0`` labelled ``-d .. -1``, so the
-    staleness is ``d`` from the first step (their behaviour policy is ``theta_0``, i.e.
-    ``theta_{t-d}`` with ``theta_k = theta_0`` for ``k < 0``); ``ramp`` starts empty and generates
-    two batches per step until it is ``d`` ahead. ``d = 0`` is on-policy training."""
+    weights and pushed, and the batch generated at ``t - d`` is popped. How the queue starts
+    [choice, ``delay.warmup``]: ``history``, with the last ``d`` batches of an on-policy history
+    (:meth:`load_history`), versions ``-d .. -1``, so the staleness is ``d`` at every step, from
+    ``d`` distinct behaviour policies; ``prefill``, with ``d`` batches of the starting weights
+    ``theta_0``, labelled with its version, so the batch trained at step ``t < d`` is ``t``
+    updates stale; ``ramp``, empty, generating two batches per step until it is ``d`` ahead.
+    ``d = 0`` is on-policy training."""
 
     def __init__(self, rollouts: Rollouts, batch_prompts: int, d: int, warmup: str = "prefill"):
         super().__init__(rollouts, batch_prompts)
@@ -94,6 +102,9 @@ class FixedDelaySource(SyncSource):
 
     def _next(self, version: int) -> list[Group]:
         if not self.started:
+            if self.warmup == "history" and self.d:
+                raise ValueError(f"a fixed delay of {self.d} with warmup: history starts from its history's last "
+                                 f"{self.d} batches (load_history), which were not given")
             self.prefill(version)
         self.queue.append(self._generate(self.batch_prompts, version))
         if self.warmup == "ramp" and len(self.queue) <= self.d:
@@ -102,15 +113,21 @@ class FixedDelaySource(SyncSource):
 
     def prefill(self, version: int) -> list[Any]:
         """Start the queue before the update of ``version`` (warm-up ``prefill``: the ``d``
-        batches of the starting weights); returns the measurements of the calls it made."""
+        batches of the starting weights, labelled ``version``: they are what generated them);
+        returns the measurements of the calls it made."""
         self.started = True
         if self.warmup == "prefill":
             every = max(1, self.d // 8)  # a line per eighth: a prefill at paper scale takes hours
             for k in range(self.d):
-                self.queue.append(self._generate(self.batch_prompts, version - self.d + k))
+                self.queue.append(self._generate(self.batch_prompts, version))
                 if (k + 1) % every == 0 or k + 1 == self.d:
                     log.info("prefill: %d of %d batches generated", k + 1, self.d)
         return self._collected
+
+    def load_history(self, batches: list[list[Group]]) -> None:
+        if len(batches) != self.d:
+            raise ValueError(f"a queue of d = {self.d} starts from the history's last {self.d} batches, got {len(batches)}")
+        self.queue, self.started = deque(batches), True
 
     def load_prefill(self, state: dict, collected: list[Any]) -> None:
         """Start from a prefill another run made (:meth:`prefill`, then :meth:`state_dict`); its
@@ -303,8 +320,10 @@ def check_trace(cfg: DelayConfig, steps: int, prompts_per_step: int) -> None:
 
 class TraceSource(SyncSource):
     """Replays a recorded staleness pattern in process, deterministically: each group of the trace
-    is generated for its prompt with the weights of its recorded ``version`` (versions below 0, a
-    prefill's, with the starting weights) and consumed at its recorded step, in recorded order."""
+    is generated for its prompt with the weights of its recorded ``version`` and consumed at its
+    recorded step, in recorded order. A recorded version before the run's first (a prefill's or a
+    history's) is generated with the starting weights and labelled with their version, the
+    weights that made it."""
 
     def __init__(self, rollouts: Rollouts, batch_prompts: int, cfg: DelayConfig):
         super().__init__(rollouts, batch_prompts)
@@ -318,7 +337,7 @@ class TraceSource(SyncSource):
                if row["version"] == version or (first and row["version"] < version)]
         for v in sorted({self.trace[i]["version"] for i in due}):  # one collector call per version
             lines = [i for i in due if self.trace[i]["version"] == v]
-            out = self.rollouts.collect([self.trace[i]["prompt_index"] for i in lines], v)
+            out = self.rollouts.collect([self.trace[i]["prompt_index"] for i in lines], max(v, version))
             self._collected.append(out.stats)
             self.held.update(zip(lines, out.groups))
         self.generated_through = version

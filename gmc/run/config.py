@@ -8,6 +8,7 @@ config imports no torch.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import field
 from pathlib import Path
 from typing import Annotated, Literal
@@ -31,7 +32,7 @@ from gmc.settings import (
 )
 from gmc.tasks.synthetic import SyntheticTask
 
-__all__ = ["TrainConfig", "ConfigError", "from_dict", "to_dict", "load_config", "load_train_config"]
+__all__ = ["TrainConfig", "ConfigError", "from_dict", "to_dict", "load_config", "load_train_config", "history_config"]
 
 Dtype = Literal["float32", "bfloat16", "float16"]
 
@@ -163,6 +164,19 @@ class TrainConfig:
         if self.behaviour_logprobs == "sampler" and self.sampling.temperature != 1:
             raise ConfigError("'sampler' needs sampling.temperature 1 and sampling.top_p 1, so that the sampler's "
                               "log-probs are the policy's", "behaviour_logprobs")
+
+
+def history_config(cfg: TrainConfig) -> TrainConfig | None:
+    """The on-policy run whose end a run with ``delay.warmup: history`` starts from (None for a
+    run without one): the run's settings trained by ``delay.history_algorithm`` for
+    ``delay.history_length`` updates, synchronously, at a constant learning rate, keeping its last
+    checkpoint. Runs whose histories are equal (every setting but the estimator, the delay and
+    what only the measured run uses) share one."""
+    steps = cfg.delay.history_length
+    if steps == 0:
+        return None
+    return dataclasses.replace(cfg, algorithm=cfg.delay.history_algorithm, steps=steps, delay=DelayConfig(mode="sync"),
+                               lr_schedule="constant", keep_checkpoints="last", tracking_uri=None, experiment=None)
 
 
 def load_train_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:

@@ -62,6 +62,8 @@ GROUPS = "groups.jsonl"
 TRACE = "staleness_trace.jsonl"
 """The run's consumption order, replayable by the trace delay mode."""
 LOGS = (METRICS, GROUPS, TRACE)
+HISTORY = "history"
+"""The run directory of the history a run with ``warmup: history`` made for itself (none shared)."""
 RUN_FILES = (CONFIG, INFO, *LOGS, CHECKPOINT, PREVIOUS, REJECTED, SUMMARY, MODEL)
 """Everything a run writes into its directory (besides the lock)."""
 
@@ -269,7 +271,7 @@ class RunDir:
             if not path.exists():
                 continue
             try:
-                state = self._read(path)
+                state = self.read_checkpoint(path)
             except CheckpointError as e:
                 log.warning("%s", e)
                 errors.append(str(e))
@@ -283,7 +285,10 @@ class RunDir:
         raise CheckpointError(f"no usable checkpoint in {self.path}: {'; '.join(errors)}. Move these files away "
                               "to start the run afresh, or restore them from a copy")
 
-    def _read(self, path: Path) -> dict:
+    def read_checkpoint(self, path: Path) -> dict:
+        """The checkpoint at ``path`` once it verifies (a full zip test, the config's fingerprint),
+        its tensors on the CPU; a :class:`CheckpointError` naming the file otherwise. Reads only:
+        a shared history is read so by every run that starts from it."""
         import torch
 
         try:

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import logging
 import math
 import os
 import random
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,7 +29,7 @@ import yaml
 from tqdm import tqdm
 
 from gmc.estimators import diagnostic_names
-from gmc.io import atomic_dir, atomic_path, read_jsonl, write_json, write_text
+from gmc.io import atomic_dir, atomic_path, flatten, read_jsonl, write_json, write_text
 from gmc.policy.model import DTYPES, load_policy, parameter_bytes
 from gmc.policy.update import Update
 from gmc.rollouts.collect import (
@@ -40,14 +42,17 @@ from gmc.rollouts.collect import (
 from gmc.rollouts.delays import delay_mode
 from gmc.rollouts.groups import Group, staleness_stats
 from gmc.rollouts.sources import prefill_settings
-from gmc.run.config import TrainConfig, to_dict
+from gmc.run.config import TrainConfig, history_config, to_dict
 from gmc.run.provenance import provenance
 from gmc.run.rundir import (
     CONFIG,
+    HISTORY,
     INFO,
     METRICS,
+    SUMMARY,
     CheckpointError,
     RunDir,
+    config_fingerprint,
     group_record,
     nonfinite_tensors,
 )
@@ -96,22 +101,30 @@ class Trainer:
     (the pools' helper threads read that too)."""
 
     def __init__(self, cfg: TrainConfig, out: str | os.PathLike, resume: bool = False, progress: bool = True,
-                 prefill: str | os.PathLike | None = None):
+                 prefill: str | os.PathLike | None = None, history: str | os.PathLike | None = None,
+                 keep_batches: int = 0):
+        """``prefill``: a shared prefill to start from (:meth:`write_prefill`); ``history``: the
+        run directory of a shared history to start from (``warmup: history``; without one such a
+        run makes its own first, in ``out/history``); ``keep_batches``: keep the batches of the
+        last so many steps, with behaviour log-probs, in the checkpoint (what a history hands on)."""
         self.cfg = cfg
         self.out = Path(out)
         self.progress = progress
+        self.keep_batches = keep_batches
         self.rundir = RunDir(self.out)
         self.ckpt_path = self.rundir.checkpoint
         resuming = self.rundir.open(to_dict(cfg), resume)  # the lock, the config check, leftovers
         try:
-            self._setup(cfg, resuming)
+            if not resuming and history is None and history_config(cfg) is not None:
+                history = make_history(cfg, self.out / HISTORY, cfg.delay.d, progress)
+            self._setup(cfg, resuming, None if resuming else history)
             if prefill is not None and not resuming:  # a resumed run's checkpoint holds its queue
                 self._load_prefill(Path(prefill))
         except BaseException:
             self.rundir.close()
             raise
 
-    def _setup(self, cfg: TrainConfig, resuming: bool) -> None:
+    def _setup(self, cfg: TrainConfig, resuming: bool, history: str | os.PathLike | None) -> None:
         # bad data and a plan that does not fit the device fail here, before the model loads
         records = training_records(cfg.train_data, cfg.synthetic, cfg.seed, cfg.data_source, cfg.data_root)
         mode = delay_mode(cfg.delay)
@@ -149,10 +162,14 @@ class Trainer:
         self.step = 0
         self.consecutive_nonfinite = 0
         self.skipped = 0
+        self.kept: deque[list[dict]] = deque(maxlen=self.keep_batches or None)
+        self.history: dict = {}  # what the run started from: the history's summary
         if resuming:
             self._load_checkpoint()
         else:
             self._start_fresh()
+            if history is not None:
+                self._start_from_history(Path(history))
         self.source.publish(self.model, self.step)
 
     # -- setup ------------------------------------------------------------------------------
@@ -193,6 +210,8 @@ class Trainer:
         for the update (:meth:`gmc.rollouts.streams.RolloutEngine.release_memory`). A device that runs out
         of memory stops the run with the plan beside the measured peak (:func:`out_of_memory`)."""
         t0 = time.perf_counter()
+        if self.keep_batches and self.collector and self.step >= self.cfg.steps - self.keep_batches:
+            self.collector.behaviour = self.cfg.behaviour_logprobs  # what a stale run trains these batches with
         with out_of_memory(self.memory_plan, "generation", self.device):
             batch = self.source.next_batch(self.step)
         t1 = time.perf_counter()
@@ -205,6 +224,8 @@ class Trainer:
         if self.engine is not None:
             self.engine.sync_weights(self.model)
         self.source.publish(self.model, self.step + 1)
+        if self.keep_batches:
+            self.kept.append([g.state() for g in batch.groups])
         t2 = time.perf_counter()
         lengths = torch.cat([g.lengths for g in batch.groups]).float()
         metrics = {
@@ -273,6 +294,7 @@ class Trainer:
             "rng": self._rng_state(), "cursor": self.cursor.state_dict(),
             "source": self.source.state_dict(), "skipped": self.skipped,
             "consecutive_nonfinite": self.consecutive_nonfinite, "run_info": self.run_info,
+            "kept_batches": list(self.kept), "history": self.history,
         }
         self.rundir.write_checkpoint(state)
 
@@ -284,14 +306,7 @@ class Trainer:
         (:func:`restore_rng_state`); the source's queued groups stay on the CPU until a step
         consumes them (the update moves each batch to the device)."""
         state = self.rundir.load_checkpoint()
-        kind = state.get("optimizer_class", type(self.optimizer).__name__)
-        if kind != type(self.optimizer).__name__:
-            raise CheckpointError(
-                f"{self.out}: the checkpoint's optimizer state is {kind}'s, this run's optimizer is "
-                f"{type(self.optimizer).__name__} (optimizer: auto is adamw8bit on CUDA, adamw elsewhere); resume on "
-                "the kind of device that wrote it, or start a run that moves between devices with optimizer: adamw")
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        self._load_weights(state, self.out)
         self.scheduler.load_state_dict(state["scheduler"])
         self._set_rng_state(state["rng"])
         self.cursor.load_state_dict(state["cursor"])
@@ -300,12 +315,72 @@ class Trainer:
         self.skipped = state["skipped"]
         self.consecutive_nonfinite = state["consecutive_nonfinite"]
         self.run_info = state["run_info"]
+        self.kept.extend(state.get("kept_batches", []))
+        self.history = state.get("history", {})
         if self.step < self.cfg.steps:
             self.rundir.unfinish()
         if self.engine is not None:
             self.engine.sync_weights(self.model)
         self.rundir.truncate_logs(self.step)
         log.info("resumed %s at step %d", self.out, self.step)
+
+    def _load_weights(self, state: dict, where: Path) -> None:
+        """The weights and optimizer state of a checkpoint (of this run, or of the history it starts
+        from) into the model's own parameters and the optimizer."""
+        kind = state.get("optimizer_class", type(self.optimizer).__name__)
+        if kind != type(self.optimizer).__name__:
+            raise CheckpointError(
+                f"{where}: the checkpoint's optimizer state is {kind}'s, this run's optimizer is "
+                f"{type(self.optimizer).__name__} (optimizer: auto is adamw8bit on CUDA, adamw elsewhere); resume on "
+                "the kind of device that wrote it, or start a run that moves between devices with optimizer: adamw")
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+    # -- a history: the on-policy run every point of a seed starts from ---------------------------
+
+    def _start_from_history(self, path: Path) -> None:
+        """Start where the history in run directory ``path`` ended (``warmup: history``): its
+        weights and optimizer state, prompt order and random streams; a fixed delay's queue takes
+        its last ``d`` batches, labelled with the versions that generated them (``-d .. -1``: the
+        run's own updates are ``0, 1, ...``), so that staleness is exactly ``d`` from the first
+        step. The learning-rate schedule is the run's own, from its step 0. A history made for
+        other settings, unfinished, or keeping too few batches is refused, naming why."""
+        expected = history_config(self.cfg)
+        hist = RunDir(path)
+        if not hist.finished:
+            raise ConfigError(f"--history {path}: not a finished history (no {SUMMARY}); make it with gmc history")
+        try:
+            saved = yaml.safe_load((path / CONFIG).read_text())
+        except (OSError, yaml.YAMLError) as e:
+            raise ConfigError(f"--history {path}: its {CONFIG} cannot be read ({e})") from None
+        mine, theirs = flatten(to_dict(expected)), flatten(saved if isinstance(saved, dict) else {})
+        differing = sorted(k for k in {*mine, *theirs} if mine.get(k) != theirs.get(k))
+        if differing:
+            raise ConfigError(f"--history {path}: made for other settings (differing: {', '.join(differing[:8])}); "
+                              "a run starts from the history of its own settings but the estimator and the delay")
+        hist.fingerprint = config_fingerprint(to_dict(expected))
+        state = hist.read_checkpoint(hist.checkpoint)
+        self._load_weights(state, path)
+        # the run's own schedule from its step 0, over the history's learning rate
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
+        self._set_rng_state(state["rng"])
+        self.cursor.load_state_dict(state["cursor"])
+        d = self.cfg.delay.d if self.cfg.delay.mode == "fixed" else 0
+        kept, H = state.get("kept_batches", []), state["step"]
+        if len(kept) < d:
+            raise ConfigError(f"--history {path}: keeps the batches of its last {len(kept)} updates; a queue of "
+                              f"d = {d} needs {d} (gmc history --keep)")
+        self.source.load_history([[Group.from_state({**g, "version": g["version"] - H, "consumed_version": None})
+                                   for g in batch] for batch in kept[len(kept) - d:]] if d else [])
+        if self.engine is not None:
+            self.engine.sync_weights(self.model)
+        summary = json.loads((path / SUMMARY).read_text())
+        self.history = {"steps": H, "reward_mean_last20": summary.get("rollout/reward_mean_last20")}
+        self.run_info["history"] = {"path": str(path), "run_id": summary.get("run_id"),
+                                    "algorithm": expected.algorithm, **self.history}
+        write_json(self.out / INFO, self.run_info)
+        log.info("%s: starts from the history %s (%d on-policy updates of %s, %d queued batches)", self.out, path, H,
+                 expected.algorithm, d)
 
     # -- a prefill shared by runs that differ only in the estimator ------------------------------
 
@@ -397,6 +472,7 @@ class Trainer:
                 self.model.save_pretrained(tmp, state_dict=state)
                 self.tokenizer.save_pretrained(tmp)
             summary = summarize_metrics(self.out / METRICS)
+            summary.update({f"history/{k}": v for k, v in self.history.items() if v is not None})
             summary["run_id"] = self.run_info["run_id"]
             self.rundir.finish(summary, cfg.keep_checkpoints)
         finally:
@@ -494,6 +570,30 @@ def summarize_metrics(path: str | Path, window: int = 20) -> dict:
     return {k: v for k, v in out.items() if v is not None}
 
 
+def make_history(cfg: TrainConfig, out: str | os.PathLike, keep: int, progress: bool = True) -> Path:
+    """Train the history of the run ``cfg`` (:func:`~gmc.run.config.history_config`) into the run
+    directory ``out``, keeping the batches of its last ``keep`` updates with their behaviour
+    log-probs in its last checkpoint; an interrupted one goes on from its checkpoint, a finished one
+    is left as it is. Returns ``out``."""
+    out = Path(out)
+    if not RunDir(out).finished:
+        Trainer(history_config(cfg), out, resume=True, progress=progress, keep_batches=keep).run()
+    return out
+
+
+def main_history(config: str | None, overrides: list[str], out: str, keep: int | None) -> None:
+    """Make the history that the run of ``config`` (with ``overrides``) starts from, in ``out``,
+    keeping ``keep`` batches (None: the run's own fixed delay)."""
+    from gmc.run.config import load_train_config
+
+    cfg = load_train_config(config, overrides)
+    if history_config(cfg) is None:
+        raise ConfigError(f"no history to make: delay.warmup is {cfg.delay.warmup!r} and the history's length "
+                          f"{cfg.delay.history_length}; a history is what a run with warmup: history starts from",
+                          "delay.warmup")
+    make_history(cfg, out, cfg.delay.d if keep is None else keep)
+
+
 def main_prefill(config: str | None, overrides: list[str], out: str) -> None:
     """Write the prefill of the run of ``config`` (with ``overrides``) to ``out``
     (:meth:`Trainer.write_prefill`); the run itself is not trained."""
@@ -511,7 +611,8 @@ def main_prefill(config: str | None, overrides: list[str], out: str) -> None:
 
 
 def main_train(config: str | None, overrides: list[str], out: str, resume: bool,
-               evaluation: tuple[str, str] | None = None, prefill: str | None = None) -> dict:
+               evaluation: tuple[str, str] | None = None, prefill: str | None = None,
+               history: str | None = None) -> dict:
     """Train the run of ``config`` (with ``overrides``) into ``out``; with ``evaluation``
     (``(EvalConfig file, folder)``), then evaluate its final model in this process, exactly as
     ``gmc evaluate`` would (:func:`gmc.run.evaluate.evaluate`), without paying a second start-up. A bad
@@ -526,7 +627,7 @@ def main_train(config: str | None, overrides: list[str], out: str, resume: bool,
 
         eval_cfg = load_config(EvalConfig, evaluation[0])
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    trainer = Trainer(cfg, out, resume=resume, prefill=prefill)
+    trainer = Trainer(cfg, out, resume=resume, prefill=prefill, history=history)
     summary = trainer.run()
     if eval_cfg is not None:
         from gmc.run.evaluate import evaluate

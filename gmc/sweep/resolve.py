@@ -13,6 +13,7 @@ TrainConfig key has one home: the ``train`` section, or one of :data:`RUN_KEYS`,
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable
 from typing import Any
@@ -20,21 +21,40 @@ from typing import Any
 from gmc.estimators import REGISTRY
 from gmc.rollouts.delays import on_policy
 from gmc.rollouts.sources import prefill_id
-from gmc.run.config import TrainConfig
+from gmc.run.config import TrainConfig, history_config
 from gmc.run.evaluate import EvalConfig
 from gmc.run.tracking import resolve_experiment, resolve_uri
 from gmc.settings import ConfigError, from_dict, to_dict
 from gmc.sweep.points import TRACE_PREFIX, Point, model_dir
 
 
+def history_steps(config: dict[str, Any]) -> int:
+    """The on-policy updates every run of a sweep with ``sweep.warmup: history`` starts after:
+    ``sweep.history.steps``, else the sweep's largest fixed delay."""
+    given = config["sweep"]["history"]["steps"]
+    delays = [*config["sweep"]["delays"], *config["sweep"]["references"]["delays"]]
+    return max(delays, default=0) if given is None else given
+
+
+def warmup_values(config: dict[str, Any]) -> dict[str, Any]:
+    """The warm-up settings of the sweep's runs (``sweep.warmup``, ``sweep.history``)."""
+    if config["sweep"]["warmup"] != "history":
+        return {"warmup": config["sweep"]["warmup"]}
+    return {"warmup": "history", "history_steps": history_steps(config),
+            "history_algorithm": config["sweep"]["history"]["algorithm"]}
+
+
 def delay_values(config: dict[str, Any], delay: str) -> dict[str, Any]:
-    """The ``delay`` settings of a run at a point's ``delay``: ``fixed`` with ``d`` (and the sweep's
-    warm-up) for a number, ``trace`` with its file, else the named mode with its section's settings."""
+    """The ``delay`` settings of a run at a point's ``delay``: ``fixed`` with ``d`` for a number,
+    ``trace`` with its file, else the named mode with its section's settings; every one but a
+    replayed trace with the sweep's warm-up (under ``history`` every run of a seed starts from the
+    end of one on-policy history; the other warm-ups concern a fixed delay's queue alone)."""
     if str(delay).isdigit():
-        return {"mode": "fixed", "d": int(delay), "warmup": config["sweep"]["warmup"]}
+        return {"mode": "fixed", "d": int(delay), **warmup_values(config)}
     if delay.startswith(TRACE_PREFIX):
         return {"mode": "trace", "trace": config["traces"][delay.removeprefix(TRACE_PREFIX)]["file"]}
-    return {"mode": delay, **config[delay]["delay"]}
+    named = {"mode": delay, **config[delay]["delay"]}
+    return {**named, **warmup_values(config)} if config["sweep"]["warmup"] == "history" else named
 
 
 def _mlflow(config: dict[str, Any]) -> dict[str, Any]:
@@ -60,7 +80,7 @@ RUN_KEYS: dict[str, Callable[[dict, Point], Any]] = {
 }
 """The TrainConfig keys a run takes from outside the ``train`` section, each from its one home:
 ``model.name``, the point, ``data``, ``synthetic``, ``mlflow`` (``delay``: ``sweep.delays`` and
-``sweep.warmup``, the named delay modes' sections, ``traces``)."""
+``sweep.warmup`` and ``sweep.history``, the named delay modes' sections, ``traces``)."""
 
 
 def run_values(config: dict[str, Any], point: Point) -> dict[str, Any]:
@@ -85,6 +105,8 @@ def _section_key(key: str | None, point: Point) -> str | None:
     top = key.split(".", 1)[0].split("[", 1)[0]
     if top == "delay":
         leaf = key.split(".", 1)[1] if "." in key else ""
+        if leaf in ("history_steps", "history_algorithm"):
+            return f"sweep.history.{leaf.removeprefix('history_')}"
         if str(point.delay).isdigit():
             return "sweep.delays" if leaf in ("", "d", "mode") else f"sweep.{leaf}"
         if point.delay.startswith(TRACE_PREFIX):
@@ -179,3 +201,26 @@ def shared_prefills(config: dict[str, Any], points: list[Point]) -> dict[Point, 
         if name is not None:
             members.setdefault(name, []).append(point)
     return {p: (name, ps[0]) for name, ps in members.items() if len(ps) > 1 for p in ps}
+
+
+def history_id(cfg: TrainConfig) -> str | None:
+    """A short name of the history a run starts from (:func:`~gmc.run.config.history_config`, its
+    whole configuration): runs with the same name start from the same history. None without one."""
+    history = history_config(cfg)
+    if history is None:
+        return None
+    return hashlib.sha256(json.dumps(to_dict(history), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def shared_histories(config: dict[str, Any], points: list[Point]) -> dict[Point, tuple[str, int]]:
+    """Each point whose run starts from a history (``warmup: history``), mapped to the history's
+    name (:func:`history_id`) and the batches it keeps: the largest fixed delay among the runs
+    that start from it. The sweep trains each history once (``gmc history``), as a run directory
+    ``<results>/history/<name>``, and starts every member from it (``gmc train --history``)."""
+    members: dict[str, list[tuple[Point, int]]] = {}
+    for point in points:
+        cfg = resolve_run(config, point)
+        name = history_id(cfg)
+        if name is not None:
+            members.setdefault(name, []).append((point, cfg.delay.d if cfg.delay.mode == "fixed" else 0))
+    return {p: (name, max(d for _, d in ms)) for name, ms in members.items() for p, _ in ms}

@@ -124,7 +124,8 @@ def _refuse_train_delay(config: dict[str, Any]) -> None:
         return
     given = train["delay"] if isinstance(train["delay"], dict) else {}
     homes = {"mode": "the sweep point (sweep.delays, a named delay mode's section, traces)",
-             "d": "sweep.delays", "warmup": "sweep.warmup", "trace": "traces.<name>.file"}
+             "d": "sweep.delays", "warmup": "sweep.warmup", "history_steps": "sweep.history.steps",
+             "history_algorithm": "sweep.history.algorithm", "trace": "traces.<name>.file"}
     for mode in named_delays():
         homes.update({k: f"{mode}.delay.{k}" for k in DELAY_MODES[mode].keys})
     for key in given or [""]:

@@ -3,6 +3,7 @@ log-probs from the trainer or the sampler, hard-kill and signal resumes equal th
 run, checkpoints by wall clock, non-finite steps, shared prefills, and bad data caught before
 the model loads."""
 
+import json
 import os
 import signal
 import subprocess
@@ -49,9 +50,11 @@ def test_fixed_delay_zero_equals_plain_loop(tmp_path, train_small):
 
 
 def test_prefill_staleness_logged_per_group(tmp_path, train_small):
+    """A prefill's batches are theta_0's: the one trained at step t < d is t updates stale."""
     out = train(tmp_path, "d2", train_small, **{"delay.d": 2, "algorithm": "tic"})
     groups = read_jsonl(out / "groups.jsonl")
-    assert len(groups) == 3 * 3 and {g["staleness"] for g in groups} == {2}
+    assert len(groups) == 3 * 3 and [g["staleness"] for g in groups] == [0] * 3 + [1] * 3 + [2] * 3
+    assert [g["version"] for g in groups] == [0] * 9
     metrics = read_jsonl(out / "metrics.jsonl")
     assert metrics[0]["async/queue_groups"] == 2 * 3
     assert "ratio/frac_traj_capped" in metrics[0] and "rollout/reward_mean" in metrics[0]
@@ -218,3 +221,66 @@ def test_a_prefill_made_for_other_settings_is_refused_naming_them(tmp_path, smal
     with pytest.raises(ConfigError, match="no prefill to write"):
         main_prefill(None, [f"model={small_config().model}", "delay.d=0"], str(tmp_path / "none.pt"))
     assert not (tmp_path / "none.pt").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# warmup: history
+
+
+HISTORY_RUN = dict(steps=4, **{"delay.d": 3, "delay.warmup": "history", "delay.history_steps": 5})
+"""A fixed delay of 3 after an on-policy history of 5 updates."""
+
+
+@pytest.mark.parametrize("behaviour", ["trainer", "sampler"])
+def test_a_history_run_is_exactly_d_stale_from_d_versions_and_equals_a_run_from_the_shared_history(
+        tmp_path, small_config, behaviour):
+    """Every group of every step is exactly d updates stale; the first d steps train on the
+    history's last d batches, one per generating version (-3, -2, -1), their behaviour log-probs
+    recorded when the history generated them; the run's records hold its own steps only. A run
+    that makes its own history equals one started from the shared history (gmc history), metrics,
+    groups and all, and a delay-0 run of the same seed starts from the same weights."""
+    from gmc.run.trainer import main_history
+
+    cfg = small_config(algorithm="gmc", behaviour_logprobs=behaviour, **HISTORY_RUN)
+    own = tmp_path / "own"
+    Trainer(cfg, own, progress=False).run()
+    groups = read_jsonl(own / "groups.jsonl")
+    assert len(read_jsonl(own / "metrics.jsonl")) == 4 and {g["step"] for g in groups} == {0, 1, 2, 3}
+    assert {g["staleness"] for g in groups} == {3}
+    assert [g["version"] for g in groups if g["step"] < 3] == [v for v in (-3, -2, -1) for _ in range(3)]
+    assert len(read_jsonl(own / "history" / "metrics.jsonl")) == 5  # the history's own run directory
+    summary = json.loads((own / "summary.json").read_text())
+    assert summary["history/steps"] == 5 and "history/reward_mean_last20" in summary
+
+    maker = tmp_path / "tic.yaml"  # another estimator and another delay share the history
+    maker.write_text(yaml.safe_dump(to_dict(small_config(algorithm="tic", behaviour_logprobs=behaviour,
+                                                         **{**HISTORY_RUN, "delay.d": 0}))))
+    main_history(str(maker), [], str(tmp_path / "history"), keep=3)
+    shared = tmp_path / "shared"
+    Trainer(cfg, shared, progress=False, history=tmp_path / "history").run()
+    assert without_time(read_jsonl(own / "metrics.jsonl")) == without_time(read_jsonl(shared / "metrics.jsonl"))
+    assert read_jsonl(own / "groups.jsonl") == read_jsonl(shared / "groups.jsonl")
+
+    zero = Trainer(small_config(algorithm="grpo", behaviour_logprobs=behaviour, **{**HISTORY_RUN, "delay.d": 0}),
+                   tmp_path / "zero", progress=False, history=tmp_path / "history")
+    start = torch.load(tmp_path / "history" / "checkpoint.pt", weights_only=False)["model"]
+    try:
+        assert all(torch.equal(zero.model.state_dict()[k], v) for k, v in start.items())
+    finally:
+        zero.close()
+
+
+def test_a_history_made_for_other_settings_or_too_short_is_refused_naming_why(tmp_path, small_config):
+    from gmc.run.trainer import main_history
+
+    maker = tmp_path / "d2.yaml"
+    maker.write_text(yaml.safe_dump(to_dict(small_config(**{**HISTORY_RUN, "delay.d": 2}))))
+    main_history(str(maker), [], str(tmp_path / "history"), keep=None)  # keeps the maker's 2 batches
+    with pytest.raises(ConfigError, match=r"history: made for other settings \(differing: seed\)"):
+        Trainer(small_config(seed=1, **HISTORY_RUN), tmp_path / "a", progress=False, history=tmp_path / "history")
+    with pytest.raises(ConfigError, match=r"keeps the batches of its last 2 updates; a queue of d = 3 needs 3"):
+        Trainer(small_config(**HISTORY_RUN), tmp_path / "b", progress=False, history=tmp_path / "history")
+    with pytest.raises(ConfigError, match="delay.history_steps: a history of 2 updates cannot fill a queue of d = 3"):
+        small_config(**{**HISTORY_RUN, "delay.history_steps": 2})
+    with pytest.raises(ConfigError, match="delay.warmup: no history to make"):
+        main_history(None, [f"model={small_config().model}", "delay.d=2"], str(tmp_path / "none"), keep=None)

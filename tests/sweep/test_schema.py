@@ -244,6 +244,10 @@ def test_values_given_with_snakemake_config_are_read_as_the_jobs_read_them(overr
     ("train={delay: {max_staleness: 8}}", "train.delay.max_staleness: delay settings are set per sweep point, "
                                           "not in train: this one lives in ray.delay.max_staleness"),
     ("train={delay: {d: 8}}", "train.delay.d: .* lives in sweep.delays"),
+    ("sweep={algorithms: [gmc], delays: [0, 8], group_sizes: [8], seeds: [0], history: {steps: 4}}",
+     "sweep.history.steps: a history of 4 updates cannot fill a queue of d = 8"),
+    ("sweep={algorithms: [gmc], delays: [0], group_sizes: [8], seeds: [0], history: {algorithm: ppo}}",
+     "sweep.history.algorithm: 'ppo' is not one of"),
     ("latency={enabled: true, algorithms: [gmc], group_sizes: [8], delay: {max_staleness: 2}}",
      "latency.delay: Additional properties are not allowed \\('max_staleness'"),
     ("train={sampling: {max_new_tokens: 64}, estimator: {max_new_tokens: 32}}", "'max_new_tokens' was unexpected"),

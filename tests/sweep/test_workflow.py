@@ -106,8 +106,8 @@ PRESETS = sorted((REPO / "workflow" / "presets").glob("*.yaml"))
 
 @pytest.mark.parametrize("preset", [None, *PRESETS], ids=lambda p: p.name if p else "config.yaml")
 def test_every_train_job_reads_its_resolved_config_file_and_nothing_else(tmp_path, snakemake, load_workflow, preset):
-    """``snakemake -n -p`` shows each training job as ``workflow/scripts/train.sh <log> --config
-    <results>/configs/train/<point>.yaml`` (its arguments go to ``gmc train``) with no ``--set``;
+    """``snakemake -n -p`` shows each training job as ``workflow/scripts/requeue.sh <log> train
+    --config <results>/configs/train/<point>.yaml`` (``gmc train``) with no ``--set``;
     the files written by the workflow (one per kind of delay of the preset, made for real) hold
     what :func:`gmc.sweep.resolve.resolve_run` returns for their point."""
     import re
@@ -117,13 +117,14 @@ def test_every_train_job_reads_its_resolved_config_file_and_nothing_else(tmp_pat
     from gmc.run.config import TrainConfig
     from gmc.settings import from_dict, to_dict
     from gmc.sweep.points import sweep_points
-    from gmc.sweep.resolve import resolve_run, shared_prefills, shared_runs
+    from gmc.sweep.resolve import resolve_run, shared_histories, shared_prefills, shared_runs
 
     shutil.copy(REPO / "config.yaml", tmp_path / "config.yaml")
     extra = ["--configfile", str(preset)] if preset else []
     out = snakemake(["-n", "-p", "--cores", "2", *extra], cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
-    commands = [line for line in (out.stdout + out.stderr).splitlines() if "workflow/scripts/train.sh " in line]
+    lines = (out.stdout + out.stderr).splitlines()
+    commands = [line for line in lines if "workflow/scripts/requeue.sh " in line and " train --config " in line]
     config = load_workflow(tmp_path / "wf", configfiles=[preset] if preset else []).config
     points = sweep_points(config)
     shared = shared_runs(config, points)
@@ -131,12 +132,13 @@ def test_every_train_job_reads_its_resolved_config_file_and_nothing_else(tmp_pat
     assert len(commands) == len(points) - len(shared)
     for command in commands:
         assert "--set" not in command
-        assert re.search(rf"train\.sh \S+ --config {results}/configs/train/algo~[^ ]+\.yaml --out {results}/train/", command)
+        assert re.search(rf"requeue\.sh \S+ train --config {results}/configs/train/algo~[^ ]+\.yaml --out {results}/train/",
+                         command)
     assert {re.search(r"--config (\S+)", c)[1] for c in commands} == {
         f"{results}/configs/train/{p.path}.yaml" for p in points if p not in shared}
     # one prefill per class of fixed-delay runs that differ only in the estimator; its members start from it
     prefills = shared_prefills(config, points)
-    makers = [line for line in (out.stdout + out.stderr).splitlines() if "python -m gmc prefill " in line]
+    makers = [line for line in lines if "python -m gmc prefill " in line]
     assert sorted(re.search(r"--config (\S+) --out (\S+)", c).groups() for c in makers) == sorted(
         {(f"{results}/configs/train/{first.path}.yaml", f"{results}/prefill/{name}.pt") for name, first in prefills.values()})
     for command in commands:
@@ -144,6 +146,19 @@ def test_every_train_job_reads_its_resolved_config_file_and_nothing_else(tmp_pat
         given = re.search(r"--prefill (\S+)", command)
         assert (given[1] if given else None) == (f"{results}/prefill/{prefills[point][0]}.pt" if point in prefills else None)
         assert point not in prefills or resolve_run(config, point).delay.d > 0
+    # one history per class of runs that differ only in the estimator and the delay; its members start from it
+    histories = shared_histories(config, points)
+    makers = [line for line in lines if "workflow/scripts/requeue.sh " in line and " history --config " in line]
+    assert sorted(re.search(r"--config (\S+) --out (\S+) --keep (\d+)", c).groups() for c in makers) == sorted(
+        {(f"{results}/configs/train/{first.path}.yaml", f"{results}/history/{name}", str(keep))
+         for name, (first, keep) in {n: (next(p for p in points if histories.get(p, ("",))[0] == n), k)
+                                     for n, k in histories.values()}.items()})
+    for command in commands:
+        point = next(p for p in points if f"/configs/train/{p.path}.yaml " in command)
+        given = re.search(r"--history (\S+)", command)
+        assert (given[1] if given else None) == (f"{results}/history/{histories[point][0]}" if point in histories else None)
+        cfg = resolve_run(config, point)
+        assert point not in histories or (cfg.delay.warmup == "history" and cfg.delay.history_length >= cfg.delay.d)
     sample = list({p.delay if not p.delay.isdigit() else "fixed": p for p in points}.values())
     files = [f"{results}/configs/train/{p.path}.yaml" for p in sample]
     made = snakemake(["--cores", "1", *extra, "--", *files], cwd=tmp_path)

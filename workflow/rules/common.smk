@@ -24,6 +24,7 @@ from gmc.sweep.resolve import (
     eval_values,
     resolve_eval,
     resolve_run,
+    shared_histories,
     shared_prefills,
     shared_runs,
 )
@@ -52,6 +53,8 @@ wildcard_constraints:
     delay=delay_wildcard(),
     group=r"\d+",
     seed=r"\d+",
+    history=r"[0-9a-f]{16}",
+    prefill=r"[0-9a-f]{16}",
 
 
 MODEL_NAME = config["model"]["name"]
@@ -85,6 +88,12 @@ SHARED = shared_runs(config, POINTS)
 # fixed-delay runs of one prefill class (every setting but the estimator): the prefill generated once
 PREFILLS = shared_prefills(config, POINTS)
 PREFILL_MAKERS = {name: point for name, point in PREFILLS.values()}
+# runs that start from one on-policy history (warmup: history; every setting but the estimator
+# and the delay): the history trained once, keeping the batches the largest fixed delay needs
+HISTORIES = shared_histories(config, POINTS)
+HISTORY_MAKERS = {}
+for _point, (_name, _keep) in HISTORIES.items():
+    HISTORY_MAKERS.setdefault(_name, (_point, _keep))
 RUN_DIRS = [f"{RESULTS}/train/{p.path}" for p in POINTS]
 # the training set every run reads (the train section's, shared by the sweep)
 TRAIN_DATA = resolve_run(config, POINTS[0]).train_data
@@ -119,8 +128,9 @@ def folder(side, key=0, up=1):
     return folder_of
 
 
-# one training job: gmc train, and the requeue of a SLURM job stopped before its time limit
-TRAIN_SCRIPT = Path(workflow.basedir, "workflow", "scripts", "train.sh")
+# a job that may stop with a checkpoint (gmc train, gmc history), and the requeue of a SLURM job
+# stopped before its time limit
+REQUEUE_SCRIPT = Path(workflow.basedir, "workflow", "scripts", "requeue.sh")
 
 
 def point_of(wildcards):
@@ -138,6 +148,16 @@ def run_config(wildcards):
 def shared_run(wildcards):
     """The point whose run a shared point's is."""
     return SHARED[point_of(wildcards)]
+
+
+def history_summary(wildcards):
+    """The shared history a point's run starts from (none without warmup: history)."""
+    point = point_of(wildcards)
+    return (
+        [f"{RESULTS}/history/{HISTORIES[point][0]}/summary.json"]
+        if point in HISTORIES
+        else []
+    )
 
 
 def prefill_file(wildcards):

@@ -28,6 +28,7 @@ rule train:
         mlflow=MLFLOW_TRAIN_INPUT,
         eval_cfg=[f"{RESULTS}/configs/eval.yaml"] if EVAL_WITH_TRAINING else [],
         prefill=prefill_file,
+        history=history_summary,
     output:
         summary=f"{RESULTS}/train/{POINT}/summary.json",
         evaluations=POINT_EVAL if EVAL_WITH_TRAINING else [],
@@ -39,7 +40,7 @@ rule train:
     resources:
         gpu=config["resources"]["train_gpus"],
     params:
-        script=TRAIN_SCRIPT,
+        script=REQUEUE_SCRIPT,
         dir=folder("output", "summary"),
         evaluate=lambda wildcards, input, output: (
             f"--evaluate {input.eval_cfg[0]} --eval-out {Path(output.evaluations[0]).parent}"
@@ -49,10 +50,44 @@ rule train:
         prefill=lambda wildcards, input: (
             f"--prefill {input.prefill}" if input.prefill else ""
         ),
-    # workflow/scripts/train.sh: exit status 75 (stopped with a checkpoint) requeues a SLURM job
+        history=lambda wildcards, input: (
+            f"--history {Path(input.history[0]).parent}" if input.history else ""
+        ),
+    # workflow/scripts/requeue.sh: exit status 75 (stopped with a checkpoint) requeues a SLURM job
     shell:
-        "OMP_NUM_THREADS={threads} TQDM_MININTERVAL=10 bash {params.script} {log} --config {input.cfg} "
-        "--out {params.dir} --resume {params.evaluate} {params.prefill}"
+        "OMP_NUM_THREADS={threads} TQDM_MININTERVAL=10 bash {params.script} {log} train --config {input.cfg} "
+        "--out {params.dir} --resume {params.evaluate} {params.prefill} {params.history}"
+
+
+rule history:
+    """The on-policy history every run of one class (every setting but the estimator and the
+    delay) starts from under warmup: history, trained once with the first member's config and
+    kept as a run directory of its own: its weights, optimizer state and the batches of its last
+    updates, as many as the largest fixed delay among the members needs (gmc history). A killed
+    job resumes from the history's checkpoint.
+    """
+    input:
+        model=lambda wildcards: model_dir(
+            config, HISTORY_MAKERS[wildcards.history][0].seed
+        ),
+        cfg=lambda wildcards: f"{RESULTS}/configs/train/{HISTORY_MAKERS[wildcards.history][0].path}.yaml",
+        data=f"{RESULTS}/data/manifest.json",
+    output:
+        f"{RESULTS}/history/{{history}}/summary.json",
+    log:
+        f"{RESULTS}/logs/history/{{history}}.log",
+    conda:
+        conda_env("history", config["resources"]["train_gpus"])
+    threads: 1
+    resources:
+        gpu=config["resources"]["train_gpus"],
+    params:
+        script=REQUEUE_SCRIPT,
+        dir=folder("output"),
+        keep=lambda wildcards: HISTORY_MAKERS[wildcards.history][1],
+    shell:
+        "OMP_NUM_THREADS={threads} TQDM_MININTERVAL=10 bash {params.script} {log} history --config {input.cfg} "
+        "--out {params.dir} --keep {params.keep}"
 
 
 rule prefill:

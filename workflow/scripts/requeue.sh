@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One training job of the sweep (rule train): `python -m gmc train ARGS...`, its output in LOG.
-#   usage: train.sh LOG ARGS...
+# A job of the sweep that may stop with a checkpoint (rules train and history): `python -m gmc
+# COMMAND ARGS...`, its output in LOG.
+#   usage: requeue.sh LOG COMMAND ARGS...
 # Exit status 75: the run was stopped by SIGTERM or SIGUSR1 with a checkpoint written. Under SLURM
 # a job still RUNNING got its time-limit warning: it requeues itself and resumes, as often as the
 # run needs (Snakemake's retries are not spent); a cancelled one (scancel: COMPLETING) is not
@@ -9,7 +10,7 @@ set -u
 log=$1
 shift
 trap true TERM USR1
-python -m gmc train "$@" > "$log" 2>&1
+python -m gmc "$@" > "$log" 2>&1
 status=$?
 if [ "$status" = 75 ] && [ -n "${SLURM_JOB_ID:-}" ] && [ "$(squeue -h -j "$SLURM_JOB_ID" -o %T)" = RUNNING ]; then
     scontrol requeue "$SLURM_JOB_ID" && sleep 3 && scontrol update JobId="$SLURM_JOB_ID" StartTime=now
