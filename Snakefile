@@ -5,7 +5,7 @@ from pathlib import Path
 import yaml
 from snakemake.utils import min_version
 
-import gmc.sweep.schema
+import gmc.workflow
 
 min_version("9.0")
 
@@ -20,7 +20,7 @@ if not workflow.overwrite_configfiles:
 # schema (hand-written parts + those generated from the settings classes and registries) and
 # every run resolved (gmc.sweep.resolve.resolve_run); a bad key stops here, naming it and what it allows
 with open(Path(workflow.basedir, "workflow", "schemas", "config.schema.yaml")) as fh:
-    gmc.sweep.schema.validate(config, yaml.safe_load(fh))
+    gmc.workflow.validate(config, yaml.safe_load(fh))
 
 
 include: "workflow/rules/common.smk"

@@ -197,7 +197,7 @@ def _plan_memory(args: argparse.Namespace) -> int:
         from gmc.settings import load_yaml, to_dict
         from gmc.sweep.points import Point, largest_point, sweep_points
         from gmc.sweep.resolve import resolve_run
-        from gmc.sweep.schema import validate
+        from gmc.workflow import validate
 
         preset = load_yaml(Path(args.preset).read_text())
         validate(preset)

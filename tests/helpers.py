@@ -29,7 +29,9 @@ HOSTILE = {
 }
 
 
-def fake_run(results, algo, delay, group, seed, reward, score, se=None):
+def fake_run(results, algo, delay, group, seed, reward, score, se=None, correct=None):
+    """A finished run's summary, reward curve and synthetic evaluation (greedy ``score``, Pass@1
+    ``score / 2``); ``correct``: per problem, the samples of 2 it got right (recorded for pairing)."""
     d = results / "train" / f"algo~{algo}" / f"delay~{delay}" / f"group~{group}" / f"seed~{seed}"
     d.mkdir(parents=True)
     (d / "summary.json").write_text(json.dumps({"steps": 10, "rollout/reward_mean_last20": reward,
@@ -41,6 +43,8 @@ def fake_run(results, algo, delay, group, seed, reward, score, se=None):
     ev = {"benchmark": "synthetic", "greedy": score, "pass_at_1": score / 2, "problems": 101}
     if se is not None:
         ev["pass_at_1_se"] = se
+    if correct is not None:
+        ev.update(k=2, per_problem={"correct": list(correct)}, problems_sha256="0123456789abcdef")
     (e / "synthetic.json").write_text(json.dumps(ev))
 
 
@@ -104,7 +108,8 @@ def sweep(results, scores=SCORES, base=(0.30, 0.33, 0.31)):
                 ev.mkdir(parents=True)
                 s = score if delay else score + 0.05
                 (ev / "synthetic.json").write_text(json.dumps({"benchmark": "synthetic", "greedy": s,
-                                                               "pass_at_1": s, "pass_at_1_se": 0.01, "problems": 500}))
+                                                               "pass_at_1": s, "pass_at_1_se": 0.01, "problems": 500,
+                                                               "temperature": 0.6}))
                 (ev / "synthetic.completions.jsonl").write_text("{}\n")
     for seed, score in enumerate(base):
         ev = results / "eval" / "base" / f"seed~{seed}"

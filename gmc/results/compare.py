@@ -1,8 +1,11 @@
 """A re-run against a published bundle (``gmc compare-results``): every cell of the main table and
 every paired difference, published against new, whether the new estimate lies in the published
-95% interval, and whether each conclusion the bundle resolved (a paired difference whose
-interval excludes zero) still holds: it keeps its sign and is resolved again or at least
-overlaps the published interval.
+95% interval, and whether each conclusion of the bundle still holds. The conclusions are the
+verdicts of its ``tables/conclusions.csv`` (:func:`gmc.results.tables.conclusions_table`): a
+*resolved* difference holds when the re-run keeps its sign and resolves it again or at least
+overlaps the published interval; an *equivalent* one when the re-run finds it equivalent again,
+or its estimate lies within the margin and its interval overlaps the published one. A bundle
+without verdicts is judged by its paired differences whose interval excludes zero, as resolved.
 """
 
 from __future__ import annotations
@@ -14,10 +17,12 @@ from pathlib import Path
 import pandas as pd
 
 from gmc.results.bundles import PROVENANCE
+from gmc.results.outputs import analysis_config
 from gmc.results.tables import make_tables
 
 KEYS = ("algorithm", "delay", "group")
 PAIRED_KEYS = ("comparison", "delay", "group", "metric")
+CONCLUSION_KEYS = ("role", "table", "comparison", "delay", "group")
 
 
 class Unreadable(Exception):
@@ -46,23 +51,32 @@ class Check:
 
 @dataclass
 class Conclusion:
-    """A paired difference the bundle resolved, and what the re-run says of it."""
+    """A difference the bundle concluded (``resolved`` or ``equivalent``), and what the re-run says of it."""
 
     key: str
     published: tuple[float, float, float]
     new: tuple[float, float, float] | None
-    new_resolved: bool = False
+    new_verdict: str = "inconclusive"
+    kind: str = "resolved"
+    margin: float = math.nan
 
     @property
     def verdict(self) -> str:
         if self.new is None:
             return "not in the re-run: cannot be checked"
         (diff, lo, hi), (ndiff, nlo, nhi) = self.published, self.new
+        overlaps = nlo <= hi and lo <= nhi
+        if self.kind == "equivalent":
+            if self.new_verdict == "equivalent":
+                return "holds: equivalent again"
+            if abs(ndiff) < self.margin and overlaps:
+                return "holds: not shown equivalent, but within the margin and overlapping the published interval"
+            return f"does not hold: outside the margin ±{self.margin:g} or the published interval"
         if math.isnan(ndiff) or math.copysign(1, ndiff) != math.copysign(1, diff) or ndiff == 0:
             return "does not hold: the sign changed"
-        if self.new_resolved:
+        if self.new_verdict == "resolved":
             return "holds: same sign, resolved again"
-        if nlo <= hi and lo <= nhi:
+        if overlaps:
             return "holds: same sign, not resolved, overlaps the published interval"
         return "does not hold: same sign but unresolved and outside the published interval"
 
@@ -117,17 +131,35 @@ def compare(bundle: str | Path, results: str | Path) -> Comparison:
             out.checks.append(Check("main", f"{'/'.join(key)} {col}", float(row[f"{col}:mean"]),
                                     float(row[f"{col}:half"]), *got))
     fresh = {tuple(str(v) for v in r[list(PAIRED_KEYS)]): r for _, r in new["paired"].iterrows()}
+    verdicts = (bundle / "tables" / "conclusions.csv").exists()
     for _, row in paired.iterrows():
         key = tuple(str(v) for v in row[list(PAIRED_KEYS)])
         other = fresh.get(key)
         name = f"{key[0]} at delay {key[1]}, G = {key[2]}, {key[3]}"
         got = (math.nan, math.nan) if other is None else (float(other["diff"]), float(other["half"]))
         out.checks.append(Check("paired", name, float(row["diff"]), float(row["half"]), *got))
-        if str(row["excludes_zero"]) == "True":
+        if not verdicts and str(row["excludes_zero"]) == "True":  # a bundle made before verdicts were kept
             out.conclusions.append(Conclusion(
                 name, (float(row["diff"]), float(row["lo"]), float(row["hi"])),
                 None if other is None else (float(other["diff"]), float(other["lo"]), float(other["hi"])),
-                other is not None and str(other["excludes_zero"]) == "True"))
+                "resolved" if other is not None and str(other["excludes_zero"]) == "True" else "inconclusive"))
+    if verdicts:
+        out.conclusions += _concluded(_read_csv(bundle / "tables" / "conclusions.csv"), new["conclusions"],
+                                      analysis_config(bundle).equivalence_margin)
+    return out
+
+
+def _concluded(published: pd.DataFrame, new: pd.DataFrame, margin: float) -> list[Conclusion]:
+    """The bundle's resolved and equivalent differences, each beside the re-run's."""
+    fresh = {tuple(str(v) for v in r[list(CONCLUSION_KEYS)]): r for _, r in new.iterrows()}
+    out = []
+    for _, row in published[published["verdict"].isin(["resolved", "equivalent"])].iterrows():
+        key = tuple(str(v) for v in row[list(CONCLUSION_KEYS)])
+        other = fresh.get(key)
+        name = f"{row['outcome']} ({row['role']}, {row['table']} table): {key[2]} at delay {key[3]}, G = {key[4]}"
+        out.append(Conclusion(name, (float(row["diff"]), float(row["lo"]), float(row["hi"])),
+                              None if other is None else (float(other["diff"]), float(other["lo"]), float(other["hi"])),
+                              "inconclusive" if other is None else str(other["verdict"]), str(row["verdict"]), margin))
     return out
 
 
@@ -149,10 +181,11 @@ def report(comparison: Comparison) -> str:
     lines += ["", f"{outside} of {len(judged)} estimates lie outside the published 95% interval "
                   f"(by chance alone about one in twenty would: {0.05 * len(judged):.1f}); "
                   f"{len(comparison.checks) - len(judged)} have no interval or no new estimate.", ""]
-    lines.append(f"Published conclusions (paired differences resolved in the bundle): {len(comparison.conclusions)}")
+    lines.append(f"Published conclusions (differences the bundle resolved or found equivalent): "
+                 f"{len(comparison.conclusions)}")
     for c in comparison.conclusions:
         new = "missing" if c.new is None else f"{c.new[0]:+.3f} [{c.new[1]:+.3f}, {c.new[2]:+.3f}]"
-        lines.append(f"- {c.key}: published {c.published[0]:+.3f} [{c.published[1]:+.3f}, "
+        lines.append(f"- {c.key}: published {c.kind} {c.published[0]:+.3f} [{c.published[1]:+.3f}, "
                      f"{c.published[2]:+.3f}], new {new}: {c.verdict}")
     held = sum(c.holds for c in comparison.conclusions)
     lines += ["", f"{held} of {len(comparison.conclusions)} published conclusions hold."]

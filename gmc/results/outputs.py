@@ -4,19 +4,44 @@ name (method.md section 7).
 :data:`TABLES` and :data:`FIGURES` are the registries ``gmc tables`` / ``gmc figures`` call and
 the workflow's rules read for their outputs; an entry names the function that makes it
 (``module:function``, imported only when called, so the workflow reads the registry without
-pandas or matplotlib). A table function takes the runs' frame (:func:`gmc.results.tables.collect`)
-and the base model's scores (:func:`gmc.results.tables.base_scores`, a row per seed) and returns a
-:class:`gmc.results.tables.Rendered` table, written as
-``<name>.csv``, ``.md`` and ``.tex``; a figure function takes the frame and the output folder
-and writes ``<name>.png`` and ``.pdf``.
+pandas or matplotlib). A table function takes the runs' frame (:func:`gmc.results.tables.collect`),
+the base model's scores (:func:`gmc.results.tables.base_scores`, a row per seed) and the
+analysis settings (:class:`AnalysisConfig`) and returns a :class:`gmc.results.tables.Rendered`
+table, written as ``<name>.csv``, ``.md`` and ``.tex``; a figure function takes the frame and the
+output folder and writes ``<name>.png`` and ``.pdf``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
-from gmc.settings import load_named
+from gmc.settings import Fraction, load_config, load_named, settings
+
+ANALYSIS = "configs/analysis.yaml"
+"""Where a results folder (or a bundle) keeps the analysis settings its tables were drawn with."""
+
+
+@settings(prefix="analysis.")
+class AnalysisConfig:
+    """How the tables judge a difference (method.md section 7). Each table's differences in one
+    outcome form a family; within it the p-values are adjusted by Holm's method and a difference
+    is *resolved* where the adjusted value is below 0.05, *equivalent* where the two one-sided
+    tests within the margin, adjusted likewise, are, and *inconclusive* otherwise. The primary
+    outcome is Pass@1 at the evaluation temperature (mean over benchmarks), the training reward
+    (at the sampling temperature) secondary."""
+
+    equivalence_margin: Fraction = 0.05
+    """Two estimators are called equivalent in an outcome when their difference lies within
+    ``±`` this, in the outcome's units (a fraction of problems, or of rewarded samples): 0.05 is a
+    twentieth of the scale, a third of what the default run's estimators gain by training."""
+
+
+def analysis_config(results: str | Path) -> AnalysisConfig:
+    """The analysis settings of a results folder or bundle (:data:`ANALYSIS`), else the defaults."""
+    path = Path(results) / ANALYSIS
+    return load_config(AnalysisConfig, path) if path.exists() else AnalysisConfig()
 
 
 @dataclass(frozen=True)
@@ -44,6 +69,9 @@ TABLES: dict[str, Output] = {
     "league": Output("gmc.results.tables:league_table",
                      "Every estimator at the largest delay ranked by final Pass@1 (95% intervals), its paired "
                      "difference to GMC and cost of staleness with sign counts, and its own statistics."),
+    "conclusions": Output("gmc.results.tables:conclusions_table",
+                          "Every difference of the primary outcome (and the secondary) judged resolved, equivalent "
+                          "within the margin, or inconclusive, after Holm's adjustment per family."),
 }
 """Every table of a sweep by name, in the order they are written."""
 

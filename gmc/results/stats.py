@@ -1,7 +1,9 @@
 """Statistics of a sweep (method.md section 7): mean ± 95% interval over seeds with the
 evaluation noise folded in (:func:`mean_interval`), paired differences at equal seed
-(:func:`paired_difference`) and power-law exponents with intervals (:func:`fit_power_law`,
-the theory lab's).
+(:func:`paired_difference`), their p-values (:func:`p_value`) adjusted over a family of
+comparisons (:func:`holm`), equivalence within a margin by two one-sided tests
+(:func:`equivalence_p`), the smallest difference a family can detect (:func:`detectable`), and
+power-law exponents with intervals (:func:`fit_power_law`, the theory lab's).
 """
 
 from __future__ import annotations
@@ -40,6 +42,11 @@ class Interval:
     @property
     def excludes_zero(self) -> bool:
         return bool(self.lo > 0 or self.hi < 0)
+
+    @property
+    def se(self) -> float:
+        """The mean's standard error, ``sqrt((sd² + se_eval²) / n)`` (NaN below two seeds)."""
+        return math.sqrt((self.sd**2 + self.se_eval**2) / self.n) if self.n >= 2 else math.nan
 
 
 def mean_interval(values, eval_se=None, level: float = LEVEL) -> Interval:
@@ -90,13 +97,14 @@ class PairedDifference:
         return self.interval.excludes_zero
 
 
-def paired_difference(a, b, se_a=None, se_b=None, level: float = LEVEL) -> PairedDifference:
+def paired_difference(a, b, se_a=None, se_b=None, level: float = LEVEL, se_d=None) -> PairedDifference:
     """Per-seed differences ``a[s] - b[s]`` (aligned arrays, NaN pairs dropped) and their interval.
 
     Estimators run at the same (delay, G, seed) share the seed's data order and starting point,
-    so the difference is taken per seed and gets :func:`mean_interval` with ``se_a² + se_b²`` as
-    its evaluation variance; :attr:`PairedDifference.n_sign` counts the seeds whose difference has
-    the mean's sign."""
+    so the difference is taken per seed and gets :func:`mean_interval` with the evaluation
+    variance of each seed's difference: ``se_d²`` where given (the difference paired per problem,
+    :func:`problem_paired_se`), else ``se_a² + se_b²`` (independent evaluations);
+    :attr:`PairedDifference.n_sign` counts the seeds whose difference has the mean's sign."""
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     if a.shape != b.shape:
         raise ValueError(f"paired values need equal shapes, got {a.shape} and {b.shape}")
@@ -104,10 +112,88 @@ def paired_difference(a, b, se_a=None, se_b=None, level: float = LEVEL) -> Paire
     se_a = zero if se_a is None else np.nan_to_num(np.asarray(se_a, dtype=float))
     se_b = zero if se_b is None else np.nan_to_num(np.asarray(se_b, dtype=float))
     d = a - b
-    interval = mean_interval(d, np.sqrt(se_a**2 + se_b**2), level)
+    se = np.sqrt(se_a**2 + se_b**2) if se_d is None else np.nan_to_num(np.asarray(se_d, dtype=float))
+    interval = mean_interval(d, se, level)
     d = d[np.isfinite(d)]
     n_sign = int((np.sign(d) == np.sign(interval.mean)).sum()) if interval.mean != 0 else 0
     return PairedDifference(interval, n_sign)
+
+
+def problem_paired_se(a, b) -> float:
+    """The standard error of ``mean(a) - mean(b)`` for two evaluations of one checkpoint pair on
+    the same problems, paired per problem: ``sd(a_i - b_i) / sqrt(n)`` over problems ``i`` (a
+    problem's difficulty is common to both and cancels; with independent errors this is the
+    unpaired ``sqrt(se_a² + se_b²)`` up to estimation noise)."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if a.ndim != 1 or a.shape != b.shape or len(a) < 2:
+        raise ValueError(f"per-problem scores of equal length (at least two problems) are needed, got {a.shape} "
+                         f"and {b.shape}")
+    d = a - b
+    return float(d.std(ddof=1) / math.sqrt(len(d)))
+
+
+# ---------------------------------------------------------------------------------------------
+# tests over a family of comparisons
+
+
+ALPHA = 0.05
+"""Family-wise error rate of every family's tests (Holm), and the size of each equivalence test."""
+POWER = 0.8
+"""The power at which :func:`detectable` states a family's smallest detectable difference."""
+
+
+def p_value(interval: Interval) -> float:
+    """Two-sided p-value of ``mean = 0`` for :func:`mean_interval`'s estimate: Student's t with
+    ``n - 1`` degrees of freedom and the interval's standard error (evaluation noise included);
+    NaN below two seeds; 1 for a mean of exactly 0 with no spread (a run compared with itself)."""
+    if interval.n < 2 or not math.isfinite(interval.se):
+        return math.nan
+    if interval.se == 0:
+        return 1.0 if interval.mean == 0 else 0.0
+    return float(2 * _scipy_stats.t.sf(abs(interval.mean) / interval.se, interval.n - 1))
+
+
+def equivalence_p(interval: Interval, margin: float) -> float:
+    """p-value of two one-sided tests (TOST) that the true mean lies within ``±margin``: the larger
+    of the p-values of ``mean <= -margin`` and ``mean >= margin``, Student's t with ``n - 1``
+    degrees of freedom. Below ``ALPHA`` exactly when the ``1 - 2 ALPHA`` interval lies inside
+    ``(-margin, margin)``. NaN below two seeds."""
+    if interval.n < 2 or not math.isfinite(interval.se):
+        return math.nan
+    if interval.se == 0:
+        return 0.0 if abs(interval.mean) < margin else 1.0
+    df = interval.n - 1
+    lower = _scipy_stats.t.sf((interval.mean + margin) / interval.se, df)
+    upper = _scipy_stats.t.cdf((interval.mean - margin) / interval.se, df)
+    return float(max(lower, upper))
+
+
+def holm(p_values) -> np.ndarray:
+    """Holm's step-down adjustment of a family's p-values (NaNs left out of the family and
+    returned as NaN): sorted ascending, ``p_(i)`` becomes ``max_{j <= i} min(1, (m - j + 1) p_(j))``.
+    Rejecting where the adjusted value is below ``alpha`` keeps the family-wise error at ``alpha``
+    under any dependence between the tests."""
+    p = np.asarray(p_values, dtype=float)
+    out = np.full_like(p, np.nan)
+    idx = np.flatnonzero(np.isfinite(p))
+    m = len(idx)
+    if m == 0:
+        return out
+    order = idx[np.argsort(p[idx], kind="stable")]
+    scaled = np.minimum(1.0, (m - np.arange(m)) * p[order])
+    out[order] = np.maximum.accumulate(scaled)
+    return out
+
+
+def detectable(sd: float, n: int, m: int, alpha: float = ALPHA, power: float = POWER) -> float:
+    """The smallest true difference a paired t-test over ``n`` seeds with per-seed standard
+    deviation ``sd`` detects with probability ``power``, at the level of the first step of Holm's
+    adjustment over ``m`` tests (``alpha / m``, two-sided): ``(t_{1-alpha/(2m)} + t_{power}) sd / sqrt(n)``
+    with ``n - 1`` degrees of freedom (the usual approximation, ignoring the other tail)."""
+    if n < 2 or not math.isfinite(sd) or m < 1:
+        return math.nan
+    df = n - 1
+    return float((_scipy_stats.t.ppf(1 - alpha / (2 * m), df) + _scipy_stats.t.ppf(power, df)) * sd / math.sqrt(n))
 
 
 @dataclass(frozen=True)

@@ -12,16 +12,30 @@ carries what the tables need, without checkpoints.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
+import yaml
 
 from gmc.estimators import REGISTRY, SHARED_DIAGNOSTICS
 from gmc.io import write_csv, write_text
-from gmc.results.outputs import TABLES
-from gmc.results.stats import LEVEL, mean_interval, paired_difference
-from gmc.run.evaluate import SE, eval_scores
+from gmc.results.outputs import TABLES, AnalysisConfig, analysis_config
+from gmc.results.stats import (
+    ALPHA,
+    LEVEL,
+    POWER,
+    Interval,
+    detectable,
+    equivalence_p,
+    holm,
+    mean_interval,
+    p_value,
+    paired_difference,
+    problem_paired_se,
+)
+from gmc.run.evaluate import SE, eval_scores, problem_scores
 from gmc.run.rundir import SUMMARY
 from gmc.sweep.points import delay_order, parse_point
 from gmc.sweep.resolve import SHARED_FILE
@@ -51,12 +65,36 @@ def collect(results: str | Path) -> pd.DataFrame:
             shared = json.loads(marker.read_text())["run"]
             run_dir, extra = results / "train" / shared, {"shared_with": parse_point(shared)["algorithm"]}
         row = {**point, **json.loads((run_dir / SUMMARY).read_text()), "run_dir": str(run_dir), **extra}
-        row.update(eval_scores(results / "eval" / run_dir.relative_to(results / "train")))
+        eval_dir = results / "eval" / run_dir.relative_to(results / "train")
+        row.update(eval_scores(eval_dir))
+        row.update({f"{k}{PROBLEMS}": v for k, v in problem_scores(eval_dir).items()})
+        row.update(temperatures(run_dir, eval_dir))
         rows.append(row)
     if not rows:
         raise FileNotFoundError(f"{results}/train: no finished runs (summary.json) found")
     frame = pd.DataFrame(rows)
     return frame.sort_values(["algorithm", "delay", "group", "seed"], key=_delay_key).reset_index(drop=True)
+
+
+PROBLEMS = ":problems"
+"""Suffix of a run's per-problem scores of an evaluation (``(problems fingerprint, scores)``)."""
+
+
+def temperatures(run_dir: Path, eval_dir: Path) -> dict[str, float]:
+    """The sampling temperature of a run's training rollouts and of its evaluation's samples, as
+    their files record them (for the outcomes' labels)."""
+    out = {}
+    config = run_dir / "config.yaml"
+    if config.exists():
+        sampling = (yaml.safe_load(config.read_text()) or {}).get("sampling") or {}
+        if "temperature" in sampling:
+            out["train_temperature"] = float(sampling["temperature"])
+    for f in sorted(eval_dir.glob("*.json")):
+        ev = json.loads(f.read_text())
+        if "temperature" in ev and "benchmark" in ev:
+            out["eval_temperature"] = float(ev["temperature"])
+            break
+    return out
 
 
 def _delay_key(col: pd.Series) -> pd.Series:
@@ -134,14 +172,14 @@ def with_base(runs: pd.DataFrame, base: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([base.assign(algorithm="base", delay="-", group=0), runs], ignore_index=True)
 
 
-def main_table(runs: pd.DataFrame, base: pd.DataFrame) -> Rendered:
+def main_table(runs: pd.DataFrame, base: pd.DataFrame, analysis: AnalysisConfig) -> Rendered:
     """Scores per (algorithm, delay, group): mean ± 95% interval over seeds, the base model first."""
     frame = with_benchmark_means(with_base(runs, base))
     table = aggregate(frame, score_columns(frame))
     return Rendered(table, to_markdown(table), to_latex(table))
 
 
-def runs_table(runs: pd.DataFrame, base: pd.DataFrame) -> Rendered:
+def runs_table(runs: pd.DataFrame, base: pd.DataFrame, analysis: AnalysisConfig) -> Rendered:
     """Every run's final scores, one row per (algorithm, delay, group, seed), each seed's base model
     first: what the intervals of ``main`` are made of (a seed that never learnt shows here)."""
     frame = with_benchmark_means(with_base(runs, base))
@@ -154,25 +192,33 @@ def runs_table(runs: pd.DataFrame, base: pd.DataFrame) -> Rendered:
     return Rendered(table.reset_index(drop=True), _markdown(shown), _latex(shown))
 
 
-def diagnostics_table(runs: pd.DataFrame, base: pd.DataFrame) -> Rendered:
+def diagnostics_table(runs: pd.DataFrame, base: pd.DataFrame, analysis: AnalysisConfig) -> Rendered:
     """Staleness, each estimator's own clip statistics, ESS, shortfall and step time."""
     own = [c for c in runs.columns if c.startswith("ratio/frac_")]
     table = aggregate(runs, [DIAGNOSTICS[0], *own, *DIAGNOSTICS[1:]])
     return Rendered(table, to_markdown(table), to_latex(table))
 
 
-def paired_table(runs: pd.DataFrame, base: pd.DataFrame) -> Rendered:
-    """Paired differences (:func:`paired_differences`), with the list of those that are resolved."""
-    table = paired_differences(runs)
-    return Rendered(table, paired_markdown(table), _latex(_paired_display(table)) if len(table) else "")
+def paired_table(runs: pd.DataFrame, base: pd.DataFrame, analysis: AnalysisConfig) -> Rendered:
+    """Paired differences (:func:`paired_differences`), judged per family (:func:`judge`)."""
+    table = paired_differences(runs, margin=analysis.equivalence_margin)
+    return Rendered(table, paired_markdown(table, analysis.equivalence_margin),
+                    _latex(_paired_display(table)) if len(table) else "")
 
 
-def paired_differences(frame: pd.DataFrame, pairs=PAIRS) -> pd.DataFrame:
+PAIRED_COLUMNS = ["comparison", "delay", "group", "metric", "diff", "lo", "hi", "half", "se", "n_seeds", "n_sign",
+                  "excludes_zero"]
+
+
+def paired_differences(frame: pd.DataFrame, pairs=PAIRS, margin: float = AnalysisConfig().equivalence_margin
+                       ) -> pd.DataFrame:
     """Paired differences, one row per (comparison, delay, group, metric): mean difference, 95%
-    interval, seeds paired, seeds with the mean's sign, and whether the interval excludes zero.
-    Two kinds: ``a − b`` for each estimator pair at equal (delay, group, seed), and the cost of
-    staleness, ``A: stale − on-policy``, each estimator at every other delay against itself at
-    delay 0 at equal (group, seed). Points where either side is missing are skipped."""
+    interval, its standard error, seeds paired, seeds with the mean's sign, and whether the
+    interval excludes zero; then each family's (the table's differences in one metric) tests
+    (:func:`judge`). Two kinds: ``a − b`` for each estimator pair at equal (delay, group, seed),
+    and the cost of staleness, ``A: stale − on-policy``, each estimator at every other delay
+    against itself at delay 0 at equal (group, seed). Points where either side is missing are
+    skipped. An evaluated score is paired per problem within a seed (:func:`_problem_paired_se`)."""
     frame = with_benchmark_means(frame)
     metrics = score_columns(frame)
     rows = []
@@ -185,15 +231,13 @@ def paired_differences(frame: pd.DataFrame, pairs=PAIRS) -> pd.DataFrame:
         stale = runs[runs["delay"] != "0"]
         both = stale.merge(on_policy, on=["group", "seed"], suffixes=(":a", ":b"))
         rows += _difference_rows(f"{algorithm}: stale − on-policy", both, metrics)
-    columns = ["comparison", "delay", "group", "metric", "diff", "lo", "hi", "half", "n_seeds", "n_sign",
-               "excludes_zero"]
-    out = pd.DataFrame(rows, columns=columns)
+    out = pd.DataFrame(rows, columns=PAIRED_COLUMNS)
     if out.empty:
         return out
     order = {c: i for i, c in enumerate(dict.fromkeys(out["comparison"]))}
     out["_c"] = out["comparison"].map(order)
     out = out.sort_values(["_c", "delay", "group"], key=_delay_key, kind="stable").drop(columns="_c")
-    return out.reset_index(drop=True)
+    return judge(out.reset_index(drop=True), ["metric"], margin)
 
 
 def _difference_rows(comparison: str, both: pd.DataFrame, metrics: list[str]) -> list[dict]:
@@ -206,11 +250,86 @@ def _difference_rows(comparison: str, both: pd.DataFrame, metrics: list[str]) ->
         for m in metrics:
             se_a = grp[f"{m}{SE}:a"].where(~one, 0.0) if f"{m}{SE}:a" in grp.columns else None
             se_b = grp[f"{m}{SE}:b"].where(~one, 0.0) if f"{m}{SE}:b" in grp.columns else None
-            p = paired_difference(grp[f"{m}:a"], grp[f"{m}:b"], se_a, se_b)
+            p = paired_difference(grp[f"{m}:a"], grp[f"{m}:b"], se_a, se_b, se_d=_problem_paired_se(grp, m))
             iv = p.interval
             rows.append(dict(comparison=comparison, delay=delay, group=group, metric=m, diff=iv.mean, lo=iv.lo,
-                             hi=iv.hi, half=iv.half, n_seeds=iv.n, n_sign=p.n_sign, excludes_zero=p.excludes_zero))
+                             hi=iv.hi, half=iv.half, se=iv.se, n_seeds=iv.n, n_sign=p.n_sign,
+                             excludes_zero=p.excludes_zero))
     return rows
+
+
+def _problem_paired_se(both: pd.DataFrame, metric: str):
+    """Per paired seed, the evaluation standard error of the difference in ``metric`` paired per
+    problem (:func:`gmc.results.stats.problem_paired_se`; for the mean over benchmarks, theirs
+    combined as for independent benchmarks); None where a seed's two evaluations did not record
+    their problems, or not the same ones (the unpaired error applies then)."""
+    if not metric.startswith("eval/"):
+        return None
+    _, bench, key = metric.split("/")
+    benches = [bench] if bench != "mean" else sorted(
+        {c.split("/")[1] for c in both.columns if c.startswith("eval/") and c.endswith(f"/{key}{PROBLEMS}:a")})
+    if not benches:
+        return None
+    out = []
+    for _, row in both.iterrows():
+        ses = []
+        for b in benches:
+            a, c = row.get(f"eval/{b}/{key}{PROBLEMS}:a"), row.get(f"eval/{b}/{key}{PROBLEMS}:b")
+            if not isinstance(a, tuple) or not isinstance(c, tuple) or a[0] != c[0] or len(a[1]) != len(c[1]):
+                return None
+            ses.append(problem_paired_se(a[1], c[1]))
+        out.append(math.sqrt(sum(s * s for s in ses)) / len(ses))
+    return out
+
+
+def judge(table: pd.DataFrame, family: list[str], margin: float, prefix: str = "") -> pd.DataFrame:
+    """Each difference's tests, with Holm's adjustment over its family (the rows that share the
+    ``family`` columns): ``p`` (two-sided, ``diff = 0``), ``p_holm``, ``p_equivalent`` (two one-sided
+    tests that ``|diff| < margin``), ``p_equivalent_holm`` and ``verdict``: ``resolved`` where
+    ``p_holm < 0.05``, ``equivalent`` where ``p_equivalent_holm < 0.05``, else ``inconclusive``.
+    ``prefix`` names the columns of one kind of difference in a wider table (``vs_gmc:``)."""
+    table = table.copy()
+    ivs = [_interval(r, prefix) for _, r in table.iterrows()]
+    table[f"{prefix}p"] = [p_value(iv) for iv in ivs]
+    table[f"{prefix}p_equivalent"] = [equivalence_p(iv, margin) for iv in ivs]
+    for col in ("p", "p_equivalent"):
+        adjusted = pd.Series(float("nan"), index=table.index)
+        for _, grp in table.groupby(family, sort=False) if family else [(None, table)]:
+            adjusted[grp.index] = holm(grp[f"{prefix}{col}"])
+        table[f"{prefix}{col}_holm"] = adjusted
+    table[f"{prefix}verdict"] = [verdict(p, e) for p, e in zip(table[f"{prefix}p_holm"],
+                                                              table[f"{prefix}p_equivalent_holm"])]
+    return table
+
+
+def _interval(row, prefix: str) -> Interval:
+    """The :class:`~gmc.results.stats.Interval` of a table row's difference (from its mean,
+    standard error and seeds)."""
+    n, se = int(row[f"{prefix}n_seeds"]), float(row[f"{prefix}se"])
+    sd = se * math.sqrt(n) if n else math.nan
+    return Interval(float(row[f"{prefix}diff"]), float(row[f"{prefix}lo"]), float(row[f"{prefix}hi"]),
+                    float(row[f"{prefix}half"]), n, sd, 0.0)
+
+
+def verdict(p_holm: float, p_equivalent_holm: float) -> str:
+    """``resolved``, ``equivalent`` or ``inconclusive`` from a difference's adjusted p-values."""
+    if p_holm < ALPHA:
+        return "resolved"
+    if p_equivalent_holm < ALPHA:
+        return "equivalent"
+    return "inconclusive"
+
+
+def family_detectable(table: pd.DataFrame, prefix: str = "") -> tuple[int, int, float]:
+    """A family's size ``m``, its typical number of seeds ``n`` (the median) and the smallest
+    difference it detects at 80% power after Holm's adjustment (:func:`gmc.results.stats.detectable`),
+    from the root mean square of its differences' per-seed spread (evaluation noise included)."""
+    ok = table[table[f"{prefix}n_seeds"] >= 2]
+    if ok.empty:
+        return len(table), 0, float("nan")
+    sd = math.sqrt(float(((ok[f"{prefix}se"] ** 2) * ok[f"{prefix}n_seeds"]).mean()))
+    n = int(ok[f"{prefix}n_seeds"].median())
+    return len(ok), n, detectable(sd, n, len(ok))
 
 
 LEAGUE_SCORE = ("eval/mean/pass_at_1", FINAL_REWARD)
@@ -218,7 +337,7 @@ LEAGUE_SCORE = ("eval/mean/pass_at_1", FINAL_REWARD)
 sweep evaluates nothing."""
 
 
-def league_table(runs: pd.DataFrame, base: pd.DataFrame) -> Rendered:
+def league_table(runs: pd.DataFrame, base: pd.DataFrame, analysis: AnalysisConfig) -> Rendered:
     """Every estimator at the largest fixed delay (largest group size), ranked by final Pass@1:
     its mean and 95% interval over seeds, the paired difference to ``gmc`` and its cost of
     staleness (itself at that delay minus itself at delay 0) with their sign counts, and its own
@@ -238,14 +357,16 @@ def league_table(runs: pd.DataFrame, base: pd.DataFrame) -> Rendered:
     def paired(a: pd.DataFrame, b: pd.DataFrame) -> dict:
         both = a.merge(b, on="seed", suffixes=(":a", ":b"))
         if both.empty:
-            return dict(diff=float("nan"), lo=float("nan"), hi=float("nan"), half=float("nan"), n_seeds=0,
-                        n_sign=0, excludes_zero=False)
-        p = paired_difference(both[f"{score}:a"], both[f"{score}:b"], both.get(f"{se}:a"), both.get(f"{se}:b"))
+            return dict(diff=float("nan"), lo=float("nan"), hi=float("nan"), half=float("nan"), se=float("nan"),
+                        n_seeds=0, n_sign=0, excludes_zero=False)
+        p = paired_difference(both[f"{score}:a"], both[f"{score}:b"], both.get(f"{se}:a"), both.get(f"{se}:b"),
+                              se_d=_problem_paired_se(both, score))
         iv = p.interval
-        return dict(diff=iv.mean, lo=iv.lo, hi=iv.hi, half=iv.half, n_seeds=iv.n, n_sign=p.n_sign,
+        return dict(diff=iv.mean, lo=iv.lo, hi=iv.hi, half=iv.half, se=iv.se, n_seeds=iv.n, n_sign=p.n_sign,
                     excludes_zero=p.excludes_zero)
 
-    keep = ["seed", score, *([se] if se in point.columns else [])]
+    problems = [c for c in point.columns if c.endswith(PROBLEMS) and c.startswith("eval/")]
+    keep = ["seed", score, *([se] if se in point.columns else []), *problems]
     gmc = at[at["algorithm"] == "gmc"][keep]
     rows = []
     for algorithm, grp in at.groupby("algorithm", sort=False):
@@ -264,19 +385,43 @@ def league_table(runs: pd.DataFrame, base: pd.DataFrame) -> Rendered:
         rows.append(row)
     table = pd.DataFrame(rows).sort_values("mean", ascending=False, kind="stable").reset_index(drop=True)
     table.insert(0, "rank", range(1, len(table) + 1))
+    table = judge_league(table, analysis.equivalence_margin)
     shown = _league_display(table)
     return Rendered(table, _markdown(shown), _latex(shown))
 
 
-def _signed(diff, half, n_sign, n, excludes_zero) -> str:
+LEAGUE_KINDS = ("vs_gmc", "staleness_cost")
+"""The league's two kinds of differences, one family together (the league's differences in its score)."""
+
+
+def judge_league(table: pd.DataFrame, margin: float) -> pd.DataFrame:
+    """:func:`judge` over the league's differences of both kinds as one family."""
+    long = pd.concat([table[[c for c in table.columns if c.startswith(f"{k}:")]].rename(
+        columns=lambda c: c.split(":", 1)[1]).assign(kind=k, row=table.index) for k in LEAGUE_KINDS],
+        ignore_index=True)
+    judged = judge(long, [], margin)
+    table = table.copy()
+    for k in LEAGUE_KINDS:
+        part = judged[judged["kind"] == k].set_index("row")
+        for col in ("p", "p_holm", "p_equivalent", "p_equivalent_holm", "verdict"):
+            table[f"{k}:{col}"] = part[col]
+    return table
+
+
+MARKS = {"resolved": " *", "equivalent": " ≈", "inconclusive": ""}
+"""How a cell shows a difference's verdict."""
+
+
+def _signed(diff, half, n_sign, n, verdict) -> str:
     if pd.isna(diff):
         return "-"
     cell = f"{diff:+.3f}" if pd.isna(half) else f"{diff:+.3f} ± {half:.3f}"
-    return f"{cell} ({n_sign}/{n}){' *' if excludes_zero else ''}"
+    return f"{cell} ({n_sign}/{n}){MARKS.get(verdict, '')}"
 
 
 def _league_display(table: pd.DataFrame) -> pd.DataFrame:
-    """The league as the Markdown and LaTeX files show it; ``*``: the 95% interval excludes zero."""
+    """The league as the Markdown and LaTeX files show it; ``*`` resolved, ``≈`` equivalent within
+    the margin, both after Holm's adjustment over the league's differences."""
     name = pretty(table["score"].iloc[0]) if len(table) else "score"
     labels = [REGISTRY[a].label if a in REGISTRY else a for a in table["algorithm"]]
     out = pd.DataFrame({"rank": table["rank"], "estimator": labels})
@@ -285,7 +430,7 @@ def _league_display(table: pd.DataFrame) -> pd.DataFrame:
         for m, h, lo, hi in zip(table["mean"], table["half"], table["lo"], table["hi"])]
     for key, title in (("vs_gmc", "− GMC (sign)"), ("staleness_cost", "cost of staleness (sign)")):
         out[title] = [_signed(*r) for r in zip(table[f"{key}:diff"], table[f"{key}:half"], table[f"{key}:n_sign"],
-                                                table[f"{key}:n_seeds"], table[f"{key}:excludes_zero"])]
+                                                table[f"{key}:n_seeds"], table[f"{key}:verdict"])]
     out["own statistic"] = [f"{s.removeprefix('ratio/')} {v:.3f}" if s and not pd.isna(v) else "-"
                             for s, v in zip(table["own_statistic"], table["own_value"])]
     for col in SHARED_DIAGNOSTICS:
@@ -294,11 +439,100 @@ def _league_display(table: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def resolved_differences(paired: pd.DataFrame) -> list[str]:
-    """One sentence per paired difference whose 95% interval excludes zero."""
+def judged_differences(paired: pd.DataFrame, which: str) -> list[str]:
+    """One sentence per paired difference of verdict ``which`` (``resolved``, ``equivalent``)."""
     return [f"{r.comparison} at delay {r.delay}, G = {r.group}, {pretty(r.metric)}: {r.diff:+.3f} "
-            f"[{r.lo:+.3f}, {r.hi:+.3f}], sign in {r.n_sign}/{r.n_seeds} seeds"
-            for r in paired.itertuples() if r.excludes_zero]
+            f"[{r.lo:+.3f}, {r.hi:+.3f}], sign in {r.n_sign}/{r.n_seeds} seeds, p_holm {r.p_holm:.3f}"
+            for r in paired.itertuples() if r.verdict == which]
+
+
+def outcomes(runs: pd.DataFrame) -> list[tuple[str, str, str]]:
+    """The sweep's outcomes as ``(column, role, label)``: Pass@1 over the benchmarks at the
+    evaluation temperature, primary, and the final training reward at the sampling temperature,
+    secondary; the training reward alone is primary where nothing was evaluated."""
+    frame = with_benchmark_means(runs)
+
+    def at(col: str) -> str:
+        values = sorted(set(runs[col].dropna())) if col in runs.columns else []
+        return f" (T = {', '.join(f'{v:g}' for v in values)})" if values else ""
+
+    out = []
+    if "eval/mean/pass_at_1" in frame.columns:
+        out.append(("eval/mean/pass_at_1", "primary", f"Pass@1{at('eval_temperature')}"))
+    out.append((FINAL_REWARD, "secondary" if out else "primary", f"train reward{at('train_temperature')}"))
+    return out
+
+
+CONCLUSION_COLUMNS = ["role", "outcome", "table", "comparison", "delay", "group", "diff", "lo", "hi", "n_seeds",
+                      "p_holm", "p_equivalent_holm", "verdict", "family_size", "detectable"]
+
+
+def conclusions_table(runs: pd.DataFrame, base: pd.DataFrame, analysis: AnalysisConfig) -> Rendered:
+    """Every difference of the primary outcome's families (the paired table's and the league's),
+    and of the secondary's, judged ``resolved``, ``equivalent`` within the margin or
+    ``inconclusive`` after Holm's adjustment per family (:func:`judge`), each family with the
+    smallest difference it detects at 80% power: what a document may say of the sweep, and what
+    ``gmc compare-results`` judges a re-run by."""
+    margin = analysis.equivalence_margin
+    paired = paired_differences(runs, margin=margin)
+    league = league_table(runs, base, analysis).frame
+    rows = []
+    for metric, role, label in outcomes(runs):
+        fam = paired[paired["metric"] == metric] if len(paired) else paired
+        if len(fam):
+            m, _, mde = family_detectable(fam)
+            rows += [dict(role=role, outcome=label, table="paired", comparison=r.comparison, delay=r.delay,
+                          group=r.group, diff=r.diff, lo=r.lo, hi=r.hi, n_seeds=r.n_seeds, p_holm=r.p_holm,
+                          p_equivalent_holm=r.p_equivalent_holm, verdict=r.verdict, family_size=m, detectable=mde)
+                     for r in fam.itertuples()]
+        if len(league) and league["score"].iloc[0] == metric:
+            long = pd.concat([league[[c for c in league.columns if c.startswith(f"{k}:")]].rename(
+                columns=lambda c: c.split(":", 1)[1]).assign(
+                comparison=[f"{a} − gmc" if k == "vs_gmc" else f"{a}: stale − on-policy" for a in league["algorithm"]])
+                for k in LEAGUE_KINDS], ignore_index=True)
+            long = long[long["n_seeds"] > 0]
+            m, _, mde = family_detectable(long)
+            delay, group = league["delay"].iloc[0], league["group"].iloc[0]
+            rows += [dict(role=role, outcome=label, table="league", comparison=r.comparison, delay=delay,
+                          group=group, diff=r.diff, lo=r.lo, hi=r.hi, n_seeds=r.n_seeds, p_holm=r.p_holm,
+                          p_equivalent_holm=r.p_equivalent_holm, verdict=r.verdict, family_size=m, detectable=mde)
+                     for r in long.itertuples()]
+    table = pd.DataFrame(rows, columns=CONCLUSION_COLUMNS)
+    return Rendered(table, conclusions_markdown(table, margin), _latex(_conclusions_display(table)))
+
+
+def _conclusions_display(table: pd.DataFrame) -> pd.DataFrame:
+    out = table[["outcome", "table", "comparison", "delay", "group"]].copy()
+    out["difference [95% interval]"] = [f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]" if not pd.isna(lo) else _fmt(d, float("nan"))
+                                        for d, lo, hi in zip(table["diff"], table["lo"], table["hi"])]
+    out["seeds"] = table["n_seeds"]
+    out["p (Holm)"] = ["-" if pd.isna(p) else f"{p:.3f}" for p in table["p_holm"]]
+    out["verdict"] = table["verdict"]
+    return out
+
+
+def conclusions_markdown(table: pd.DataFrame, margin: float) -> str:
+    """The conclusions as a document: per family its size and detectable difference, then its
+    differences with their verdicts."""
+    lines = [f"Every difference of the sweep's outcomes, judged within its family (one table's "
+             f"differences in one outcome): **resolved** where Holm's adjusted p < {ALPHA}, **equivalent "
+             f"within ±{margin}** where two one-sided tests, adjusted likewise, place it inside the margin, "
+             "**inconclusive** otherwise. Intervals: 95% over seeds, evaluation noise folded in, "
+             "evaluated scores paired per problem.", ""]
+    for (role, outcome, name), fam in table.groupby(["role", "outcome", "table"], sort=False):
+        lines += [f"## {outcome}, {role}: {name} table", "",
+                  f"{fam['family_size'].iloc[0]} differences; the smallest detectable at {POWER:.0%} power after "
+                  f"adjustment: ±{fam['detectable'].iloc[0]:.3f}.", ""]
+        for r in fam.itertuples():
+            words = {"resolved": "resolved", "equivalent": f"equivalent within ±{margin}",
+                     "inconclusive": "inconclusive"}[r.verdict]
+            estimate = f"{r.diff:+.3f} [{r.lo:+.3f}, {r.hi:+.3f}]" if not pd.isna(r.lo) else f"{r.diff:+.3f}"
+            lines.append(f"- {r.comparison} at delay {r.delay}, G = {r.group}: {estimate}, {r.n_seeds} seeds, "
+                         f"p_holm {r.p_holm:.3f}: **{words}**")
+        lines.append("")
+    if table.empty:
+        lines.append("No differences: the sweep compares nothing.")
+    return "\n".join(lines).rstrip() + "\n"
 
 
 def _fmt(mean, half) -> str:
@@ -328,14 +562,13 @@ def _display(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def _paired_display(paired: pd.DataFrame) -> pd.DataFrame:
-    """One row per (comparison, delay, group); cells ``diff ± half (sign count)``, ``*`` when
-    the interval excludes zero."""
+    """One row per (comparison, delay, group); cells ``diff ± half (sign count)``, ``*`` resolved
+    and ``≈`` equivalent (:func:`judge`)."""
     rows = []
     for (comp, delay, group), grp in paired.groupby(["comparison", "delay", "group"], sort=False):
         row = {"comparison": comp, "delay": delay, "group": group}
         for r in grp.itertuples():
-            cell = f"{r.diff:+.3f}" if pd.isna(r.half) else f"{r.diff:+.3f} ± {r.half:.3f}"
-            row[pretty(r.metric)] = f"{cell} ({r.n_sign}/{r.n_seeds}){' *' if r.excludes_zero else ''}"
+            row[pretty(r.metric)] = _signed(r.diff, r.half, r.n_sign, r.n_seeds, r.verdict)
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -380,20 +613,32 @@ def to_latex(table: pd.DataFrame) -> str:
 PAIRED_NOTE = (f"Paired differences at equal (delay, G, seed), and each estimator's cost of staleness "
                "(A: stale − on-policy, the estimator at the row's delay minus itself at delay 0, equal G "
                f"and seed): mean ± half-width of the {LEVEL:.0%} t-interval over seeds (evaluation noise "
-               "folded in), (seeds with the mean's sign / seeds paired); * the interval excludes zero.")
+               "folded in, evaluated scores paired per problem), (seeds with the mean's sign / seeds paired). "
+               "The table's differences in one outcome are a family: * resolved (Holm-adjusted p < "
+               f"{ALPHA}), ≈ equivalent within ±{{margin}} (two one-sided tests, adjusted likewise).")
 
 
-def paired_markdown(paired: pd.DataFrame) -> str:
-    resolved = resolved_differences(paired)
-    lines = [PAIRED_NOTE, "", "Differences whose interval excludes zero:"]
-    lines += [f"- {s}" for s in resolved] if resolved else ["- none"]
-    return "\n".join(lines) + "\n\n" + (_markdown(_paired_display(paired)) if len(paired) else "")
+def paired_markdown(paired: pd.DataFrame, margin: float = AnalysisConfig().equivalence_margin) -> str:
+    lines = [PAIRED_NOTE.format(margin=margin), ""]
+    for which in ("resolved", "equivalent"):
+        found = judged_differences(paired, which) if len(paired) else []
+        lines += [f"{which.capitalize()} differences:", ""]
+        lines += [f"- {s}" for s in found] if found else ["- none"]
+        lines.append("")
+    if len(paired):
+        lines += [f"Smallest difference each family detects at {POWER:.0%} power (after adjustment):", ""]
+        for metric, grp in paired.groupby("metric", sort=False):
+            m, n, mde = family_detectable(grp)
+            lines.append(f"- {pretty(metric)}: {m} differences, {n} seeds: ±{mde:.3f}")
+        lines.append("")
+    return "\n".join(lines) + "\n" + (_markdown(_paired_display(paired)) if len(paired) else "")
 
 
 def make_tables(results: str | Path) -> dict[str, Rendered]:
-    """Every table of :data:`gmc.results.outputs.TABLES` from the runs and evaluations under ``results``."""
-    runs, base = collect(results), base_scores(results)
-    return {name: entry.resolve()(runs, base) for name, entry in TABLES.items()}
+    """Every table of :data:`gmc.results.outputs.TABLES` from the runs and evaluations under
+    ``results``, with its analysis settings (:func:`gmc.results.outputs.analysis_config`)."""
+    runs, base, analysis = collect(results), base_scores(results), analysis_config(results)
+    return {name: entry.resolve()(runs, base, analysis) for name, entry in TABLES.items()}
 
 
 def write_tables(results: str | Path, out: str | Path | None = None) -> dict[str, pd.DataFrame]:

@@ -13,6 +13,7 @@ its completions (problems times ``1 + k``).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import time
@@ -104,12 +105,18 @@ def benchmark_records(name: str, cfg: EvalConfig):
 
 
 def summarize(name: str, golds: list[str], greedy_correct: list[bool] | None,
-              sample_correct: list[list[bool]]) -> dict:
+              sample_correct: list[list[bool]], ids: list[str] | None = None) -> dict:
+    """An evaluation's summary: greedy accuracy, Pass@1 with its standard error across problems,
+    pass@k, and per problem what the scores average (``per_problem``: greedy 0/1, correct samples
+    out of ``k``) with a fingerprint of the problems (``problems_sha256``), so that two
+    evaluations on the same problems can be paired problem by problem."""
     n_problems = len(golds)
     k = len(sample_correct[0]) if sample_correct else 0
     out: dict = {"benchmark": name, "problems": n_problems, "k": k}
+    per: dict = {}
     if greedy_correct is not None:
         out["greedy"] = sum(greedy_correct) / n_problems
+        per["greedy"] = [int(c) for c in greedy_correct]
     if k:
         per_problem = [sum(row) / k for row in sample_correct]
         mean = sum(per_problem) / n_problems
@@ -118,6 +125,10 @@ def summarize(name: str, golds: list[str], greedy_correct: list[bool] | None,
         out["pass_at_1_se"] = math.sqrt(var / n_problems)
         out["pass_at_k"] = {str(kk): sum(pass_at_k(k, sum(row), kk) for row in sample_correct) / n_problems
                             for kk in range(1, k + 1) if kk == 1 or kk & (kk - 1) == 0 or kk == k}
+        per["correct"] = [sum(row) for row in sample_correct]
+    out["per_problem"] = per
+    if ids is not None:
+        out["problems_sha256"] = hashlib.sha256("\n".join(map(str, ids)).encode()).hexdigest()[:16]
     return out
 
 
@@ -174,7 +185,7 @@ def evaluate(model_path: str, out: str | Path, cfg: EvalConfig = EvalConfig(), p
                               "gold": r.answer, "correct": gr.correct, "reason": gr.reason, "length": s.length}
                              for j, (s, gr) in enumerate(zip(g, row_grades))]
             bar.close()
-            summary = summarize(name, golds, greedy_correct, sample_correct)
+            summary = summarize(name, golds, greedy_correct, sample_correct, [r.id for r in records])
             summary.update({"model": str(model_path), "temperature": cfg.temperature, "top_p": cfg.top_p,
                             "max_new_tokens": cfg.max_new_tokens, "seconds": round(time.time() - start, 2)})
             with atomic_path(out / f"{name}.completions.jsonl") as tmp:
@@ -192,6 +203,25 @@ SE = "_se"
 """Suffix of a score's evaluation standard error (``eval/<benchmark>/pass_at_1_se``)."""
 SCORES = ("greedy", "pass_at_1")
 """The scores of an evaluation, as ``eval/<benchmark>/<score>``."""
+
+
+def problem_scores(eval_dir: str | Path) -> dict[str, tuple[str, list[float]]]:
+    """Per problem what ``eval/<benchmark>/greedy`` and ``eval/<benchmark>/pass_at_1`` average
+    (greedy 0/1, the fraction of samples correct), each with the fingerprint of its problems;
+    empty for evaluations that did not record them."""
+    out = {}
+    for f in sorted(Path(eval_dir).glob("*.json")):
+        if f.name == "eval_config.json":
+            continue
+        ev = json.loads(f.read_text())
+        per, sha, name = ev.get("per_problem") or {}, ev.get("problems_sha256"), f"eval/{ev['benchmark']}"
+        if sha is None:
+            continue
+        if "greedy" in per:
+            out[f"{name}/greedy"] = (sha, [float(c) for c in per["greedy"]])
+        if "correct" in per and ev.get("k"):
+            out[f"{name}/pass_at_1"] = (sha, [c / ev["k"] for c in per["correct"]])
+    return out
 
 
 def eval_scores(eval_dir: str | Path) -> dict[str, float]:

@@ -550,6 +550,22 @@ def out_of_memory(memory_plan, phase: str, device):
 # the summary
 
 
+def reward_se(rows: list[dict]) -> float | None:
+    """The sampling noise of the mean training reward over ``rows`` (steps): the standard error
+    of the mean of their ``rollout/reward_mean`` values, at least the binomial one of all their
+    samples, ``sqrt(p (1 - p) / N)`` (rewards in [0, 1]; a window of few steps with equal means
+    would otherwise claim none). None without rewards."""
+    pairs = [(r["rollout/reward_mean"], r.get("rollout/samples", 0.0)) for r in rows
+             if r.get("rollout/reward_mean") is not None and math.isfinite(r["rollout/reward_mean"])]
+    if not pairs:
+        return None
+    values = np.array([v for v, _ in pairs])
+    p, samples = float(values.mean()), sum(n for _, n in pairs)
+    binomial = math.sqrt(max(p * (1 - p), 0.0) / samples) if samples else 0.0
+    steps = float(values.std(ddof=1) / math.sqrt(len(values))) if len(values) > 1 else 0.0
+    return max(steps, binomial)
+
+
 def summarize_metrics(path: str | Path, window: int = 20) -> dict:
     rows = read_jsonl(path)
     if not rows:
@@ -564,6 +580,7 @@ def summarize_metrics(path: str | Path, window: int = 20) -> dict:
     for key in ("rollout/reward_mean", "train/reward_mean"):
         out[f"{key}_first{window}"] = mean(key, head)
         out[f"{key}_last{window}"] = mean(key, tail)
+    out[f"rollout/reward_mean_last{window}_se"] = reward_se(tail)
     for key in ("async/staleness_mean", *diagnostic_names(), "time/step_seconds"):
         out[key] = mean(key, rows)
     out["train/skipped_steps"] = rows[-1].get("train/skipped_steps", 0.0)

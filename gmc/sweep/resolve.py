@@ -1,6 +1,6 @@
 """The configuration of each run of a sweep, resolved once.
 
-:func:`resolve_run` takes the workflow's configuration (as :func:`gmc.sweep.schema.validate`
+:func:`resolve_run` takes the workflow's configuration (as :func:`gmc.workflow.validate`
 leaves it: defaults filled, values coerced) and a point, and returns the run's whole
 :class:`~gmc.run.config.TrainConfig`. The workflow writes it to
 ``<results>/configs/train/<point>.yaml`` and the job reads that file and nothing else; the

@@ -45,7 +45,7 @@ def paper_plan_checkpoints() -> bool:
     from gmc.settings import from_dict, to_dict
     from gmc.sweep.points import largest_point, sweep_points
     from gmc.sweep.resolve import resolve_run
-    from gmc.sweep.schema import validate
+    from gmc.workflow import validate
 
     preset = yaml.safe_load((PRESETS / "paper.yaml").read_text())
     validate(preset)  # the schema's defaults filled in, as gmc plan-memory --preset reads it

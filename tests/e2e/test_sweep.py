@@ -37,7 +37,8 @@ def test_end_to_end_tiny_sweep(tmp_path, snakemake):
     comparisons = {c: set(g["delay"].astype(str)) for c, g in paired.groupby("comparison")}
     assert comparisons == {"gmc − grpo": {"0", "2"}, "gmc − none": {"0", "2"}, "grpo: stale − on-policy": {"2"},
                            "gmc: stale − on-policy": {"2", "latency"}, "none: stale − on-policy": {"2"}}
-    assert "Differences whose interval excludes zero" in (results / "tables" / "paired.md").read_text()
+    assert "Resolved differences:" in (results / "tables" / "paired.md").read_text()
+    assert "## Pass@1" in (results / "tables" / "conclusions.md").read_text()
     assert len(pd.read_csv(results / "theory" / "claims.csv")) > 0
     for name in outputs.FIGURES:
         assert (results / "figures" / f"{name}.png").stat().st_size > 5000

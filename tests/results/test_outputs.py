@@ -62,7 +62,7 @@ def extra_figure(frame, out):
     return save_both(fig, out, "extra_figure")
 
 
-def extra_table(runs, base):
+def extra_table(runs, base, analysis):
     from gmc.results.tables import Rendered
 
     table = runs[["algorithm", "delay"]].drop_duplicates()

@@ -5,6 +5,7 @@ import json
 import math
 import shutil
 
+import numpy as np
 import pandas as pd
 import pytest
 from helpers import fake_run
@@ -127,8 +128,43 @@ def test_paired_differences_at_equal_delay_group_and_seed(tmp_path):
     assert row["n_sign"] == 2 and not row["excludes_zero"]
     reward = paired[paired.metric == "rollout/reward_mean_last20"]
     assert (reward["diff"] == 0).all() and not reward["excludes_zero"].any()
+    # the family of synthetic Pass@1: three tests (the one-seed difference has no p-value), Holm by hand
+    fam = paired[paired.metric == "eval/synthetic/pass_at_1"].set_index("comparison")
+    ps = fam["p"].dropna().sort_values()
+    assert list(fam["p_holm"].dropna().sort_values()) == pytest.approx(
+        [3 * ps.iloc[0], max(3 * ps.iloc[0], 2 * ps.iloc[1]), max(3 * ps.iloc[0], 2 * ps.iloc[1], ps.iloc[2])])
+    # gmc − tic: the unadjusted interval excludes zero, the adjusted test does not resolve it
+    assert fam.loc["gmc − tic", "excludes_zero"] and fam.loc["gmc − tic", "p"] < 0.05
+    assert fam.loc["gmc − tic", "p_holm"] > 0.05 and fam.loc["gmc − tic", "verdict"] == "inconclusive"
     md = (r / "tables" / "paired.md").read_text()
-    assert "gmc − tic at delay 16, G = 8, synthetic Pass@1: +0.097" in md and "(3/3) *" in md
-    assert "gmc − grpo at delay 16, G = 8, synthetic Pass@1" not in md
+    assert "Resolved differences:\n\n- none" in md and "(3/3) |" in md and "(3/3) *" not in md
+    assert "synthetic Pass@1: 3 differences, 3 seeds: ±" in md
     assert "$-$" in (r / "tables" / "paired.tex").read_text()
     assert len(pd.read_csv(r / "tables" / "paired.csv")) == len(paired)
+
+
+def test_evaluated_differences_are_paired_per_problem_and_judged_in_the_conclusions(tmp_path):
+    """Two estimators evaluated on the same 40 problems: each seed's difference in Pass@1 gets the
+    error of its per-problem differences (0.05 wherever they differ by 0.5 on a tenth of the
+    problems), not the unpaired one; conclusions.md names each difference's verdict and its
+    family's detectable difference."""
+    r = tmp_path / "results"
+    base = [2, 0, 1, 2] * 10
+    moved = [c + (1 if i < 4 else 0) for i, c in enumerate([0, 0, 1, 1] * 10)]  # 4 problems gain a sample
+    for seed in range(3):
+        fake_run(r, "gmc", 8, 4, seed, 0.5, 0.6, se=0.1, correct=[min(2, c + (1 if i < 4 else 0))
+                                                               for i, c in enumerate(base)])
+        fake_run(r, "tic", 8, 4, seed, 0.5, 0.4, se=0.1, correct=base)
+        fake_run(r, "grpo", 8, 4, seed, 0.5, 0.4 + 0.02 * seed, se=0.1, correct=moved)
+    paired = write_tables(r)["paired"]
+    row = paired[(paired.comparison == "gmc − tic") & (paired.metric == "eval/synthetic/pass_at_1")].iloc[0]
+    d = np.array([min(2, c + (1 if i < 4 else 0)) - c for i, c in enumerate(base)]) / 2
+    paired_se = d.std(ddof=1) / math.sqrt(40)
+    assert row["se"] == pytest.approx(math.sqrt((0 + paired_se**2) / 3))  # no spread over seeds, paired noise
+    assert paired_se < math.sqrt(2) * 0.1 / 3
+    conclusions = pd.read_csv(r / "tables" / "conclusions.csv")
+    assert set(conclusions["role"]) == {"primary", "secondary"} and set(conclusions["table"]) == {"paired", "league"}
+    assert set(conclusions["verdict"]) <= {"resolved", "equivalent", "inconclusive"}
+    md = (r / "tables" / "conclusions.md").read_text()
+    assert "## Pass@1, primary: paired table" in md and "smallest detectable at 80% power" in md
+    assert "gmc − tic at delay 8, G = 4: +0.100" in md

@@ -57,6 +57,10 @@ def test_summarize_pass_at_1_and_standard_error():
     se = math.sqrt(sum((p - 0.5) ** 2 for p in per) / 2 / 3)
     assert s["pass_at_1_se"] == pytest.approx(se)
     assert s["pass_at_k"]["2"] == pytest.approx((1.0 + 0.0 + 1.0) / 3)
+    # per problem, what the scores average, for pairing two evaluations problem by problem
+    assert s["per_problem"] == {"greedy": [1, 0, 1], "correct": [1, 0, 2]} and "problems_sha256" not in s
+    named = summarize("x", ["1", "2", "3"], None, [[True], [False], [True]], ids=["a", "b", "c"])
+    assert named["per_problem"] == {"correct": [1, 0, 1]} and len(named["problems_sha256"]) == 16
 
 
 def test_evaluate_writes_summary_and_completions(tmp_path, tiny_model_dir):

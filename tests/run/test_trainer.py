@@ -4,12 +4,14 @@ run, checkpoints by wall clock, non-finite steps, shared prefills, and bad data 
 the model loads."""
 
 import json
+import math
 import os
 import signal
 import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -69,7 +71,7 @@ def test_behaviour_logprobs_from_the_trainer_or_the_sampler(tmp_path, train_smal
     out = train(tmp_path, "sampler", train_small, **{"delay.d": 2, "behaviour_logprobs": "sampler"})
     metrics = read_jsonl(out / "metrics.jsonl")
     assert all("rollout/logp_mismatch_max" not in r for r in metrics)
-    assert {g["staleness"] for g in read_jsonl(out / "groups.jsonl")} == {2}
+    assert [g["staleness"] for g in read_jsonl(out / "groups.jsonl")] == [0] * 3 + [1] * 3 + [2] * 3  # a prefill
     for behaviour, on_policy in (("trainer", False), ("sampler", False), ("trainer", True)):
         trainer = Trainer(small_config(**{"delay.d": 0 if on_policy else 2, "behaviour_logprobs": behaviour}),
                           tmp_path / f"{behaviour}-{on_policy}", progress=False)
@@ -284,3 +286,15 @@ def test_a_history_made_for_other_settings_or_too_short_is_refused_naming_why(tm
         small_config(**{**HISTORY_RUN, "delay.history_steps": 2})
     with pytest.raises(ConfigError, match="delay.warmup: no history to make"):
         main_history(None, [f"model={small_config().model}", "delay.d=2"], str(tmp_path / "none"), keep=None)
+
+
+def test_the_final_training_reward_carries_its_sampling_noise():
+    """The standard error of the last steps' mean reward: their spread over steps, at least the
+    binomial error of all their samples."""
+    from gmc.run.trainer import reward_se
+
+    flat = [{"rollout/reward_mean": 0.5, "rollout/samples": 64.0}] * 2
+    assert reward_se(flat) == pytest.approx(math.sqrt(0.25 / 128))
+    steps = [{"rollout/reward_mean": v, "rollout/samples": 1e6} for v in (0.2, 0.8)]
+    assert reward_se(steps) == pytest.approx(np.std([0.2, 0.8], ddof=1) / math.sqrt(2))
+    assert reward_se([{"step": 0}]) is None

@@ -3,7 +3,14 @@
 import os
 from pathlib import Path
 
-from gmc.results.outputs import FIGURES, TABLES, THEORY_FILES, figure_files, table_files
+from gmc.results.outputs import (
+    ANALYSIS,
+    FIGURES,
+    TABLES,
+    THEORY_FILES,
+    figure_files,
+    table_files,
+)
 from gmc.policy.preflight import check_model_dir
 from gmc.settings import to_dict
 from gmc.sweep.points import (

@@ -1,8 +1,25 @@
+rule analysis_config:
+    """How the tables judge differences (config.yaml's analysis section); bundles keep it."""
+    output:
+        f"{RESULTS}/{ANALYSIS}",
+    log:
+        f"{RESULTS}/logs/analysis_config.log",
+    localrule: True
+    conda:
+        CONDA_ENV
+    params:
+        kind="analysis",
+        values=config["analysis"],
+    script:
+        "../scripts/write_config.py"
+
+
 rule tables:
     """Every table of gmc.results.outputs.TABLES, in CSV, Markdown and LaTeX."""
     input:
         TRAIN_DONE,
         EVAL_DONE,
+        f"{RESULTS}/{ANALYSIS}",
     output:
         [
             (

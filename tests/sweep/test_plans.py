@@ -193,10 +193,10 @@ def test_a_preset_is_the_whole_science(tmp_path, load_workflow, preset):
     train section is the TrainConfig the jobs build."""
     import yaml
 
+    from gmc import workflow as schema
     from gmc.io import flatten
     from gmc.run.config import TrainConfig
     from gmc.settings import from_dict
-    from gmc.sweep import schema
 
     stand_in = tmp_path / "config.yaml"
     stand_in.write_text("sweep: {algorithms: [none], delays: [3], group_sizes: [2], seeds: [9], "

@@ -15,19 +15,20 @@ import pytest
 import yaml
 from helpers import DOCS, REPO
 
+from gmc import workflow
 from gmc.estimators import REGISTRY
 from gmc.rollouts.delays import DELAY_MODES, DelayConfig, named_delays
 from gmc.run.config import TrainConfig
 from gmc.run.evaluate import EvalConfig
 from gmc.settings import ConfigError, from_dict, settings, to_dict
-from gmc.sweep import resolve, schema
+from gmc.sweep import resolve
 from gmc.tasks.datasets import benchmark_specs
 from gmc.tasks.synthetic import SyntheticTask
 
 HANDWRITTEN = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
 
 
-SCHEMA = schema.schema(HANDWRITTEN)
+SCHEMA = workflow.schema(HANDWRITTEN)
 
 
 def _resolve(node):
@@ -82,7 +83,7 @@ def test_the_train_and_evaluate_sections_are_their_settings_classes_but_the_keys
         return {f for f in fields if not any(f == d or f.startswith(d + ".") for d in dropped)}
 
     assert train == minus(_fields(TrainConfig), resolve.RUN_KEYS)
-    assert set(_keys(SCHEMA["properties"]["evaluate"])) == minus(_fields(EvalConfig), schema.EVAL_SET_PER_JOB)
+    assert set(_keys(SCHEMA["properties"]["evaluate"])) == minus(_fields(EvalConfig), workflow.EVAL_SET_PER_JOB)
     # the synthetic task is one section for the warm start, training and evaluation
     assert set(_keys(SCHEMA["properties"]["synthetic"])) == _fields(SyntheticTask)
     assert "synthetic" not in _keys(SCHEMA["properties"]["model"]["properties"]["tiny"])
@@ -122,32 +123,32 @@ def test_a_key_added_to_trainconfig_needs_no_second_edit(monkeypatch):
         rollout_budget: int = 3
         """A knob a newcomer adds."""
 
-    monkeypatch.setattr(schema, "TrainConfig", Extended)  # the schema's class and the runs' class
+    monkeypatch.setattr(workflow, "TrainConfig", Extended)  # the schema's class and the runs' class
     monkeypatch.setattr(resolve, "TrainConfig", Extended)
     config = _valid_config()
     config["train"]["rollout_budget"] = 5
-    full = schema.validate(config, HANDWRITTEN)
+    full = workflow.validate(config, HANDWRITTEN)
     assert full["$defs"]["train"]["properties"]["rollout_budget"]["description"] == "A knob a newcomer adds."
     assert from_dict(Extended, config["train"]).rollout_budget == 5
     config["train"]["rollout_budget"] = "many"
     with pytest.raises(ConfigError, match="train.rollout_budget: .*integer"):
-        schema.validate(config, HANDWRITTEN)
-    monkeypatch.setattr(schema, "TrainConfig", TrainConfig)  # the real class refuses the key
+        workflow.validate(config, HANDWRITTEN)
+    monkeypatch.setattr(workflow, "TrainConfig", TrainConfig)  # the real class refuses the key
     monkeypatch.setattr(resolve, "TrainConfig", TrainConfig)
     with pytest.raises(ConfigError, match="'rollout_budget' was unexpected"):
-        schema.validate(config, HANDWRITTEN)
+        workflow.validate(config, HANDWRITTEN)
 
 
 def test_validation_fills_the_handwritten_defaults_and_refuses_cross_key_mistakes():
     config = {"sweep": {"algorithms": ["gmc"], "delays": [0], "group_sizes": [4], "seeds": [0]}}
-    schema.validate(config, HANDWRITTEN)
+    workflow.validate(config, HANDWRITTEN)
     assert config["results"] == "results" and config["model"] == {"name": "tiny", "tiny": {}, "random": {}}
     assert config["sweep"]["references"] == {"algorithms": [], "delays": []}
     assert config["latency"]["enabled"] is False and config["train"] == {}
     bad = {**_valid_config()}
     bad["train"] = {**bad["train"], "sampling": {"top_p": 0.9}}
     with pytest.raises(ConfigError, match="train.sampling.top_p: training needs 1"):
-        schema.validate(bad, HANDWRITTEN)
+        workflow.validate(bad, HANDWRITTEN)
 
 
 def test_reading_and_validating_configs_imports_no_torch(tmp_path):
@@ -156,11 +157,11 @@ def test_reading_and_validating_configs_imports_no_torch(tmp_path):
     code = f"""
 import json, sys, yaml
 from gmc.sweep import resolve
-from gmc.sweep import schema
+from gmc import workflow
 from gmc.run.config import load_train_config
 from gmc.run.evaluate import EvalConfig
 from gmc.settings import load_config
-schema.validate(yaml.safe_load(open({str(REPO / "config.yaml")!r})),
+workflow.validate(yaml.safe_load(open({str(REPO / "config.yaml")!r})),
                   yaml.safe_load(open({str(REPO / "workflow" / "schemas" / "config.schema.yaml")!r})))
 cfg = load_train_config({str(tmp_path / "train.yaml")!r}, ["lr=1e-4"])
 load_config(EvalConfig, None, ["benchmarks=[synthetic]"])
@@ -233,7 +234,7 @@ def test_values_given_with_snakemake_config_are_read_as_the_jobs_read_them(overr
     given = parse_config([override])
     assert "'" in repr(given) or "True" in repr(given)  # strings (or booleans) as Snakemake hands them over
     update_config(config, given)
-    schema.validate(config, HANDWRITTEN)
+    workflow.validate(config, HANDWRITTEN)
     assert check(config)
 
 
@@ -259,7 +260,7 @@ def test_a_wrong_value_from_snakemake_config_is_still_refused_naming_its_key(ove
     config = _valid_config()
     update_config(config, parse_config([override]))
     with pytest.raises(ConfigError, match=message):
-        schema.validate(config, HANDWRITTEN)
+        workflow.validate(config, HANDWRITTEN)
 
 
 def test_every_documented_snakemake_config_example_plans(tmp_path):

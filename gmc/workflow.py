@@ -1,11 +1,13 @@
 """What the Snakemake workflow takes from the package: the schema of ``config.yaml``, the
 coercion of the values Snakemake hands over, and the validation of the whole configuration
-(the design's habit 3: validate early, fail clearly). No torch is imported.
+(the design's habit 3: validate early, fail clearly). An entry point beside the CLI: its sections
+configure every room. No torch is imported.
 
 The schema is one truth: the sections that configure a settings class (``train``: TrainConfig
-minus the keys a run takes from elsewhere, :data:`gmc.sweep.resolve.RUN_KEYS`; ``evaluate``: EvalConfig
-minus the data settings; ``model.tiny``, ``model.random``; the ``delay`` of every named delay
-mode's section, with the keys that mode reads) are generated from the dataclasses, and the names
+minus the keys a run takes from elsewhere, :data:`gmc.sweep.resolve.RUN_KEYS`; ``evaluate``:
+EvalConfig minus the data settings; ``analysis``: AnalysisConfig; ``model.tiny``,
+``model.random``; the ``delay`` of every named delay mode's section, with the keys that mode
+reads) are generated from the dataclasses, and the names
 a sweep may use (estimators, benchmarks) from their registries; only the sections without a
 dataclass (``sweep``, the named delay sections' shape, ``data``, ``mlflow``, ``resources``, ...)
 are written by hand, in ``workflow/schemas/config.schema.yaml``, which refers to the generated
@@ -25,12 +27,13 @@ from typing import Any
 import yaml
 
 from gmc.estimators import REGISTRY
+from gmc.results.outputs import AnalysisConfig
 from gmc.rollouts.delays import DELAY_MODES, DelayConfig, named_delays
 from gmc.run.config import TrainConfig
 from gmc.run.evaluate import EvalConfig
 from gmc.run.random_model import RandomModelConfig
 from gmc.run.tiny_model import TinyModelConfig
-from gmc.settings import ConfigError, json_schema, load_yaml
+from gmc.settings import ConfigError, from_dict, json_schema, load_yaml
 from gmc.sweep.points import sweep_points
 from gmc.sweep.resolve import RUN_KEYS, resolve_eval, resolve_run
 from gmc.tasks.datasets import benchmark_specs
@@ -39,7 +42,7 @@ from gmc.tasks.synthetic import SyntheticTask
 EVAL_SET_PER_JOB = ("data_source", "data_root", "synthetic")
 """EvalConfig keys that come from the ``data`` and ``synthetic`` sections."""
 
-SCHEMA_FILE = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "config.schema.yaml"
+SCHEMA_FILE = Path(__file__).resolve().parents[1] / "workflow" / "schemas" / "config.schema.yaml"
 """The hand-written part of the schema."""
 
 
@@ -48,6 +51,7 @@ def generated_defs() -> dict[str, Any]:
     return {
         "train": json_schema(TrainConfig, drop=RUN_KEYS),
         "evaluate": json_schema(EvalConfig, drop=EVAL_SET_PER_JOB),
+        "analysis": json_schema(AnalysisConfig),
         "synthetic": json_schema(SyntheticTask),
         "tiny_model": json_schema(TinyModelConfig, drop={"synthetic": "the synthetic section", "seed": "the sweep's seed"}),
         "random_model": json_schema(RandomModelConfig),
@@ -155,4 +159,8 @@ def validate(config: dict[str, Any], handwritten: dict[str, Any] | None = None) 
     for point in sweep_points(config):
         resolve_run(config, point)
     resolve_eval(config)
+    try:
+        from_dict(AnalysisConfig, config["analysis"])
+    except ConfigError as e:
+        raise ConfigError(e.reason, f"analysis.{e.key}" if e.key else "analysis") from None
     return full
