@@ -74,6 +74,18 @@ def _threads(results: Path, bundle: Path) -> dict:
             "build": recorded((results / "models").glob("**/build_summary.json"))}
 
 
+def base_models(results: Path) -> dict:
+    """Each locally built base model's warm start as its build recorded it: the seed it was built
+    from, its greedy accuracy, and, under an acceptance rule, every attempt and whether the seed's
+    model replaces a rejected one (reported, never hidden)."""
+    out = {}
+    for path in sorted((results / "models").glob("**/build_summary.json")):
+        s = json.loads(path.read_text())
+        out[str(path.parent.relative_to(results))] = {k: s[k] for k in ("seed", "steps", "greedy_accuracy", "attempts",
+                                                                         "replaced") if k in s}
+    return out
+
+
 STAGES = "stages.md"
 """The bundle's time per stage as a Markdown table (from :data:`PROVENANCE`'s ``stages``)."""
 
@@ -119,7 +131,7 @@ def publish(results: str | Path, bundle: str | Path, logs: list[str | Path] = ()
             "commit": commits[0] if len(commits) == 1 else commits, "published_with": git_revision(),
             "made": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "machine": machine(), "threads": _threads(results, tmp), "packages": package_versions(),
-            "python": platform.python_version(), "from": str(results),
+            "python": platform.python_version(), "from": str(results), "base_models": base_models(results),
             **({"stages": stages} if stages else {})})
         write_tables(tmp)
         write_stages(tmp)

@@ -2,11 +2,15 @@
 Qwen3-architecture model (random init) with a byte-level BPE tokenizer trained on the synthetic
 arithmetic task, warm started by supervised training on worked solutions until a target greedy
 accuracy, so that RL has room to improve (method.md section 5; the paper's models are Qwen3 from
-the hub).
+the hub). A warm start may be held to a rule fixed before any RL run (``accept_accuracy``,
+judged on the synthetic task's validation split, which no run trains or evaluates on): one the
+rule rejects is replaced by a warm start from another seed, and the build's summary reports
+every attempt.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 import time
@@ -17,7 +21,7 @@ from typing import Annotated
 from pydantic import Field
 
 from gmc.policy.build import Qwen3Shape, count_parameters, qwen3_model, save_model, train_tokenizer
-from gmc.settings import Positive, PositiveInt, settings, to_dict
+from gmc.settings import ConfigError, Positive, PositiveInt, settings, to_dict
 from gmc.tasks.synthetic import SyntheticTask
 
 log = logging.getLogger(__name__)
@@ -53,10 +57,70 @@ class TinyModelConfig(Qwen3Shape):
     synthetic: SyntheticTask = field(default_factory=SyntheticTask)
     """The synthetic task whose worked solutions the warm start teaches (the workflow's
     ``synthetic`` section)."""
+    accept_accuracy: Annotated[float, Field(ge=0, le=1)] | None = None
+    """The acceptance rule of a warm start: its final greedy accuracy on ``accept_problems``
+    problems of the synthetic task's validation split (``synthetic.validation_fraction > 0``) must
+    reach this; a warm start that does not is replaced by one from the next replacement seed
+    (``seed + 1000 k``), at most ``max_attempts`` in all (then the build fails). None: no rule."""
+    accept_problems: PositiveInt = 200
+    """Validation problems the acceptance rule judges a warm start on."""
+    max_attempts: PositiveInt = 3
+    """Warm starts the acceptance rule may try before the build fails."""
+
+    def __post_init__(self) -> None:
+        if self.accept_accuracy is not None and self.synthetic.validation_fraction == 0:
+            raise ConfigError("the acceptance rule judges a warm start on the validation split, which needs "
+                              "synthetic.validation_fraction > 0", "accept_accuracy")
+
+
+REPLACEMENT_STRIDE = 1000
+"""A rejected warm start of seed ``s`` is replaced by one of seed ``s + 1000``, then ``s + 2000``."""
 
 
 def build_tiny_model(out: str | Path, cfg: TinyModelConfig = TinyModelConfig(), progress: bool = True) -> dict:
-    """Build, warm-start and save the tiny policy under ``out``; returns a summary dict."""
+    """Build, warm-start and save the tiny policy under ``out``; returns a summary dict. Under an
+    acceptance rule (``accept_accuracy``) a rejected warm start is replaced by one of the next
+    replacement seed; the summary lists every attempt (``attempts``) and says whether the seed's
+    model is a replacement (``replaced``)."""
+    attempts = []
+    for k in range(cfg.max_attempts if cfg.accept_accuracy is not None else 1):
+        seed = cfg.seed + REPLACEMENT_STRIDE * k
+        model, tokenizer, summary = _warm_start(dataclasses.replace(cfg, seed=seed), progress)
+        if cfg.accept_accuracy is None:
+            break
+        score = validation_accuracy(model, tokenizer, cfg, summary["max_new_tokens"])
+        attempts.append({"seed": seed, "validation_greedy_accuracy": score,
+                         "accepted": score >= cfg.accept_accuracy})
+        log.info("warm start of seed %d: validation greedy accuracy %.3f (the rule asks %.3f): %s", seed, score,
+                 cfg.accept_accuracy, "accepted" if attempts[-1]["accepted"] else "rejected")
+        if attempts[-1]["accepted"]:
+            break
+    else:
+        raise RuntimeError(f"no warm start of seed {cfg.seed} met the acceptance rule (validation greedy accuracy >= "
+                           f"{cfg.accept_accuracy}) in {cfg.max_attempts} attempts: {attempts}")
+    summary.update(attempts=attempts, replaced=len(attempts) > 1, config=to_dict(cfg))
+    save_model(out, model, tokenizer, summary)
+    return summary
+
+
+def validation_accuracy(model, tokenizer, cfg: TinyModelConfig, max_new_tokens: int) -> float:
+    """Greedy accuracy on ``cfg.accept_problems`` problems of the validation split (the same ones
+    for every seed: the rule is one bar)."""
+    from gmc.rollouts.engines import SamplingConfig
+    from gmc.rollouts.hf_engine import HFEngine
+    from gmc.tasks.answers import extract_answer
+    from gmc.tasks.datasets import PLAIN_TEMPLATE
+    from gmc.tasks.grading import fast_verdict
+
+    problems = cfg.synthetic.generate("validation", cfg.accept_problems, seed=0)
+    model.eval()
+    groups = HFEngine(model, tokenizer, seed=0).generate([PLAIN_TEMPLATE.format(problem=r.problem) for r in problems],
+                                                         1, SamplingConfig(temperature=0.0, max_new_tokens=max_new_tokens))
+    return sum(bool(fast_verdict(r.answer, extract_answer(g[0].text) or "")) for r, g in zip(problems, groups)) / len(problems)
+
+
+def _warm_start(cfg: TinyModelConfig, progress: bool):
+    """One warm start of ``cfg.seed``: the model, its tokenizer and its summary."""
     import torch
     from tqdm import tqdm
 
@@ -126,8 +190,6 @@ def build_tiny_model(out: str | Path, cfg: TinyModelConfig = TinyModelConfig(), 
         acc = accuracy()
     model.eval()
     summary = {"steps": step, "greedy_accuracy": acc, "seconds": round(time.time() - start, 1),
-               "threads": torch.get_num_threads(),
-               "parameters": count_parameters(model), "history": history,
-               "config": to_dict(cfg)}
-    save_model(out, model, tokenizer, summary)
-    return summary
+               "threads": torch.get_num_threads(), "seed": cfg.seed, "max_new_tokens": greedy.max_new_tokens,
+               "parameters": count_parameters(model), "history": history}
+    return model, tokenizer, summary

@@ -24,8 +24,9 @@ class SyntheticTask:
     """Seeded arithmetic problems such as ``Compute 7*3+12.``; the gold answer is the integer
     value (usual precedence). Difficulty knobs: operand count, digits per operand, operators.
 
-    Train and test are disjoint by construction: a problem belongs to the test split when the
-    SHA-1 of its text falls in the first ``test_fraction`` of the hash range.
+    The splits are disjoint by construction: a problem belongs to the test split when the SHA-1
+    of its text falls in the first ``test_fraction`` of the hash range, to the validation split
+    when it falls in the next ``validation_fraction``, and to the train split otherwise.
     """
 
     min_operands: Annotated[int, Field(ge=2)] = 2
@@ -40,6 +41,9 @@ class SyntheticTask:
     """Operators to draw from: a non-empty subset of ``+-*``."""
     test_fraction: Annotated[float, Field(gt=0, lt=1)] = 0.2
     """Share of the problem space (by hash) held out as the test split."""
+    validation_fraction: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    """Share of the problem space (by hash) held out as the validation split, on which a warm
+    start is judged (problems no training and no evaluation uses); 0: none."""
 
     def __post_init__(self) -> None:
         if self.min_operands > self.max_operands:
@@ -49,6 +53,9 @@ class SyntheticTask:
             raise ConfigError(f"must be >= min_digits ({self.min_digits}), got {self.max_digits}", "max_digits")
         if not self.operators or set(self.operators) - set("+-*"):
             raise ConfigError(f"must be a non-empty subset of '+-*', got {self.operators!r}", "operators")
+        if self.test_fraction + self.validation_fraction >= 1:
+            raise ConfigError(f"test_fraction + validation_fraction must stay below 1, got {self.test_fraction} + "
+                              f"{self.validation_fraction}", "validation_fraction")
 
     def _expression(self, rng: random.Random) -> str:
         n = rng.randint(self.min_operands, self.max_operands)
@@ -61,12 +68,16 @@ class SyntheticTask:
 
     def split_of(self, problem: str) -> str:
         h = int.from_bytes(hashlib.sha1(problem.encode()).digest()[:8], "big") / 2**64
-        return "test" if h < self.test_fraction else "train"
+        if h < self.test_fraction:
+            return "test"
+        return "validation" if h < self.test_fraction + self.validation_fraction else "train"
 
     def generate(self, split: str, n: int, seed: int = 0) -> list[Record]:
-        """``n`` distinct problems of ``split`` (``train`` or ``test``)."""
-        if split not in ("train", "test"):
-            raise DataError(f"synthetic split must be 'train' or 'test', got {split!r}")
+        """``n`` distinct problems of ``split`` (``train``, ``test`` or ``validation``)."""
+        if split not in ("train", "test", "validation"):
+            raise DataError(f"synthetic split must be 'train', 'test' or 'validation', got {split!r}")
+        if split == "validation" and self.validation_fraction == 0:
+            raise DataError("synthetic: no validation split (validation_fraction is 0)")
         rng = random.Random(f"{seed}-{split}")
         out: list[Record] = []
         seen: set[str] = set()
