@@ -23,33 +23,39 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("theory", help="exactly solvable checks of the paper's claims (CSV + figures)")
     p.add_argument("--out", required=True, help="output folder for CSVs and figures")
     p.add_argument("--quick", action="store_true", help="small sizes (seconds)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the simulations' randomness (default 0)")
     p.set_defaults(func=_theory)
 
     p = sub.add_parser("build-tiny-model", help="build and warm-start the tiny CPU policy")
     p.add_argument("--out", required=True, help="folder for the saved model and tokenizer")
-    _settings_arguments(p, "TinyModelConfig (gmc/run/tiny_model.py): shape and warm start")
+    _settings_arguments(p, "TinyModelConfig (gmc/run/tiny_model.py): shape and warm start", "max_steps=200")
     p.set_defaults(func=_build_tiny_model)
 
     p = sub.add_parser("build-random-model",
                        help="build a random-init Qwen3-architecture model with Qwen3's vocabulary (no download)")
     p.add_argument("--out", required=True, help="folder for the saved model and tokenizer")
-    _settings_arguments(p, "RandomModelConfig (gmc/run/random_model.py): shape and tokenizer")
+    _settings_arguments(p, "RandomModelConfig (gmc/run/random_model.py): shape and tokenizer", "num_layers=4")
     p.add_argument("--source", default="local", choices=["local", "hub"], help="where the MATH problems come from")
-    p.add_argument("--data-root", default=None)
+    p.add_argument("--data-root", default=None,
+                   help="local data root (default: $GMC_DATA_ROOT, else data/ in the repository)")
     p.set_defaults(func=_build_random_model)
 
     p = sub.add_parser("grade-oracle", help="grade each benchmark's reference solutions against its gold answers")
     p.add_argument("--data", default=None, help="local data root (default: $GMC_DATA_ROOT, else data/ in the repository)")
     p.add_argument("--benchmarks", nargs="*", default=None, help="default: every benchmark with reference solutions")
     p.add_argument("--out", default=None, help="optional JSON file for the agreement table")
-    p.add_argument("--timeout", type=float, default=5.0)
+    p.add_argument("--timeout", type=float, default=5.0, help="seconds one grading may take (default 5)")
     p.set_defaults(func=_grade_oracle)
 
-    p = sub.add_parser("train", help="train one run (asynchronous RL with the chosen estimator)")
-    _settings_arguments(p, "TrainConfig (gmc/run/config.py)")
+    p = sub.add_parser("train", help="train one run (asynchronous RL with the chosen estimator)",
+                       description="Train one run into a run directory. Ctrl-C, SIGTERM or SIGUSR1 stop it at the "
+                                   "next step boundary with a checkpoint (exit status 75; continue with gmc train "
+                                   "--resume --out DIR); a second Ctrl-C aborts at once (exit status 130).")
+    _settings_arguments(p, "TrainConfig (gmc/run/config.py)", "estimator.eps=0.1")
     p.add_argument("--out", required=True, help="run directory")
-    p.add_argument("--resume", action="store_true", help="continue from the run directory's checkpoint")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the run directory's checkpoint (without --config: the run the folder holds, "
+                        "from its config.yaml; without a checkpoint the run starts from step 0, and says so)")
     p.add_argument("--evaluate", default=None, metavar="EVAL_CONFIG",
                    help="then evaluate the trained model in this process with this EvalConfig file (as gmc evaluate "
                         "does: the same scores, without a second start-up); needs --eval-out")
@@ -66,7 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("history", help="train the on-policy history that a run with delay.warmup history starts "
                        "from, which every run of the same settings but the estimator and the delay can share "
                        "(gmc train --history); an interrupted one goes on from its checkpoint")
-    _settings_arguments(p, "TrainConfig (gmc/run/config.py) of a run that starts from the history")
+    _settings_arguments(p, "TrainConfig (gmc/run/config.py) of a run that starts from the history",
+                        "delay.history_steps=64")
     p.add_argument("--out", required=True, help="the history's run directory")
     p.add_argument("--keep", type=int, default=None, metavar="N",
                    help="keep the batches of its last N updates for the fixed delays that start from it (default: "
@@ -75,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("prefill", help="write a fixed-delay run's prefill (the d batches of its starting weights), "
                        "which every run of the same settings but the estimator can start from (gmc train --prefill)")
-    _settings_arguments(p, "TrainConfig (gmc/run/config.py)")
+    _settings_arguments(p, "TrainConfig (gmc/run/config.py)", "delay.d=32")
     p.add_argument("--out", required=True, help="the prefill file (written atomically)")
     p.set_defaults(func=_prefill)
 
@@ -83,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="The memory plan of gmc.policy.memory for a train config (--config/--set) or for the "
                                    "train section and model of a workflow preset (--preset); exit status 1 when "
                                    "it does not fit the given or detected GPU.")
-    _settings_arguments(p, "TrainConfig (gmc/run/config.py)")
+    _settings_arguments(p, "TrainConfig (gmc/run/config.py)", "sampling.max_new_tokens=4096")
     p.add_argument("--preset", default=None, help="a workflow config (config.yaml or workflow/presets/*.yaml)")
     p.add_argument("--point", default=None, metavar="algo~A/delay~D/group~G/seed~S",
                    help="with --preset: the sweep point to plan (default: its largest group and delay)")
@@ -95,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("evaluate", help="greedy accuracy and Pass@1 of one checkpoint on benchmarks")
     p.add_argument("--model", required=True, help="checkpoint folder (a run's model/) or hub name")
     p.add_argument("--out", required=True, help="folder for <benchmark>.json and completions")
-    _settings_arguments(p, "EvalConfig (gmc/run/evaluate.py)")
+    _settings_arguments(p, "EvalConfig (gmc/run/evaluate.py)", "samples.synthetic=8")
     p.add_argument("--benchmarks", nargs="+", default=None, help="shorthand for --set benchmarks=[...]")
     p.set_defaults(func=_evaluate)
 
@@ -116,7 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "machine); --source local checks the files already there (offline).")
     p.add_argument("--train", default=None, help="training set: math, synthetic or a JSONL/JSON/Parquet file")
     p.add_argument("--benchmarks", nargs="*", default=None, help="benchmark names (synthetic: generated)")
-    p.add_argument("--source", default="local", choices=["local", "hub"])
+    p.add_argument("--source", default="local", choices=["local", "hub"],
+                   help="local: check the files under the data root; hub: download them there first")
     p.add_argument("--data-root", default=None, help="default: $GMC_DATA_ROOT, else data/ in the repository")
     p.add_argument("--out", default=None, help="manifest file (default: <data root>/manifest.json)")
     p.add_argument("--check", default=None, metavar="MANIFEST",
@@ -124,32 +132,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_prepare_data)
 
     p = sub.add_parser("fetch-model", help="download a model from the Hugging Face hub into a folder")
-    p.add_argument("--name", required=True)
-    p.add_argument("--out", required=True)
+    p.add_argument("--name", required=True, help="the model's name on the hub (e.g. Qwen/Qwen3-0.6B)")
+    p.add_argument("--out", required=True, help="folder for the model and its tokenizer")
     p.set_defaults(func=_fetch_model)
 
     for name, helptext in (("tables", "tables (CSV, Markdown, LaTeX) from the run directories"),
                            ("figures", "figures (PNG, PDF) from the run directories"),
                            ("report", "tables and figures from cached results: no training, no evaluation")):
         p = sub.add_parser(name, help=helptext)
-        p.add_argument("--results", default="results")
+        p.add_argument("--results", default="results",
+                       help="a sweep's results folder or a published bundle (default: results)")
         p.set_defaults(func=_report, what=name)
 
     p = sub.add_parser("league-figure", help="final score against delay per estimator, one panel per regime "
                        "(results folder), from cached results")
     p.add_argument("--regime", action="append", required=True, metavar="NAME=RESULTS",
                    help="a panel: its title and results folder (repeat, e.g. short=results/corrections)")
-    p.add_argument("--out", default="results/league")
+    p.add_argument("--out", default="results/league",
+                   help="folder for league.png and league.pdf (default: results/league)")
     p.set_defaults(func=_league_figure)
 
     p = sub.add_parser("export-results", help="the bundle of gmc publish (no checkpoints) packed into one .tar.gz")
-    p.add_argument("--results", default="results")
-    p.add_argument("--out", required=True)
+    p.add_argument("--results", default="results", help="the sweep's results folder (default: results)")
+    p.add_argument("--out", required=True, help="the archive to write (.tar.gz)")
     p.set_defaults(func=_export)
 
     p = sub.add_parser("publish", help="the bundle of a finished sweep: what redraws its tables and figures, "
                        "no checkpoints (then draw its figures with gmc report --results BUNDLE)")
-    p.add_argument("--results", default="results")
+    p.add_argument("--results", default="results", help="the finished sweep's results folder (default: results)")
     p.add_argument("--out", required=True, help="the bundle's folder, replaced whole (e.g. published/default)")
     p.add_argument("--log", action="append", default=[], metavar="SNAKEMAKE_LOG",
                    help="Snakemake's log of the sweep's run (.snakemake/log/...; repeat for a run continued): its "
@@ -166,24 +176,25 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("compare-results", help="a re-run's tables against a published bundle: every estimate, "
                        "and whether each published conclusion holds (exit 0: all hold, 1: not, 2: unreadable)")
-    p.add_argument("bundle")
-    p.add_argument("results")
+    p.add_argument("bundle", help="the published bundle (e.g. published/default)")
+    p.add_argument("results", help="the re-run's results folder (e.g. results)")
     p.set_defaults(func=_compare_results)
 
     p = sub.add_parser("import-results", help="unpack an archive made by export-results")
-    p.add_argument("bundle")
-    p.add_argument("--results", default="results")
+    p.add_argument("bundle", help="the archive (.tar.gz) of gmc export-results")
+    p.add_argument("--results", default="results", help="the folder to unpack it into (default: results)")
     p.set_defaults(func=_import)
     for p in sub.choices.values():  # --debug also after the subcommand
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return parser
 
 
-def _settings_arguments(p: argparse.ArgumentParser, what: str) -> None:
-    """``--config FILE`` and repeatable ``--set KEY=VALUE`` for the settings class ``what``."""
+def _settings_arguments(p: argparse.ArgumentParser, what: str, example: str) -> None:
+    """``--config FILE`` and repeatable ``--set KEY=VALUE`` for the settings class ``what``, with
+    ``example``, one of its keys, in the help."""
     p.add_argument("--config", default=None, help=f"YAML file of {what} keys (default: built-in defaults)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config key, dotted for nested keys (estimator.eps=0.1); repeatable")
+                   help=f"override a config key, dotted for nested keys ({example}); repeatable")
 
 
 def _plan_memory(args: argparse.Namespace) -> int:
@@ -232,9 +243,10 @@ def _prepare_data(args: argparse.Namespace) -> None:
     from gmc.tasks.prepare import MANIFEST, check_manifest, prepare, registered
 
     names = ([args.train] if args.train else []) + list(args.benchmarks or [])
+    expected = json.loads(Path(args.check).read_text()) if args.check else None  # a bad --check fails first
     manifest = prepare(names or registered(), args.data_root, args.source)
-    if args.check:
-        check_manifest(json.loads(Path(args.check).read_text()), args.data_root)
+    if expected is not None:
+        check_manifest(expected, args.data_root)
     write_json(args.out or data_root(args.data_root) / MANIFEST, manifest)
     print(json.dumps(manifest, indent=2))
 
@@ -256,7 +268,7 @@ def _league_figure(args: argparse.Namespace) -> None:
     for item in args.regime:
         name, sep, results = item.partition("=")
         if not sep or not name or not results:
-            raise SystemExit(f"--regime {item!r}: expected NAME=RESULTS (e.g. short=results/corrections)")
+            raise ValueError(f"--regime {item!r}: expected NAME=RESULTS (e.g. short=results/corrections)")
         regimes[name] = results
     paths = league_figure(regimes, args.out)
     print(f"league figure: {', '.join(str(p) for p in paths)}")
@@ -309,7 +321,7 @@ def _compare_results(args: argparse.Namespace) -> None:
     try:
         comparison = compare(args.bundle, args.results)
     except Unreadable as err:
-        print(f"gmc compare-results: {err}", file=sys.stderr)
+        print(f"gmc compare-results: error: {error_line(err)}", file=sys.stderr)
         raise SystemExit(2) from None
     print(report(comparison))
     raise SystemExit(0 if comparison.holds else 1)
@@ -331,7 +343,7 @@ def _train(args: argparse.Namespace) -> int:
     from gmc.stop import STOP
 
     if (args.evaluate is None) != (args.eval_out is None):
-        raise SystemExit("gmc train: --evaluate and --eval-out go together (the evaluation's config and its folder)")
+        raise ValueError("--evaluate, --eval-out: they go together (the evaluation's config and its folder)")
     STOP.install()  # before the heavy imports: a stop signal during start-up is kept, not fatal
     from gmc.run.trainer import PREEMPTED, Preempted, main_train
 
@@ -437,7 +449,11 @@ def _configure_logging(debug: bool) -> None:
 
 def error_line(e: BaseException) -> str:
     """An exception as one line: its message (whitespace collapsed), and the exception's type
-    where the message alone would not say what went wrong."""
+    where the message alone would not say what went wrong; an operating system's error as the
+    file it concerns and what is wrong with it (``runs/x: file exists``), without its errno."""
+    if isinstance(e, OSError) and e.strerror and e.filename is not None:
+        what = e.strerror[0].lower() + e.strerror[1:]
+        return f"{e.filename}: {what}" + (f" ({e.filename2})" if e.filename2 else "")
     message = " ".join(str(e).split())
     if not message or isinstance(e, (KeyError, AttributeError, TypeError, IndexError, AssertionError)):
         message = f"{type(e).__name__}: {message}" if message else type(e).__name__

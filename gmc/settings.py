@@ -251,6 +251,8 @@ def load_config(cls, path: str | Path | None = None, overrides: list[str] | None
         p = Path(path)
         if not p.exists():
             raise ConfigError(f"{p}: config file not found")
+        if p.is_dir():
+            raise ConfigError(f"{p}: a folder, not a config file")
         try:
             data = load_yaml(p.read_text()) or {}
         except yaml.YAMLError as e:

@@ -1,7 +1,7 @@
 """Stop requests: the signals that ask a process to stop at its next safe point (SLURM's warning
-before a time limit, the limit's SIGTERM, a preemption), recorded rather than acted on at once,
-so that a training run finishes its step and checkpoints (:data:`STOP`). Process-wide; the Ray
-source and the grading pool read it too.
+before a time limit, the limit's SIGTERM, a preemption, a user's Ctrl-C), recorded rather than
+acted on at once, so that a training run finishes its step and checkpoints (:data:`STOP`); a
+second Ctrl-C aborts at once. Process-wide; the Ray source and the grading pool read it too.
 """
 
 from __future__ import annotations
@@ -13,20 +13,25 @@ import threading
 
 class StopRequests:
     """The stop signals this process received (SLURM's warning before a time limit, the limit's
-    SIGTERM, a preemption): recorded, never acted on at once, so that a run can finish its step
-    and checkpoint. ``gmc train`` installs it before its heavy imports, so a signal that arrives
-    while the run starts is not lost either. Whatever replaces the recorder later is overruled:
-    ``ray.init`` installs Ray's own SIGTERM handler (it kills the Ray processes and exits), so
-    the Ray source calls :meth:`reclaim` once Ray runs, and :meth:`install` at the start of
-    the training loop reclaims too."""
+    SIGTERM, a preemption, the first Ctrl-C): recorded, never acted on at once, so that a run can
+    finish its step and checkpoint; a second SIGINT raises :class:`KeyboardInterrupt` at once (a
+    user who presses Ctrl-C twice wants out now). ``gmc train`` installs it before its heavy
+    imports, so a signal that arrives while the run starts is not lost either. Whatever replaces
+    the recorder later is overruled: ``ray.init`` installs Ray's own SIGTERM handler (it kills
+    the Ray processes and exits), so the Ray source calls :meth:`reclaim` once Ray runs, and
+    :meth:`install` at the start of the training loop reclaims too. The processes a run starts
+    (grading workers, Ray's) start with the signals blocked and ignore them: a Ctrl-C in a
+    terminal reaches every process of its group, and they go on until the run has checkpointed."""
 
-    SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+    SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
     def __init__(self):
         self.received: list[int] = []
         self.previous: dict = {}  # signal -> the handler before the recorder, for restore()
 
     def _record(self, signum, frame) -> None:
+        if signum == signal.SIGINT and signal.SIGINT in self.received:
+            raise KeyboardInterrupt
         self.received.append(signum)
 
     @property

@@ -140,3 +140,111 @@ def test_evaluation_progress_counts_completions(tmp_path, tiny_model_dir, capsys
     rows = [json.loads(x) for x in (tmp_path / "synthetic.completions.jsonl").read_text().splitlines()]
     assert sorted((r["mode"], r["sample"]) for r in rows) == sorted([("greedy", 0)] * 5 + [("sample", 0), ("sample", 1)] * 5)
     assert [r["id"] for r in rows if r["mode"] == "greedy"] == [r["id"] for r in rows if r["sample"] == 1]
+
+
+def _bad_inputs(tmp_path):
+    """Each command with a bad input: the command line and what its error line must name."""
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    notgz = tmp_path / "notgz.tar.gz"
+    notgz.write_text("not a gzip file")
+    import tarfile
+
+    stray = tmp_path / "stray.tar.gz"
+    (tmp_path / "a.yaml").write_text("a: 1\n")
+    with tarfile.open(stray, "w:gz") as tar:
+        tar.add(tmp_path / "a.yaml", arcname="a.yaml")
+    missing = tmp_path / "missing"
+    return [
+        (["train", "--out", str(a_file)], f"{a_file}: a file, not a run directory"),
+        (["train", "--config", str(folder), "--out", str(tmp_path / "r1")], f"{folder}: a folder, not a config file"),
+        (["train", "--config", str(missing), "--out", str(tmp_path / "r2")], f"{missing}: config file not found"),
+        (["train", "--set", "steps=ten", "--out", str(tmp_path / "r3")], "steps"),
+        (["train", "--resume", "--out", str(missing)], f"--out {missing}: holds no run to resume"),
+        (["train", "--evaluate", "e.yaml", "--out", str(tmp_path / "r4")], "--evaluate, --eval-out: they go together"),
+        (["history", "--out", str(tmp_path / "h")], "delay.warmup: no history to make"),
+        (["prefill", "--out", str(tmp_path / "p.pt")], "no prefill to write"),
+        (["evaluate", "--model", str(missing), "--out", str(tmp_path / "e")], str(missing)),
+        (["build-tiny-model", "--out", str(tmp_path / "m"), "--set", "lr=-1"], "lr"),
+        (["build-random-model", "--out", str(tmp_path / "m2"), "--set", "hidden=x"], "hidden"),
+        (["plan-memory", "--preset", str(missing)], str(missing)),
+        (["mlflow-sync", str(missing), "--tracking-uri", f"sqlite:///{tmp_path / 'm.db'}"], str(missing)),
+        (["prepare-data", "--check", str(missing)], str(missing)),
+        (["tables", "--results", str(missing)], str(missing)),
+        (["figures", "--results", str(missing)], str(missing)),
+        (["report", "--results", str(missing)], str(missing)),
+        (["league-figure", "--regime", "foo", "--out", str(tmp_path / "l")], "--regime 'foo': expected NAME=RESULTS"),
+        (["export-results", "--results", str(missing), "--out", str(tmp_path / "x.tar.gz")], str(missing)),
+        (["publish", "--results", str(missing), "--out", str(tmp_path / "b")], str(missing)),
+        (["quote-bundles", str(missing)], str(missing)),
+        (["compare-results", str(missing), str(missing)], str(missing)),
+        (["import-results", str(missing), "--results", str(tmp_path / "i")], f"{missing}: no such file or directory"),
+        (["import-results", str(notgz), "--results", str(tmp_path / "i")], f"{notgz}: not an archive of gmc export-results"),
+        (["import-results", str(stray), "--results", str(tmp_path / "i")],
+         f"{stray}: not a bundle of gmc export-results: it has no provenance.json, no train/ (the runs), no tables/"),
+    ]
+
+
+def test_every_command_reports_bad_input_in_one_format(tmp_path, capsys):
+    """``gmc <command>: error: <file, key or argument>: <what>``: one line, exit 1 (compare-results:
+    2, a file it cannot read), no errno and no traceback; a failed start leaves no run folder."""
+    for argv, named in _bad_inputs(tmp_path):
+        try:
+            status = main(argv)
+        except SystemExit as stop:  # commands with documented exit statuses (compare-results, quote-bundles)
+            status = stop.code
+        err = capsys.readouterr().err.strip().splitlines()
+        assert status == (2 if argv[0] == "compare-results" else 1), (argv, err)
+        line = err[-1]
+        assert line.startswith(f"gmc {argv[0]}: error: ") and named in line, (argv, err)
+        assert "[Errno" not in line and not any("Traceback" in e for e in err), (argv, err)
+    assert not (tmp_path / "r3").exists() and not (tmp_path / "i").exists()
+
+
+SETTINGS_OF = {"build-tiny-model": "gmc.run.tiny_model:TinyModelConfig",
+               "build-random-model": "gmc.run.random_model:RandomModelConfig",
+               "train": "gmc.run.config:TrainConfig", "history": "gmc.run.config:TrainConfig",
+               "prefill": "gmc.run.config:TrainConfig", "plan-memory": "gmc.run.config:TrainConfig",
+               "evaluate": "gmc.run.evaluate:EvalConfig"}
+"""The settings class of each command that takes --set."""
+
+
+def test_every_option_of_every_command_has_help_and_its_set_example_is_a_real_key():
+    import argparse
+
+    from gmc.cli import build_parser
+    from gmc.settings import load_config, load_named
+
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    for name, command in sub.choices.items():
+        for action in command._actions:
+            if action.help is not argparse.SUPPRESS and not isinstance(action, argparse._HelpAction):
+                assert action.help, f"gmc {name} {'/'.join(action.option_strings) or action.dest}: no help text"
+        examples = [re.search(r"\(([\w.]+=[^)]+)\)", a.help).group(1) for a in command._actions
+                    if a.dest == "overrides"]
+        assert bool(examples) == (name in SETTINGS_OF), name
+        for example in examples:  # the --set example applies to this command's settings
+            load_config(load_named(SETTINGS_OF[name]), None, [example])
+
+
+def test_the_command_table_lists_every_command_and_its_options():
+    import argparse
+
+    from gmc.cli import build_parser
+
+    table = (REPO / "docs" / "reference" / "cli.md").read_text()
+    rows = {}
+    for line in table.splitlines():
+        if line.startswith("| `gmc "):
+            for name in re.findall(r"`gmc ([a-z-]+)", line.split(" | ")[0]):
+                rows[name] = rows.get(name, "") + line
+    (sub,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    for name, command in sub.choices.items():
+        assert name in rows, f"docs/reference/cli.md: no row for gmc {name}"
+        for action in command._actions:
+            for option in action.option_strings:
+                if option.startswith("--") and action.help is not argparse.SUPPRESS and option != "--help":
+                    assert option in rows[name], f"docs/reference/cli.md: gmc {name} lacks {option}"

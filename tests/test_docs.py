@@ -5,8 +5,12 @@ a published bundle is the bundle's."""
 
 import os
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
 import yaml
 from helpers import REPO
 
@@ -193,3 +197,67 @@ def test_every_module_of_the_package_has_its_api_on_a_reference_page():
             assert page == f"{room}.md", (module, page)
         elif room == "run":
             assert page == "run.md", (module, page)
+
+
+RUN_AS_WRITTEN = {
+    "snakemake -n --configfile=workflow/presets/paper.yaml",
+    "gmc plan-memory --preset workflow/presets/paper.yaml --gpu-gib 79.6",
+    "gmc report --results published/default",
+    "gmc quote-bundles README.md docs/results/*.md --check",
+    "gmc theory --out results/theory --quick",
+}
+"""The documents' examples a test runs as written, in a copy of a fresh clone's files."""
+
+NOT_RUN = {
+    r"^make (run|test|install|test-paper-smoke)\b": "installs, or runs a sweep or the test suite (CI runs them)",
+    r"^make (report|check-reproduction)\b|^gmc (export-results|publish) --results results\b": "needs make run's results",
+    r"^snakemake .*(--cores|--workflow-profile)": "a sweep (tests/e2e run the workflow, tests/sweep its dry runs)",
+    r"^gmc (league-figure|publish|mlflow-sync|export-results|report --results published/<)": "names a sweep's results",
+    r"^gmc (import-results|report --results elsewhere)": "needs the archive of the export before it",
+    r"^gmc theory --out results/theory$": "the full lab, minutes (its --quick form runs)",
+    r"^gmc train ": "needs the default model (make run builds it)",
+    r"^gmc prepare-data": "downloads, or reads a data root a test does not have",
+    r"^gmc/ ": "not a command (a folder listing)",
+}
+"""Every other example, by pattern: what it needs that a test does not have."""
+
+
+def doc_examples() -> list[tuple[str, str]]:
+    """Each command a code block of README.md or a docs page shows: (where, command), the
+    ``.venv/bin/`` prefix and a trailing comment removed; ``A && B`` is two commands."""
+    found = []
+    for page in [README, *doc_pages()]:
+        in_block = False
+        for number, line in enumerate(page.read_text().splitlines(), 1):
+            if line.strip().startswith("```"):
+                in_block = not in_block
+            elif in_block and re.match(r"\s*(\.venv/bin/)?(gmc|make|snakemake)\b", line):
+                for command in line.split("#")[0].split("&&"):
+                    command = command.strip().removeprefix(".venv/bin/")
+                    if command and not command.startswith("source "):
+                        found.append((f"{page.relative_to(REPO)}:{number}", command))
+    return found
+
+
+def test_every_example_of_the_docs_is_run_or_says_what_it_needs():
+    examples = doc_examples()
+    assert len(examples) > 20
+    for where, command in examples:
+        assert command in RUN_AS_WRITTEN or any(re.search(p, command) for p in NOT_RUN), (
+            f"{where}: {command!r} is neither run by a test nor listed with what it needs (tests/test_docs.py)")
+    assert RUN_AS_WRITTEN <= {command for _, command in examples}, "an example the test runs is gone from the docs"
+
+
+@pytest.mark.slow
+def test_the_cheap_examples_of_the_docs_run_as_written(tmp_path):
+    """In a folder holding what a fresh clone holds (the published bundles copied, as a command
+    may redraw one), with gmc and snakemake on the PATH."""
+    for name in ("Snakefile", "config.yaml", "workflow", "profiles", "README.md", "docs"):
+        (tmp_path / name).symlink_to(REPO / name)
+    shutil.copytree(REPO / "published", tmp_path / "published")
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    for command in sorted(RUN_AS_WRITTEN):
+        done = subprocess.run(command, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, (command, done.stderr[-3000:])
+    assert (tmp_path / "results" / "theory" / "claims.csv").exists()
+    assert (tmp_path / "published" / "default" / "figures" / "score_vs_delay.pdf").exists()

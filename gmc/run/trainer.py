@@ -18,6 +18,7 @@ import logging
 import math
 import os
 import random
+import shutil
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -48,6 +49,7 @@ from gmc.run.rundir import (
     CONFIG,
     HISTORY,
     INFO,
+    LOCK,
     METRICS,
     SUMMARY,
     CheckpointError,
@@ -113,7 +115,10 @@ class Trainer:
         self.keep_batches = keep_batches
         self.rundir = RunDir(self.out)
         self.ckpt_path = self.rundir.checkpoint
+        created = not self.out.exists()
         resuming = self.rundir.open(to_dict(cfg), resume)  # the lock, the config check, leftovers
+        if resume and not resuming:
+            log.warning("%s: no checkpoint to resume from; the run starts from step 0", self.out)
         try:
             if not resuming and history is None and history_config(cfg) is not None:
                 history = make_history(cfg, self.out / HISTORY, cfg.delay.d, progress)
@@ -122,6 +127,10 @@ class Trainer:
                 self._load_prefill(Path(prefill))
         except BaseException:
             self.rundir.close()
+            if created:  # a start that failed leaves no folder that looks like a run
+                leftovers = {p.name for p in self.out.iterdir()} if self.out.exists() else set()
+                if leftovers <= {LOCK, CONFIG, INFO}:
+                    shutil.rmtree(self.out, ignore_errors=True)
             raise
 
     def _setup(self, cfg: TrainConfig, resuming: bool, history: str | os.PathLike | None) -> None:
@@ -464,7 +473,7 @@ class Trainer:
                         log.warning("%s: stopped by %s after step %d; checkpoint written; resume with --resume",
                                     self.out, name, self.step)
                         raise Preempted(f"stopped by {name} after step {self.step} of {cfg.steps}; the checkpoint "
-                                        f"is written: continue with --resume")
+                                        f"is written: continue with gmc train --resume --out {self.out}")
             with atomic_dir(self.out / "model") as tmp:
                 # the final model in its compute dtype (the masters stay in the checkpoint)
                 state = {k: v.to(self.compute_dtype) if v.is_floating_point() else v
@@ -630,12 +639,17 @@ def main_prefill(config: str | None, overrides: list[str], out: str) -> None:
 def main_train(config: str | None, overrides: list[str], out: str, resume: bool,
                evaluation: tuple[str, str] | None = None, prefill: str | None = None,
                history: str | None = None) -> dict:
-    """Train the run of ``config`` (with ``overrides``) into ``out``; with ``evaluation``
+    """Train the run of ``config`` (with ``overrides``; with ``resume`` and no ``config``, the run
+    that ``out`` holds, from its ``config.yaml``) into ``out``; with ``evaluation``
     (``(EvalConfig file, folder)``), then evaluate its final model in this process, exactly as
     ``gmc evaluate`` would (:func:`gmc.run.evaluate.evaluate`), without paying a second start-up. A bad
     evaluation config is refused before training."""
     from gmc.run.config import load_train_config
 
+    if config is None and resume:  # the run the folder holds, as it was started
+        config = str(Path(out) / CONFIG)
+        if not Path(config).exists():
+            raise ConfigError(f"--out {out}: holds no run to resume (no {CONFIG}); give --config to start one")
     cfg = load_train_config(config, overrides)
     eval_cfg = None
     if evaluation is not None:

@@ -120,11 +120,12 @@ def test_resume_after_hard_kill_reproduces_the_uninterrupted_run(tmp_path, small
     assert read_jsonl(killed / "groups.jsonl") == read_jsonl(tmp_path / "straight" / "groups.jsonl")
 
 
-@pytest.mark.parametrize("signum", [signal.SIGUSR1, signal.SIGTERM], ids=["SIGUSR1", "SIGTERM"])
+@pytest.mark.parametrize("signum", [signal.SIGUSR1, signal.SIGTERM, signal.SIGINT], ids=["SIGUSR1", "SIGTERM", "SIGINT"])
 def test_a_stop_signal_checkpoints_at_the_step_boundary_and_the_resume_equals_the_uninterrupted_run(
         tmp_path, small_config, signum):
-    """SLURM's warning before a time limit (SIGUSR1) or the limit itself (SIGTERM): the run ends at
-    the next step boundary with a checkpoint there and exit status 75, and --resume continues it."""
+    """SLURM's warning before a time limit (SIGUSR1), the limit itself (SIGTERM) or a user's Ctrl-C
+    (SIGINT): the run ends at the next step boundary with a checkpoint there and exit status 75,
+    and ``gmc train --resume --out DIR`` continues it from the folder alone (no --config)."""
     cmd, env = cli_run_and_uninterrupted_twin(tmp_path, small_config(steps=8, checkpoint_every=0, **{"delay.d": 1}))
     stopped = tmp_path / "stopped"
     proc = subprocess.Popen([*cmd, "--out", str(stopped)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -138,9 +139,37 @@ def test_a_stop_signal_checkpoints_at_the_step_boundary_and_the_resume_equals_th
     step = torch.load(stopped / "checkpoint.pt", weights_only=False)["step"]
     assert 2 <= step < 8 and len(read_jsonl(stopped / "metrics.jsonl")) == step
     assert f"stopped by {signal.Signals(signum).name} after step {step} of 8" in err
-    subprocess.run([*cmd, "--out", str(stopped), "--resume"], check=True, env=env, capture_output=True)
+    assert f"continue with gmc train --resume --out {stopped}" in err
+    resume = [sys.executable, "-m", "gmc", "train", "--resume", "--out", str(stopped)]  # the folder's own config
+    subprocess.run(resume, check=True, env=env, capture_output=True)
     assert without_time(read_jsonl(stopped / "metrics.jsonl")) == without_time(
         read_jsonl(tmp_path / "straight" / "metrics.jsonl"))
+
+
+def test_a_second_ctrl_c_aborts_at_once_and_resume_says_where_it_starts(tmp_path, small_config):
+    cfg = small_config(steps=8, checkpoint_every=0, **{"hf.token_seconds": 0.05})  # steps of a second or more
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump(to_dict(cfg)))
+    env = {**os.environ, "TQDM_DISABLE": "1"}
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "gmc", "train", "--config", str(config), "--out", str(out)],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not read_jsonl(out / "metrics.jsonl") and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "gmc train: interrupted" in err, err
+    assert not (out / "checkpoint.pt").exists()
+    done = subprocess.run([sys.executable, "-m", "gmc", "train", "--resume", "--out", str(out), "--set", "steps=1"],
+                          env=env, capture_output=True, text=True)
+    assert done.returncode == 1 and "changed: steps" in done.stderr and f"gmc train --resume --out {out}" in done.stderr
+    fresh = tmp_path / "fresh"
+    done = subprocess.run([sys.executable, "-m", "gmc", "train", "--config", str(config), "--set", "steps=1",
+                           "--out", str(fresh), "--resume"], env=env, capture_output=True, text=True)
+    assert done.returncode == 0 and "no checkpoint to resume from; the run starts from step 0" in done.stderr
 
 
 def test_checkpoints_by_wall_clock(tmp_path, train_small, monkeypatch):
