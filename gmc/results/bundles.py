@@ -29,14 +29,13 @@ from gmc.io import atomic_dir, atomic_path, read_jsonl, write_json, write_text
 from gmc.results.stages import stage_times, stages_markdown
 from gmc.results.tables import write_tables
 from gmc.run.provenance import git_revision, package_versions
-from gmc.run.rundir import CONFIG, GROUPS, INFO, METRICS, SUMMARY
+from gmc.run.rundir import CONFIG, GROUPS, INFO, METRICS, SHARED, SUMMARY
 from gmc.sweep.points import parse_point
-from gmc.sweep.resolve import SHARED_FILE
 
 PROVENANCE = "provenance.json"
 """The bundle's record of where it was made: commit, date, machine, threads, packages."""
 
-RUN_FILES = (SUMMARY, CONFIG, INFO, SHARED_FILE)
+RUN_FILES = (SUMMARY, CONFIG, INFO, SHARED)
 """Files of a run directory the bundle keeps whole."""
 
 FIGURE_FIELDS = {METRICS: ("step", "rollout/reward_mean"), GROUPS: ("step", "staleness", "length_max")}
@@ -108,7 +107,7 @@ def publish(results: str | Path, bundle: str | Path, logs: list[str | Path] = ()
     stages = stage_times(list(logs)) if logs else None
     with atomic_dir(bundle) as tmp:
         for run in sorted((results / "train").glob("**/seed~*")):
-            if parse_point(run) is None or not ((run / SUMMARY).exists() or (run / SHARED_FILE).exists()):
+            if parse_point(run) is None or not ((run / SUMMARY).exists() or (run / SHARED).exists()):
                 continue
             out = tmp / run.relative_to(results)
             out.mkdir(parents=True)
@@ -154,11 +153,24 @@ def export_results(results: str | Path, archive: str | Path) -> int:
 
 def import_results(archive: str | Path, results: str | Path) -> int:
     """Unpack an archive made by :func:`export_results` under ``results``; returns the number of
-    files. A member path outside the folder is refused, naming the archive."""
-    with tarfile.open(archive, "r:gz") as tar:
+    files. An archive that is not a bundle (not a gzip-compressed tar, or without the bundle's
+    provenance, runs or tables) is refused before anything is written, naming it and what it
+    lacks; so is a member path outside the folder."""
+    try:
+        tar = tarfile.open(archive, "r:gz")
+    except (tarfile.ReadError, EOFError, OSError) as e:
+        if isinstance(e, FileNotFoundError):
+            raise
+        raise ValueError(f"{archive}: not an archive of gmc export-results (a gzip-compressed tar): {e}") from None
+    with tar:
         names = tar.getnames()
         for name in names:
             if name.startswith("/") or ".." in Path(name).parts:
                 raise ValueError(f"{archive}: unsafe member path {name!r}")
+        missing = [what for what, found in ((PROVENANCE, PROVENANCE in names),
+                                            ("train/ (the runs)", any(n.startswith("train/") for n in names)),
+                                            ("tables/", any(n.startswith("tables/") for n in names))) if not found]
+        if missing:
+            raise ValueError(f"{archive}: not a bundle of gmc export-results: it has no {', no '.join(missing)}")
         tar.extractall(results, filter="data")
     return len(names)

@@ -64,6 +64,9 @@ TRACE = "staleness_trace.jsonl"
 LOGS = (METRICS, GROUPS, TRACE)
 HISTORY = "history"
 """The run directory of the history a run with ``warmup: history`` made for itself (none shared)."""
+SHARED = "shared.json"
+"""What a sweep's point holds instead of a run when its run is provably another point's: which
+run (its point), and why."""
 RUN_FILES = (CONFIG, INFO, *LOGS, CHECKPOINT, PREVIOUS, REJECTED, SUMMARY, MODEL)
 """Everything a run writes into its directory (besides the lock)."""
 
@@ -120,6 +123,8 @@ class RunDir:
 
     def acquire(self) -> None:
         """Take the directory's lock, or raise :class:`RunDirBusy` naming the live owner."""
+        if self.path.exists() and not self.path.is_dir():
+            raise RunDirError(f"{self.path}: a file, not a run directory (--out names the folder of a run)")
         self.path.mkdir(parents=True, exist_ok=True)
         fh = (self.path / LOCK).open("a+")
         try:
@@ -203,7 +208,8 @@ class RunDir:
         changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
         raise ConfigMismatch(
             f"{self.path}: holds a run made with another config (changed: {', '.join(changed)}); resuming would "
-            "mix two runs. Choose another --out, or move the directory away to start afresh")
+            f"mix two runs. To continue the run as it was started: gmc train --resume --out {self.path} (its "
+            f"{CONFIG} is the config); to start another, choose another --out")
 
     def clean_interrupted_writes(self) -> list[Path]:
         """Remove what interrupted atomic writes left behind (``.<name>.*.tmp``, ``.model.old``)."""

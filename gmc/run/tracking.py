@@ -10,11 +10,19 @@ experiment that gmc creates in a local store keeps its artifacts beside the data
 One run directory is one MLflow run, found again by its ``gmc.run_id`` tag: live logging while
 training and any number of later imports append to that run the steps it does not have yet
 (tag ``gmc.synced_steps``); nothing is deleted. A metric's timestamp is the wall-clock ``time``
-of its metrics line. Evaluation scores (``<results>/eval/<point>/<benchmark>.json``) are logged
-to the run they evaluate, at its last step. The runs of a sweep (run directories under
-``<results>/train/``) are nested under one parent run per results folder (tag ``gmc.sweep.points``).
-Parameters are the flattened resolved config; metric names are the namespaced names of
-``metrics.jsonl`` (valid MLflow names: letters, digits, ``_ - . / space``).
+of its metrics line, and an imported run starts when its first step started and ends with its
+last step, so its duration is the training's. Evaluation scores
+(``<results>/eval/<point>/<benchmark>.json``) are logged to the run they evaluate, at its last
+step. The runs of a sweep (run directories under ``<results>/train/``) are nested under one
+parent run per results folder (tag ``gmc.sweep.points``); a point whose run is another point's
+(``shared.json``) is a run of its own there, with its own config's parameters and the shared
+run's metrics and scores, tagged ``gmc.shared_with`` (the point that trained it). Parameters
+are the flattened resolved config; metric names are the namespaced names of ``metrics.jsonl``
+(valid MLflow names: letters, digits, ``_ - . / space``).
+
+The store holds absolute paths (the artifacts' location, the tags ``gmc.run_dir`` and
+``gmc.sweep.points``); for a results folder that has moved, import it again into a new store
+(the files are the record).
 """
 
 from __future__ import annotations
@@ -30,13 +38,14 @@ from typing import Any
 import yaml
 
 from gmc.io import flatten, read_jsonl
-from gmc.run.rundir import CONFIG, INFO, METRICS, SUMMARY
+from gmc.run.rundir import CONFIG, INFO, METRICS, SHARED, SUMMARY
 
 log = logging.getLogger(__name__)
 
 RUN_TAG = "gmc.run_id"
 SWEEP_TAG = "gmc.sweep.points"
 STEPS_TAG = "gmc.synced_steps"
+SHARED_TAG = "gmc.shared_with"
 PARENT_TAG = "mlflow.parentRunId"  # MLflow's own tag for nested runs
 DEFAULT_URI = "sqlite:///results/mlflow.db"
 DEFAULT_EXPERIMENT = "gmc"
@@ -115,17 +124,17 @@ def _sweep_parent(client, experiment_id: str, root: Path, create: bool) -> str |
 
 
 def _run_for(client, experiment_id: str, run_dir: Path, run_id: str, config: dict[str, Any],
-             create_parent: bool):
-    """The MLflow run of a run directory (created with its parameters on first use), nested
-    under its sweep's parent run when there is one."""
+             create_parent: bool, start_ms: int | None = None, tags: dict[str, str] | None = None):
+    """The MLflow run of a run directory (created with its parameters and ``tags``, started at
+    ``start_ms`` (else now), on first use), nested under its sweep's parent run when there is one."""
     run = _find_run(client, experiment_id, RUN_TAG, run_id)
     root = sweep_root(run_dir)
     parent = _sweep_parent(client, experiment_id, root, create_parent) if root else None
     if run is None:
         from mlflow.entities import Param
 
-        tags = {RUN_TAG: run_id, "gmc.run_dir": str(run_dir.resolve()), STEPS_TAG: "0"}
-        run = client.create_run(experiment_id, run_name=run_dir_name(run_dir), tags=tags)
+        tags = {**(tags or {}), RUN_TAG: run_id, "gmc.run_dir": str(run_dir.resolve()), STEPS_TAG: "0"}
+        run = client.create_run(experiment_id, start_time=start_ms, run_name=run_dir_name(run_dir), tags=tags)
         params = [Param(k, str(v)[:6000]) for k, v in flatten(config).items()]
         for i in range(0, len(params), 100):
             client.log_batch(run.info.run_id, params=params[i : i + 100])
@@ -217,36 +226,68 @@ def _log_new_scores(client, run, eval_dir: Path, step: int, prefix: str = "") ->
         client.log_batch(run.info.run_id, metrics=scores)
 
 
+def training_span_ms(records: list[dict[str, Any]]) -> tuple[int | None, int | None]:
+    """When a run's training started and ended (milliseconds since the epoch), from its metrics
+    lines: the first step's start (its ``time`` less its ``time/step_seconds``) and the last
+    step's ``time``; ``(None, None)`` without timed lines."""
+    timed = [r for r in records if "time" in r]
+    if not timed:
+        return None, None
+    first = timed[0]
+    return int((first["time"] - float(first.get("time/step_seconds", 0.0))) * 1000), int(timed[-1]["time"] * 1000)
+
+
+def _shared_source(run_dir: Path) -> tuple[Path, Path, str]:
+    """For a sweep's point that shares another point's run: the run directory that trained it,
+    the point's own resolved config (``<results>/configs/train/<point>.yaml``) and the trained
+    point's name."""
+    root = sweep_root(run_dir)
+    if root is None:
+        raise ValueError(f"{run_dir / SHARED}: a shared point outside a sweep's results folder (<results>/train/<point>)")
+    trained = json.loads((run_dir / SHARED).read_text())["run"]
+    point = run_dir.resolve().relative_to(root / "train")
+    return root / "train" / trained, root / "configs" / "train" / f"{point}.yaml", trained
+
+
 def sync_run(run_dir: str | Path, uri: str | None = None, experiment: str | None = None) -> str:
     """Import a run directory into MLflow, or bring its earlier import up to date (new steps,
-    evaluation scores, files, status). Returns the MLflow run id."""
+    evaluation scores, files, status); a sweep's point that shares another's run
+    (``shared.json``) is imported as a run of its own (its config, the shared run's metrics and
+    scores, tag ``gmc.shared_with``). Returns the MLflow run id."""
     run_dir = Path(run_dir)
-    info_path, cfg_path = run_dir / INFO, run_dir / CONFIG
+    source, cfg_path, tags = run_dir, run_dir / CONFIG, {}
+    if (run_dir / SHARED).exists():
+        source, cfg_path, trained = _shared_source(run_dir)
+        tags = {SHARED_TAG: trained}
+    info_path = source / INFO
     for path in (info_path, cfg_path):
         if not path.exists():
             raise FileNotFoundError(f"{path}: missing; {run_dir} is not a gmc run directory")
     info = json.loads(info_path.read_text())
     config = yaml.safe_load(cfg_path.read_text())
-    metrics_path = run_dir / METRICS
+    run_id = f"{info['run_id']}/{config['algorithm']}" if tags else info["run_id"]
+    metrics_path = source / METRICS
     records = read_jsonl(metrics_path)
+    start_ms, end_ms = training_span_ms(records)
     uri = resolve_uri(uri)
     client = _client(uri)
     exp_id = _experiment_id(client, uri, resolve_experiment(experiment))
-    run = _run_for(client, exp_id, run_dir, info["run_id"], config, create_parent=True)
+    run = _run_for(client, exp_id, run_dir, run_id, config, create_parent=True, start_ms=start_ms, tags=tags)
     mlflow_run_id = run.info.run_id
     if info.get("git_revision"):
         client.set_tag(mlflow_run_id, "gmc.git_revision", info["git_revision"])
     before = int(run.data.tags.get(STEPS_TAG, 0))
     default_ms = int(metrics_path.stat().st_mtime * 1000) if metrics_path.exists() else 0
     synced = _append(client, mlflow_run_id, records, before, default_ms)
-    finished = (run_dir / SUMMARY).exists()
-    root = sweep_root(run_dir)
+    finished = (source / SUMMARY).exists()
+    root = sweep_root(source)
     if finished and root is not None:
-        _log_new_scores(client, run, root / "eval" / run_dir.resolve().relative_to(root / "train"), max(synced - 1, 0))
-    for name in (SUMMARY, CONFIG, INFO):
-        if (run_dir / name).exists():
-            client.log_artifact(mlflow_run_id, str(run_dir / name))
-    client.set_terminated(mlflow_run_id, "FINISHED" if finished else "KILLED")
+        _log_new_scores(client, run, root / "eval" / source.resolve().relative_to(root / "train"), max(synced - 1, 0))
+    for path in (source / SUMMARY, source / INFO, run_dir / SHARED):
+        if path.exists():
+            client.log_artifact(mlflow_run_id, str(path))
+    client.log_text(mlflow_run_id, cfg_path.read_text(), CONFIG)  # a shared point's own, under the usual name
+    client.set_terminated(mlflow_run_id, "FINISHED" if finished else "KILLED", end_time=end_ms)
     log.info("%s -> MLflow run %s (%d new steps)", run_dir, mlflow_run_id, synced - before)
     return mlflow_run_id
 

@@ -139,10 +139,6 @@ def eval_values(config: dict[str, Any]) -> dict[str, Any]:
 # runs that are provably identical
 
 
-SHARED_FILE = "shared.json"
-"""In the run directory of a point that shares another point's run: which run, and why."""
-
-
 def on_policy_class(cfg: TrainConfig) -> tuple | None:
     """What the run's loss reduces to when it trains every batch with the weights that made it
     (every ratio exactly 1): its estimator's declared class (``("pg", aggregation)``, the

@@ -144,6 +144,50 @@ def test_sqlite_store(tmp_path, make_run_dir, monkeypatch):
     assert list((results / "mlartifacts").glob("*/artifacts/summary.json"))
 
 
+def test_an_imported_run_lasts_as_long_as_its_training(tmp_path, make_run_dir):
+    """Start: the first step's start (its time less its step_seconds); end: the last step's time."""
+    run_dir = make_run_dir(tmp_path / "results", steps=4)
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    lines[0]["time/step_seconds"] = 0.25
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    info = MlflowClient(tracking_uri=uri).get_run(sync_run(run_dir, uri)).info
+    assert (info.start_time, info.end_time) == (int((1.7e9 - 0.25) * 1000), int((1.7e9 + 3) * 1000))
+
+
+def test_a_shared_point_is_a_run_of_its_own_with_the_trained_runs_data(tmp_path, make_run_dir):
+    """A point whose run is another's (shared.json): its own config's parameters, the trained
+    run's metrics and evaluation scores, tagged with the point that trained it; found again by
+    a second import."""
+    results = tmp_path / "results"
+    trained = make_run_dir(results, algo="tic")
+    eval_dir = results / "eval" / trained.relative_to(results / "train")
+    eval_dir.mkdir(parents=True)
+    (eval_dir / "synthetic.json").write_text(json.dumps({"benchmark": "synthetic", "greedy": 0.25}))
+    member = results / "train/algo~gmc/delay~0/group~4/seed~0"
+    member.mkdir(parents=True)
+    (member / "shared.json").write_text(json.dumps({"run": "algo~tic/delay~0/group~4/seed~0"}))
+    own = results / "configs/train/algo~gmc/delay~0/group~4/seed~0.yaml"
+    own.parent.mkdir(parents=True)
+    own.write_text("algorithm: gmc\nestimator:\n  eps: 0.2\n")
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    runs = {name: sync_run(d, uri) for name, d in (("tic", trained), ("gmc", member))}
+    assert sync_run(member, uri) == runs["gmc"] != runs["tic"]
+    tic, gmc = (client.get_run(runs[a]) for a in ("tic", "gmc"))
+    assert (gmc.data.params["algorithm"], tic.data.params["algorithm"]) == ("gmc", "tic")
+    assert gmc.data.tags["gmc.shared_with"] == "algo~tic/delay~0/group~4/seed~0" and "gmc.shared_with" not in tic.data.tags
+    assert gmc.info.run_name == "algo~gmc,delay~0,group~4,seed~0" and gmc.info.status == "FINISHED"
+    assert gmc.data.metrics == tic.data.metrics and gmc.data.metrics["eval/synthetic/greedy"] == 0.25
+    assert (gmc.info.start_time, gmc.info.end_time) == (tic.info.start_time, tic.info.end_time)
+    assert gmc.data.tags[PARENT_TAG] == tic.data.tags[PARENT_TAG]
+    assert sorted(a.path for a in client.list_artifacts(runs["gmc"])) == ["config.yaml", "run.json", "shared.json",
+                                                                          "summary.json"]
+    own.unlink()  # the point's own config is what its parameters come from: without it, say so
+    with pytest.raises(FileNotFoundError, match="seed~0.yaml: missing"):
+        sync_run(member, uri)
+
+
 def test_lines_without_wall_clock_time_take_the_file_time(tmp_path, make_run_dir):
     run_dir = make_run_dir(tmp_path / "results")
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]

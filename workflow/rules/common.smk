@@ -12,6 +12,7 @@ from gmc.results.outputs import (
     table_files,
 )
 from gmc.policy.preflight import check_model_dir
+from gmc.run.rundir import SHARED as SHARED_FILE
 from gmc.settings import to_dict
 from gmc.sweep.points import (
     ALGO_WILDCARD,
@@ -27,7 +28,6 @@ from gmc.sweep.points import (
     sweep_points,
 )
 from gmc.sweep.resolve import (
-    SHARED_FILE,
     eval_values,
     resolve_eval,
     resolve_run,

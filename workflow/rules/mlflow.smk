@@ -35,7 +35,8 @@ rule mlflow_sweep:
 
 
 rule mlflow_sync:
-    """Import every run, its evaluation scores and the base model's into MLflow (idempotent)."""
+    """Import every point's run (a shared point's as a run of its own), its evaluation scores and
+    the base model's into MLflow (idempotent)."""
     input:
         train=TRAIN_DONE,
         evaluations=EVAL_DONE,
@@ -47,9 +48,7 @@ rule mlflow_sync:
     conda:
         CONDA_ENV
     params:
-        dirs=lambda wildcards, input: " ".join(
-            str(Path(p).parent) for p in input.train if p.endswith("summary.json")
-        ),
+        dirs=lambda wildcards, input: " ".join(str(Path(p).parent) for p in input.train),
         results=folder("output", up=2),
         uri=shlex.quote(MLFLOW_URI),
         experiment=shlex.quote(MLFLOW_EXPERIMENT),
