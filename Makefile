@@ -9,7 +9,7 @@ CORES ?= all
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run unlock figures publish check-reproduction report test test-fast test-slurm test-vllm test-peers test-paper-smoke lint docs clean
+.PHONY: install run unlock report html-report publish check-reproduction test test-fast test-slurm test-vllm test-peers test-paper-smoke lint docs clean
 
 install: $(STAMP)
 
@@ -30,9 +30,13 @@ run: $(STAMP)
 unlock: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" snakemake --unlock
 
-# every table and figure again from the run directories in results/ (no training)
-figures: $(STAMP)
+# every table and figure again from the run directories in results/ (no training): gmc report
+report: $(STAMP)
 	$(BIN)/gmc report --results results
+
+# Snakemake's HTML report of the last run, results/report.html: its tables and figures, each with a caption
+html-report: $(STAMP)
+	PATH="$(abspath $(BIN)):$$PATH" snakemake --report results/report.html
 
 # the bundle of the default run (the tables and figures the docs show): results/ -> published/default/
 publish: $(STAMP)
@@ -43,10 +47,6 @@ publish: $(STAMP)
 # whether each published conclusion holds (exit 0), does not (1), or a file cannot be read (2)
 check-reproduction: $(STAMP)
 	$(BIN)/gmc compare-results published/default results
-
-# the HTML report of the last run
-report: $(STAMP)
-	PATH="$(abspath $(BIN)):$$PATH" snakemake --report results/report.html
 
 # data tests read the offline copy at $(GMC_DATA_ROOT) (default ../shared/data where it exists) and skip without it
 GMC_DATA_ROOT ?= $(if $(wildcard ../shared/data),$(abspath ../shared/data),)

@@ -7,7 +7,7 @@ the workflow's rules read for their outputs; an entry names the function that ma
 pandas or matplotlib). A table function takes the runs' frame (:func:`gmc.results.tables.collect`),
 the base model's scores (:func:`gmc.results.tables.base_scores`, a row per seed) and the
 analysis settings (:class:`AnalysisConfig`) and returns a :class:`gmc.results.tables.Rendered`
-table, written as ``<name>.csv``, ``.md`` and ``.tex``; a figure function takes the frame and the
+table, written as ``<name>.csv``, ``.md``, ``.tex`` and ``.html`` (the HTML report's); a figure function takes the frame and the
 output folder and writes ``<name>.png`` and ``.pdf``.
 """
 
@@ -50,53 +50,57 @@ class Output:
 
     function: str
     """``module:function`` that makes it."""
+    label: str
+    """What it shows in a few words (the HTML report's list of results)."""
     title: str
-    """What it shows, in a sentence (the report's caption starts with it)."""
+    """What it shows, in a sentence (the docs' description of it)."""
 
     def resolve(self) -> Callable:
         return load_named(self.function)
 
 
 TABLES: dict[str, Output] = {
-    "main": Output("gmc.results.tables:main_table",
-                   "Scores per algorithm, delay and group size: mean ± 95% interval over seeds."),
-    "runs": Output("gmc.results.tables:runs_table",
-                   "Every run's final scores, one row per seed, each seed's base model first."),
-    "diagnostics": Output("gmc.results.tables:diagnostics_table",
-                          "Staleness and each estimator's clip, cap and weight statistics."),
-    "paired": Output("gmc.results.tables:paired_table",
-                     "Paired differences between estimators and each one's cost of staleness."),
-    "league": Output("gmc.results.tables:league_table",
-                     "Every estimator at the largest delay ranked by final Pass@1 (95% intervals), its paired "
-                     "difference to GMC and cost of staleness with sign counts, and its own statistics."),
-    "conclusions": Output("gmc.results.tables:conclusions_table",
+    "conclusions": Output("gmc.results.tables:conclusions_table", "verdicts on every difference",
                           "Every difference of the primary outcome (and the secondary) judged resolved, equivalent "
                           "within the margin, or inconclusive, after Holm's adjustment per family."),
+    "main": Output("gmc.results.tables:main_table", "scores per estimator and delay",
+                   "Scores per algorithm, delay and group size: mean ± 95% interval over seeds."),
+    "paired": Output("gmc.results.tables:paired_table", "paired differences",
+                     "Paired differences between estimators and each one's cost of staleness."),
+    "diagnostics": Output("gmc.results.tables:diagnostics_table", "staleness and clipping",
+                          "Staleness and each estimator's clip, cap and weight statistics."),
+    "league": Output("gmc.results.tables:league_table", "estimators ranked at the largest delay",
+                     "Every estimator at the largest delay ranked by final Pass@1 (95% intervals), its paired "
+                     "difference to GMC and cost of staleness with sign counts, and its own statistics."),
+    "runs": Output("gmc.results.tables:runs_table", "every run, one row per seed",
+                   "Every run's final scores, one row per seed, each seed's base model first."),
 }
-"""Every table of a sweep by name, in the order they are written."""
+"""Every table of a sweep by name, the verdicts first."""
 
-TABLE_FORMATS = ("csv", "md", "tex")
+TABLE_FORMATS = ("csv", "md", "tex", "html")
 
 FIGURES: dict[str, Output] = {
-    "reward_vs_step": Output("gmc.results.figures:reward_vs_step",
-                             "Reward of the fresh rollouts against the optimizer step, one panel per delay, "
-                             "10-step moving average, largest group size."),
-    "score_vs_delay": Output("gmc.results.figures:score_vs_delay",
+    "score_vs_delay": Output("gmc.results.figures:score_vs_delay", "final score against delay",
                              "Final score against the fixed delay, one panel per group size; horizontal lines: "
                              "the named delay modes, one line style each."),
-    "score_vs_group": Output("gmc.results.figures:score_vs_group", "Final score against the group size G, one panel per delay."),
-    "ratio_diagnostics": Output("gmc.results.figures:ratio_diagnostics",
+    "reward_vs_step": Output("gmc.results.figures:reward_vs_step", "training curves",
+                             "Reward of the fresh rollouts against the optimizer step, one panel per delay, "
+                             "10-step moving average, largest group size."),
+    "score_vs_group": Output("gmc.results.figures:score_vs_group", "final score against group size",
+                             "Final score against the group size G, one panel per delay."),
+    "ratio_diagnostics": Output("gmc.results.figures:ratio_diagnostics", "clipping, ESS and shortfall",
                                 "Each estimator's capped or clipped fraction, ESS / G and the shortfall "
                                 "sum(rho - w) / sum(rho), mean over training, against the delay."),
-    "staleness_vs_length": Output("gmc.results.figures:staleness_vs_length",
-                                  "Staleness against the group's longest response under the named delay modes: "
-                                  "under the latency model the delay depends on the trajectory (the paper's "
-                                  "Assumption 3 fails)."),
-    "staleness_distribution": Output("gmc.results.figures:staleness_distribution",
-                                     "The distribution of consumed staleness under the latency model, real "
-                                     "asynchrony on Ray and replayed traces, side by side."),
+    "staleness_vs_length": Output("gmc.results.figures:staleness_vs_length", "staleness against length",
+                                  "Staleness against the group's longest response under each named delay mode the "
+                                  "sweep ran: under the latency model the delay depends on the trajectory (the "
+                                  "paper's Assumption 3 fails)."),
+    "staleness_distribution": Output("gmc.results.figures:staleness_distribution", "staleness distribution",
+                                     "The distribution of consumed staleness under each named delay mode the sweep "
+                                     "ran (the latency model; real asynchrony on Ray and replayed traces where a "
+                                     "preset runs them), side by side."),
 }
-"""Every figure of a sweep by name, in the order they are drawn."""
+"""Every figure of a sweep by name, the headline first."""
 
 FIGURE_FORMATS = ("png", "pdf")
 

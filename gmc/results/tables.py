@@ -11,8 +11,10 @@ carries what the tables need, without checkpoints.
 
 from __future__ import annotations
 
+import html
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,9 +38,8 @@ from gmc.results.stats import (
     problem_paired_se,
 )
 from gmc.run.evaluate import SE, eval_scores, problem_scores
-from gmc.run.rundir import SUMMARY
+from gmc.run.rundir import SHARED, SUMMARY
 from gmc.sweep.points import delay_order, parse_point
-from gmc.sweep.resolve import SHARED_FILE
 
 FINAL_REWARD = "rollout/reward_mean_last20"
 DIAGNOSTICS = ["async/staleness_mean", "ratio/ess_frac", "ratio/shortfall", "time/step_seconds"]
@@ -51,17 +52,17 @@ and GMC against the uncapped and uncorrected references."""
 
 def collect(results: str | Path) -> pd.DataFrame:
     """One row per finished run under ``results/train`` with its evaluation columns; a point that
-    shares another point's run (:data:`gmc.sweep.resolve.SHARED_FILE`) gets that run's row under its own
+    shares another point's run (:data:`gmc.run.rundir.SHARED`) gets that run's row under its own
     name, with ``shared_with`` naming the estimator that trained it."""
     results = Path(results)
     rows = []
-    found = [*(results / "train").glob(f"**/{SHARED_FILE}"), *(results / "train").glob(f"**/{SUMMARY}")]
+    found = [*(results / "train").glob(f"**/{SHARED}"), *(results / "train").glob(f"**/{SUMMARY}")]
     for marker in sorted(found):
         point = parse_point(marker.parent)
         if point is None:
             continue
         run_dir, extra = marker.parent, {}
-        if marker.name == SHARED_FILE:
+        if marker.name == SHARED:
             shared = json.loads(marker.read_text())["run"]
             run_dir, extra = results / "train" / shared, {"shared_with": parse_point(shared)["algorithm"]}
         row = {**point, **json.loads((run_dir / SUMMARY).read_text()), "run_dir": str(run_dir), **extra}
@@ -147,11 +148,14 @@ def aggregate(frame: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
 
 @dataclass(frozen=True)
 class Rendered:
-    """A table as the files show it: the tidy frame (CSV), Markdown and LaTeX."""
+    """A table as the files show it: the tidy frame (CSV), Markdown and LaTeX; HTML is the Markdown's."""
 
     frame: pd.DataFrame
     markdown: str
     latex: str
+
+    def html(self, title: str) -> str:
+        return markdown_html(self.markdown, title)
 
 
 def base_scores(results: str | Path) -> pd.DataFrame:
@@ -602,6 +606,57 @@ def _latex(shown: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
+_HTML_STYLE = ("body{font:14px/1.45 system-ui,sans-serif;margin:1.2em;color:#1e293b}"
+               "table{border-collapse:collapse;margin:.6em 0}th,td{padding:.25em .6em;border-bottom:1px solid #cbd5e1;"
+               "white-space:nowrap}th{text-align:left;background:#f1f5f9}td:not(:first-child){text-align:right}"
+               "p,li{max-width:60em}")
+
+
+def _inline_html(text: str) -> str:
+    """Escaped text with Markdown's ``**strong**`` and ```code``` spans."""
+    out = html.escape(text, quote=False)
+    out = re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", out)
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", out)
+
+
+def markdown_html(markdown: str, title: str) -> str:
+    """A standalone HTML page of the Markdown the tables write (headings, paragraphs, bullet
+    lists, pipe tables, strong and code spans): what the HTML report shows inline."""
+    body, lines, i = [], markdown.splitlines(), 0
+    while i < len(lines):
+        line = lines[i]
+        if not line.strip():
+            i += 1
+        elif line.startswith("#"):
+            level = len(line) - len(line.lstrip("#"))
+            body.append(f"<h{level + 1}>{_inline_html(line[level:].strip())}</h{level + 1}>")
+            i += 1
+        elif line.startswith("|"):
+            rows = []
+            while i < len(lines) and lines[i].startswith("|"):
+                rows.append([c.strip() for c in lines[i].strip().strip("|").split("|")])
+                i += 1
+            head, rest = rows[0], [r for r in rows[1:] if not all(set(c) <= set("-: ") for c in r)]
+            body.append("<table><thead><tr>" + "".join(f"<th>{_inline_html(c)}</th>" for c in head) + "</tr></thead>"
+                        "<tbody>" + "".join("<tr>" + "".join(f"<td>{_inline_html(c)}</td>" for c in r) + "</tr>"
+                                            for r in rest) + "</tbody></table>")
+        elif line.startswith("- "):
+            items = []
+            while i < len(lines) and lines[i].startswith("- "):
+                items.append(f"<li>{_inline_html(lines[i][2:])}</li>")
+                i += 1
+            body.append("<ul>" + "".join(items) + "</ul>")
+        else:
+            para = []
+            while i < len(lines) and lines[i].strip() and not lines[i].startswith(("#", "|", "- ")):
+                para.append(lines[i])
+                i += 1
+            body.append(f"<p>{_inline_html(' '.join(para))}</p>")
+    return (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
+            f"<style>{_HTML_STYLE}</style></head><body>\n<h1>{html.escape(title)}</h1>\n" + "\n".join(body)
+            + "\n</body></html>\n")
+
+
 def to_markdown(table: pd.DataFrame) -> str:
     return _markdown(_display(table))
 
@@ -642,7 +697,7 @@ def make_tables(results: str | Path) -> dict[str, Rendered]:
 
 
 def write_tables(results: str | Path, out: str | Path | None = None) -> dict[str, pd.DataFrame]:
-    """Every table of :data:`gmc.results.outputs.TABLES` as CSV, Markdown and LaTeX under ``out``
+    """Every table of :data:`gmc.results.outputs.TABLES` as CSV, Markdown, LaTeX and HTML under ``out``
     (default ``<results>/tables``); returns the tidy frames by name."""
     out = Path(out or Path(results) / "tables")
     tables = {}
@@ -650,5 +705,6 @@ def write_tables(results: str | Path, out: str | Path | None = None) -> dict[str
         write_csv(table.frame, out / f"{name}.csv")
         write_text(out / f"{name}.md", table.markdown)
         write_text(out / f"{name}.tex", table.latex)
+        write_text(out / f"{name}.html", table.html(f"{name}: {TABLES[name].label}"))
         tables[name] = table.frame
     return tables

@@ -44,7 +44,7 @@ def test_end_to_end_tiny_sweep(tmp_path, snakemake):
         assert (results / "figures" / f"{name}.png").stat().st_size > 5000
         assert (results / "figures" / f"{name}.pdf").exists()
     synced = json.loads((results / "mlflow" / "synced.json").read_text())
-    assert len(synced["runs"]) == 6
+    assert len(synced["runs"]) == 7  # every point: none at delay 0 too, with gmc's run
     # logged live (tracking_uri is set), nested under the sweep's run, with the evaluation scores
     from mlflow.tracking import MlflowClient
 
@@ -55,6 +55,9 @@ def test_end_to_end_tiny_sweep(tmp_path, snakemake):
     assert len(parents) == 1 and sorted(r.info.run_id for r in children) == sorted(synced["runs"].values())
     assert all(r.data.tags["mlflow.parentRunId"] == synced["sweep"] == parents[0].info.run_id for r in children)
     assert all("eval/synthetic/pass_at_1" in r.data.metrics for r in children)
+    (shared_none,) = [r for r in children if "gmc.shared_with" in r.data.tags]
+    assert shared_none.data.params["algorithm"] == "none" and shared_none.data.tags["gmc.shared_with"] == shared["run"]
+    assert all(r.info.end_time - r.info.start_time < 1000 * 600 for r in children)  # training's time, not the import's
     assert "seed-0/eval/synthetic/pass_at_1" in parents[0].data.metrics  # the base model of seed 0
     base = json.loads((results / "eval" / "base" / "seed~0" / "synthetic.json").read_text())
     assert base["problems"] == 8 and base["k"] == 2
@@ -77,7 +80,9 @@ def test_end_to_end_tiny_sweep(tmp_path, snakemake):
     # the HTML report
     rep = snakemake(["--report", str(tmp_path / "report.html")], cwd=wd)
     assert rep.returncode == 0, rep.stderr[-3000:]
-    assert (tmp_path / "report.html").stat().st_size > 10_000
+    html = (tmp_path / "report.html").read_text()
+    assert len(html) > 10_000 and "What this sweep ran" in html
+    assert "conclusions.html" in html and "conclusions.md" not in html  # tables shown inline, as HTML
 
 
 @pytest.mark.slow

@@ -72,8 +72,8 @@ def extra_table(runs, base, analysis):
 def test_a_new_figure_and_table_need_only_their_registry_entries(tmp_path, monkeypatch, load_rules):
     from gmc.results.outputs import Output
 
-    monkeypatch.setitem(outputs.FIGURES, "extra_figure", Output(f"{__name__}:extra_figure", "Rewards as bars."))
-    monkeypatch.setitem(outputs.TABLES, "extra_table", Output(f"{__name__}:extra_table", "The points."))
+    monkeypatch.setitem(outputs.FIGURES, "extra_figure", Output(f"{__name__}:extra_figure", "rewards", "Rewards as bars."))
+    monkeypatch.setitem(outputs.TABLES, "extra_table", Output(f"{__name__}:extra_table", "points", "The points."))
     _fake_results(tmp_path, [("gmc", "0", 4), ("gmc", "8", 4)])
     assert "extra_table" in tables.write_tables(tmp_path)
     assert {p.name for p in figures.run_figures(tmp_path)} >= {"extra_figure.png", "extra_figure.pdf"}
@@ -81,4 +81,5 @@ def test_a_new_figure_and_table_need_only_their_registry_entries(tmp_path, monke
     # the workflow's rules read the same registries
     rules = load_rules(tmp_path / "wf")
     assert {Path(f).name for f in rules["figures_from_results"].output} >= {"extra_figure.png", "extra_figure.pdf"}
-    assert {Path(f).name for f in rules["tables"].output} >= {f"extra_table.{e}" for e in ("csv", "md", "tex")}
+    assert {Path(f).name for f in rules["tables"].output} >= {f"extra_table.{e}" for e in ("csv", "md", "tex", "html")}
+    assert "<h1>extra_table: points</h1>" in (tmp_path / "tables" / "extra_table.html").read_text()

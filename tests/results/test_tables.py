@@ -168,3 +168,19 @@ def test_evaluated_differences_are_paired_per_problem_and_judged_in_the_conclusi
     md = (r / "tables" / "conclusions.md").read_text()
     assert "## Pass@1, primary: paired table" in md and "smallest detectable at 80% power" in md
     assert "gmc − tic at delay 8, G = 4: +0.100" in md
+
+
+def test_a_tables_html_page_is_its_markdown():
+    """Headings, paragraphs (lines joined), lists, pipe tables (the separator row dropped), strong
+    and code spans, everything else escaped."""
+    from gmc.results.tables import markdown_html
+
+    page = markdown_html("Note: p < 0.05 is **resolved**\nin `paired`.\n\n## Pass@1\n\n- a & b\n- c\n\n"
+                         "| algorithm | score |\n|---|---|\n| gmc | 0.5 ± 0.1 |\n", "main: scores")
+    body = page.split("<body>\n", 1)[1]
+    assert body == ("<h1>main: scores</h1>\n"
+                    "<p>Note: p &lt; 0.05 is <strong>resolved</strong> in <code>paired</code>.</p>\n"
+                    "<h3>Pass@1</h3>\n"
+                    "<ul><li>a &amp; b</li><li>c</li></ul>\n"
+                    "<table><thead><tr><th>algorithm</th><th>score</th></tr></thead>"
+                    "<tbody><tr><td>gmc</td><td>0.5 ± 0.1</td></tr></tbody></table>\n</body></html>\n")

@@ -15,7 +15,7 @@ rule analysis_config:
 
 
 rule tables:
-    """Every table of gmc.results.outputs.TABLES, in CSV, Markdown and LaTeX."""
+    """Every table of gmc.results.outputs.TABLES, in CSV, Markdown, LaTeX and HTML (the report's)."""
     input:
         TRAIN_DONE,
         EVAL_DONE,
@@ -23,8 +23,16 @@ rule tables:
     output:
         [
             (
-                report(f, category="Tables", caption="../report/tables.rst")
-                if f.endswith(".md")
+                report(
+                    f,
+                    category="Tables",
+                    caption="../report/tables.rst",
+                    labels={
+                        "table": Path(f).stem,
+                        "shows": TABLES[Path(f).stem].label,
+                    },
+                )
+                if f.endswith(".html")
                 else f
             )
             for f in TABLE_FILES
@@ -54,7 +62,7 @@ rule figures_from_results:
                     caption="../report/figures.rst",
                     labels={
                         "figure": Path(f).stem,
-                        "shows": FIGURES[Path(f).stem].title,
+                        "shows": FIGURES[Path(f).stem].label,
                     },
                 )
                 if f.endswith(".png")

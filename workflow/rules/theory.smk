@@ -3,7 +3,12 @@ rule theory_lab:
     output:
         [
             (
-                report(f, category="Theory lab", caption="../report/theory.rst")
+                report(
+                    f,
+                    category="Theory lab",
+                    caption="../report/theory.rst",
+                    labels={"figure": Path(f).stem.removeprefix("theory_")},
+                )
                 if f.endswith(".png")
                 else f
             )
