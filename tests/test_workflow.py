@@ -194,7 +194,7 @@ def test_a_misspelt_key_fails_the_dry_run_naming_it(tmp_path, override, key):
 
 def test_data_and_mlflow_settings_reach_the_training_and_evaluation_configs(tmp_path):
     (tmp_path / "config.yaml").write_text((REPO / "config.yaml").read_text())
-    run = "results/configs/train/algo~gmc/delay~128/group~8/seed~0.yaml"
+    run = "results/configs/train/algo~gmc/delay~64/group~8/seed~0.yaml"
     out = _snakemake(["--cores", "1", run, "results/configs/eval.yaml", "--config",
                       f"data={{source: hub, root: {tmp_path / 'mydata'}}}",
                       "mlflow={tracking_uri: 'sqlite:///results/mlflow.db', experiment: sweep7}"], cwd=tmp_path)
@@ -207,7 +207,7 @@ def test_data_and_mlflow_settings_reach_the_training_and_evaluation_configs(tmp_
     # what the training job reads is the run's whole TrainConfig, with those settings and its point
     cfg = from_dict(TrainConfig, train)
     assert (cfg.data_source, cfg.data_root) == ("hub", str(tmp_path / "mydata"))
-    assert (cfg.algorithm, cfg.delay.mode, cfg.delay.d, cfg.group_size, cfg.seed) == ("gmc", "fixed", 128, 8, 0)
+    assert (cfg.algorithm, cfg.delay.mode, cfg.delay.d, cfg.group_size, cfg.seed) == ("gmc", "fixed", 64, 8, 0)
     assert cfg.model == "results/models/tiny/seed~0" and to_dict(cfg) == train
 
 

@@ -25,15 +25,29 @@ def test_default_config_dry_run_plans_the_sweep(tmp_path, snakemake):
     assert "theory_lab" in text
     jobs = {line.split()[0]: int(line.split()[-1]) for line in text.splitlines()
             if line.strip() and line.split()[-1].isdigit() and len(line.split()) == 2}
-    assert jobs["build_tiny_model"] == jobs["evaluate_base"] == 4  # a base model per seed
-    for run_dir in ("algo~gmc/delay~128/group~8/seed~3", "algo~none/delay~128/group~8/seed~3"):  # grid, reference
-        assert f"results/train/{run_dir}/summary.json" in text
-    # (grid + is, none + latency gmc) x 4 seeds, less gmc at delay 0: tic's run (one on-policy class)
-    assert jobs["train"] == (3 * 2 + 2 + 1) * 4 - 4
-    assert "results/train/algo~gmc/delay~0/group~8/seed~3/shared.json" in text
-    assert "results/models/tiny/seed~3" in text and "results/eval/base/seed~3/synthetic.json" in text
+    assert jobs["build_tiny_model"] == jobs["evaluate_base"] == jobs["history"] == 5  # a base model, a history per seed
+    assert "results/train/algo~gmc/delay~64/group~8/seed~4/summary.json" in text
+    # (grid + latency gmc) x 5 seeds, less gmc at delay 0: tic's run (one on-policy class)
+    assert jobs["train"] == (3 * 2 + 1) * 5 - 5
+    assert "results/train/algo~gmc/delay~0/group~8/seed~4/shared.json" in text
+    assert "results/models/tiny/seed~4" in text and "results/eval/base/seed~4/synthetic.json" in text
     # resources.eval_with_training: each training job evaluates its run, no evaluation job of its own
-    assert "evaluate" not in jobs and "results/eval/algo~gmc/delay~128/group~8/seed~3/synthetic.json" in text
+    assert "evaluate" not in jobs and "results/eval/algo~gmc/delay~64/group~8/seed~4/synthetic.json" in text
+
+
+@pytest.mark.parametrize("preset", [None, *sorted((REPO / "workflow" / "presets").glob("*.yaml"))],
+                         ids=lambda p: p.name if p else "config.yaml")
+def test_at_the_largest_delay_half_of_the_updates_train_on_the_runs_own_batches(load_workflow, tmp_path, preset):
+    """Every sweep's runs are at least twice as long as its largest fixed delay, and under the
+    history warm-up the history covers that delay: the first d updates train on the history's
+    batches, the rest on the run's own."""
+    from gmc.sweep.resolve import history_steps
+
+    config = load_workflow(tmp_path, configfiles=[preset] if preset else []).config
+    largest = max(config["sweep"]["delays"])
+    assert config["train"]["steps"] >= 2 * largest
+    if config["sweep"]["warmup"] == "history":
+        assert history_steps(config) >= largest
 
 
 def test_paper_preset_dry_run_plans_the_full_sweep(tmp_path, snakemake):
@@ -53,9 +67,8 @@ def test_paper_preset_dry_run_plans_the_full_sweep(tmp_path, snakemake):
 
 @pytest.mark.parametrize("preset,n_train,corrections", [
     # at delay 0 the 14 estimators train three runs per seed, one per on-policy class
-    ("corrections.yaml", 3 * 3 * 3 + 11 * 2 * 3 - 11 * 3,
-     ["cispo", "icepop", "seq_mask", "m2po", "gmpo", "dppo", "sapo"]),
-    ("corrections_long.yaml", 3 * 2 * 3 + 2 * 2 * 3 - 2 * 3, ["is", "cispo"]),
+    ("corrections.yaml", (3 + 14) * 5, ["cispo", "icepop", "seq_mask", "m2po", "gmpo", "dppo", "sapo"]),
+    ("corrections_long.yaml", 3 * 2 * 5 + 2 * 2 * 5 - 2 * 5, ["is", "cispo"]),
 ])
 def test_the_league_presets_plan_every_correction_and_their_table(tmp_path, snakemake, load_workflow, preset, n_train,
                                                                   corrections):
@@ -67,14 +80,20 @@ def test_the_league_presets_plan_every_correction_and_their_table(tmp_path, snak
     train_jobs = [line for line in text.splitlines() if line.strip().startswith("train ")]
     assert int(train_jobs[0].split()[-1]) == n_train
     for name in corrections:
-        assert f"algo~{name}/delay~0/group~8/seed~2" in text and f"algo~{name}/delay~128/group~8/seed~2" in text
+        assert f"algo~{name}/delay~0/group~8/seed~4" in text
+    stale = 64 if preset == "corrections.yaml" else 32
+    for name in corrections:
+        assert f"algo~{name}/delay~{stale}/group~8/seed~4" in text
     assert "tables/league.md" in text
     if preset == "corrections_long.yaml":  # the warm start learns the long task's format
-        for seed in (0, 1, 2):  # one warm start per seed
+        for seed in range(5):  # one warm start per seed
             assert f"--config results/corrections_long/configs/model/seed~{seed}.yaml" in text
         wf = load_workflow(tmp_path / "wf", configfiles=[REPO / "workflow" / "presets" / preset])
         assert model_settings(wf.config, 2)["synthetic"]["min_operands"] == 11
         assert model_settings(wf.config, 2)["seed"] == 2
+        # the warm start's acceptance rule, judged on a validation split no run trains or evaluates on
+        assert model_settings(wf.config, 2)["accept_accuracy"] == 0.3
+        assert model_settings(wf.config, 2)["synthetic"]["validation_fraction"] == 0.1
 
 
 def test_the_real_asynchrony_preset_plans_ray_points_beside_the_simulated_ones(tmp_path, snakemake):
