@@ -211,7 +211,11 @@ def paired_table(runs: pd.DataFrame, base: pd.DataFrame, analysis: AnalysisConfi
 
 
 PAIRED_COLUMNS = ["comparison", "delay", "group", "metric", "diff", "lo", "hi", "half", "se", "n_seeds", "n_sign",
-                  "excludes_zero"]
+                  "excludes_zero", "same_test_as"]
+
+ONE_RUN = "one run"
+"""``same_test_as`` and ``verdict`` of a difference whose two sides are one run in every seed (a
+shared run, :func:`gmc.sweep.resolve.shared_runs`): zero by construction, not a test."""
 
 
 def paired_differences(frame: pd.DataFrame, pairs=PAIRS, margin: float = AnalysisConfig().equivalence_margin
@@ -222,7 +226,12 @@ def paired_differences(frame: pd.DataFrame, pairs=PAIRS, margin: float = Analysi
     (:func:`judge`). Two kinds: ``a − b`` for each estimator pair at equal (delay, group, seed),
     and the cost of staleness, ``A: stale − on-policy``, each estimator at every other delay
     against itself at delay 0 at equal (group, seed). Points where either side is missing are
-    skipped. An evaluated score is paired per problem within a seed (:func:`_problem_paired_se`)."""
+    skipped. An evaluated score is paired per problem within a seed (:func:`_problem_paired_se`).
+
+    A family holds each test once: a difference whose sides are one run in every seed (gmc − tic
+    at delay 0, where gmc's run is tic's) is no test (``same_test_as`` :data:`ONE_RUN`), and one
+    that pairs the same runs as an earlier difference (gmc − grpo and tic − grpo at delay 0) is
+    that test again (``same_test_as`` names it) and takes its verdict without counting twice."""
     frame = with_benchmark_means(frame)
     metrics = score_columns(frame)
     rows = []
@@ -235,13 +244,35 @@ def paired_differences(frame: pd.DataFrame, pairs=PAIRS, margin: float = Analysi
         stale = runs[runs["delay"] != "0"]
         both = stale.merge(on_policy, on=["group", "seed"], suffixes=(":a", ":b"))
         rows += _difference_rows(f"{algorithm}: stale − on-policy", both, metrics)
-    out = pd.DataFrame(rows, columns=PAIRED_COLUMNS)
+    out = pd.DataFrame(rows, columns=[*PAIRED_COLUMNS, "_runs"])
     if out.empty:
-        return out
+        return out.drop(columns="_runs")
     order = {c: i for i, c in enumerate(dict.fromkeys(out["comparison"]))}
     out["_c"] = out["comparison"].map(order)
     out = out.sort_values(["_c", "delay", "group"], key=_delay_key, kind="stable").drop(columns="_c")
-    return judge(out.reset_index(drop=True), ["metric"], margin)
+    out = out.reset_index(drop=True)
+    first: dict = {}
+    for i, r in out.iterrows():
+        if r["same_test_as"] != ONE_RUN and r["_runs"] is not None:
+            key = (r["metric"], r["_runs"])
+            if key in first:
+                out.at[i, "same_test_as"] = f"{out.at[first[key], 'comparison']} at delay {r['delay']}"
+            first.setdefault(key, i)
+    tests = out["same_test_as"] == ""
+    judged = judge(out[tests].drop(columns="_runs"), ["metric"], margin)
+    out = out.drop(columns="_runs").join(judged[[c for c in judged.columns if c not in out.columns]])
+    out["verdict"] = out["verdict"].astype(object)
+    for i in out.index[~tests]:  # the same test's verdict, or none for one run
+        if out.at[i, "same_test_as"] == ONE_RUN:
+            out.at[i, "verdict"] = ONE_RUN
+        else:
+            j = next(k for k in out.index[tests] if out.at[k, "metric"] == out.at[i, "metric"]
+                     and f"{out.at[k, 'comparison']} at delay {out.at[k, 'delay']}" == out.at[i, "same_test_as"]
+                     and out.at[k, "group"] == out.at[i, "group"])
+            for col in judged.columns:
+                if col not in PAIRED_COLUMNS:
+                    out.at[i, col] = out.at[j, col]
+    return out
 
 
 def _difference_rows(comparison: str, both: pd.DataFrame, metrics: list[str]) -> list[dict]:
@@ -251,6 +282,9 @@ def _difference_rows(comparison: str, both: pd.DataFrame, metrics: list[str]) ->
     for (delay, group), grp in both.groupby(["delay", "group"], sort=False):
         # a run shared by both sides (gmc.sweep.resolve.shared_runs) is one evaluation: no noise between them
         one = grp["run_dir:a"] == grp["run_dir:b"] if "run_dir:a" in grp.columns else pd.Series(False, grp.index)
+        # the runs a difference pairs, whichever side each is on: two differences of the same runs are one test
+        runs = frozenset(frozenset(pair) for pair in zip(grp["run_dir:a"], grp["run_dir:b"])) \
+            if "run_dir:a" in grp.columns else None
         for m in metrics:
             se_a = grp[f"{m}{SE}:a"].where(~one, 0.0) if f"{m}{SE}:a" in grp.columns else None
             se_b = grp[f"{m}{SE}:b"].where(~one, 0.0) if f"{m}{SE}:b" in grp.columns else None
@@ -258,7 +292,8 @@ def _difference_rows(comparison: str, both: pd.DataFrame, metrics: list[str]) ->
             iv = p.interval
             rows.append(dict(comparison=comparison, delay=delay, group=group, metric=m, diff=iv.mean, lo=iv.lo,
                              hi=iv.hi, half=iv.half, se=iv.se, n_seeds=iv.n, n_sign=p.n_sign,
-                             excludes_zero=p.excludes_zero))
+                             excludes_zero=p.excludes_zero, same_test_as=ONE_RUN if len(grp) and one.all() else "",
+                             _runs=runs))
     return rows
 
 
@@ -329,6 +364,8 @@ def family_detectable(table: pd.DataFrame, prefix: str = "") -> tuple[int, int, 
     difference it detects at 80% power after Holm's adjustment (:func:`gmc.results.stats.detectable`),
     from the root mean square of its differences' per-seed spread (evaluation noise included)."""
     ok = table[table[f"{prefix}n_seeds"] >= 2]
+    if f"{prefix}same_test_as" in ok.columns:  # each test once
+        ok = ok[ok[f"{prefix}same_test_as"] == ""]
     if ok.empty:
         return len(table), 0, float("nan")
     sd = math.sqrt(float(((ok[f"{prefix}se"] ** 2) * ok[f"{prefix}n_seeds"]).mean()))
@@ -447,7 +484,12 @@ def judged_differences(paired: pd.DataFrame, which: str) -> list[str]:
     """One sentence per paired difference of verdict ``which`` (``resolved``, ``equivalent``)."""
     return [f"{r.comparison} at delay {r.delay}, G = {r.group}, {pretty(r.metric)}: {r.diff:+.3f} "
             f"[{r.lo:+.3f}, {r.hi:+.3f}], sign in {r.n_sign}/{r.n_seeds} seeds, p_holm {r.p_holm:.3f}"
-            for r in paired.itertuples() if r.verdict == which]
+            + _same_test(r.same_test_as) for r in paired.itertuples() if r.verdict == which]
+
+
+def _same_test(same_test_as) -> str:
+    """`` (the same test as ...)`` for a difference that pairs the runs of an earlier one."""
+    return f" (the same runs as {same_test_as})" if isinstance(same_test_as, str) and same_test_as else ""
 
 
 def outcomes(runs: pd.DataFrame) -> list[tuple[str, str, str]]:
@@ -468,7 +510,7 @@ def outcomes(runs: pd.DataFrame) -> list[tuple[str, str, str]]:
 
 
 CONCLUSION_COLUMNS = ["role", "outcome", "table", "comparison", "delay", "group", "diff", "lo", "hi", "n_seeds",
-                      "p_holm", "p_equivalent_holm", "verdict", "family_size", "detectable"]
+                      "p_holm", "p_equivalent_holm", "verdict", "family_size", "detectable", "same_test_as"]
 
 
 def conclusions_table(runs: pd.DataFrame, base: pd.DataFrame, analysis: AnalysisConfig) -> Rendered:
@@ -482,12 +524,13 @@ def conclusions_table(runs: pd.DataFrame, base: pd.DataFrame, analysis: Analysis
     league = league_table(runs, base, analysis).frame
     rows = []
     for metric, role, label in outcomes(runs):
-        fam = paired[paired["metric"] == metric] if len(paired) else paired
+        fam = paired[(paired["metric"] == metric) & (paired["verdict"] != ONE_RUN)] if len(paired) else paired
         if len(fam):
             m, _, mde = family_detectable(fam)
             rows += [dict(role=role, outcome=label, table="paired", comparison=r.comparison, delay=r.delay,
                           group=r.group, diff=r.diff, lo=r.lo, hi=r.hi, n_seeds=r.n_seeds, p_holm=r.p_holm,
-                          p_equivalent_holm=r.p_equivalent_holm, verdict=r.verdict, family_size=m, detectable=mde)
+                          p_equivalent_holm=r.p_equivalent_holm, verdict=r.verdict, family_size=m, detectable=mde,
+                          same_test_as=r.same_test_as)
                      for r in fam.itertuples()]
         if len(league) and league["score"].iloc[0] == metric:
             long = pd.concat([league[[c for c in league.columns if c.startswith(f"{k}:")]].rename(
@@ -499,7 +542,8 @@ def conclusions_table(runs: pd.DataFrame, base: pd.DataFrame, analysis: Analysis
             delay, group = league["delay"].iloc[0], league["group"].iloc[0]
             rows += [dict(role=role, outcome=label, table="league", comparison=r.comparison, delay=delay,
                           group=group, diff=r.diff, lo=r.lo, hi=r.hi, n_seeds=r.n_seeds, p_holm=r.p_holm,
-                          p_equivalent_holm=r.p_equivalent_holm, verdict=r.verdict, family_size=m, detectable=mde)
+                          p_equivalent_holm=r.p_equivalent_holm, verdict=r.verdict, family_size=m, detectable=mde,
+                          same_test_as="")
                      for r in long.itertuples()]
     table = pd.DataFrame(rows, columns=CONCLUSION_COLUMNS)
     return Rendered(table, conclusions_markdown(table, margin), _latex(_conclusions_display(table)))
@@ -519,20 +563,20 @@ def conclusions_markdown(table: pd.DataFrame, margin: float) -> str:
     """The conclusions as a document: per family its size and detectable difference, then its
     differences with their verdicts."""
     lines = [f"Every difference of the sweep's outcomes, judged within its family (one table's "
-             f"differences in one outcome): **resolved** where Holm's adjusted p < {ALPHA}, **equivalent "
+             f"differences in one outcome, each test counted once): **resolved** where Holm's adjusted p < {ALPHA}, **equivalent "
              f"within ±{margin}** where two one-sided tests, adjusted likewise, place it inside the margin, "
              "**inconclusive** otherwise. Intervals: 95% over seeds, evaluation noise folded in, "
              "evaluated scores paired per problem.", ""]
     for (role, outcome, name), fam in table.groupby(["role", "outcome", "table"], sort=False):
         lines += [f"## {outcome}, {role}: {name} table", "",
-                  f"{fam['family_size'].iloc[0]} differences; the smallest detectable at {POWER:.0%} power after "
+                  f"{fam['family_size'].iloc[0]} tests; the smallest detectable at {POWER:.0%} power after "
                   f"adjustment: ±{fam['detectable'].iloc[0]:.3f}.", ""]
         for r in fam.itertuples():
             words = {"resolved": "resolved", "equivalent": f"equivalent within ±{margin}",
                      "inconclusive": "inconclusive"}[r.verdict]
             estimate = f"{r.diff:+.3f} [{r.lo:+.3f}, {r.hi:+.3f}]" if not pd.isna(r.lo) else f"{r.diff:+.3f}"
             lines.append(f"- {r.comparison} at delay {r.delay}, G = {r.group}: {estimate}, {r.n_seeds} seeds, "
-                         f"p_holm {r.p_holm:.3f}: **{words}**")
+                         f"p_holm {r.p_holm:.3f}: **{words}**{_same_test(r.same_test_as)}")
         lines.append("")
     if table.empty:
         lines.append("No differences: the sweep compares nothing.")
@@ -669,7 +713,8 @@ PAIRED_NOTE = (f"Paired differences at equal (delay, G, seed), and each estimato
                "(A: stale − on-policy, the estimator at the row's delay minus itself at delay 0, equal G "
                f"and seed): mean ± half-width of the {LEVEL:.0%} t-interval over seeds (evaluation noise "
                "folded in, evaluated scores paired per problem), (seeds with the mean's sign / seeds paired). "
-               "The table's differences in one outcome are a family: * resolved (Holm-adjusted p < "
+               "The table's differences in one outcome are a family, each test counted once (a difference "
+               "of one shared run is none, two of the same runs are one): * resolved (Holm-adjusted p < "
                f"{ALPHA}), ≈ equivalent within ±{{margin}} (two one-sided tests, adjusted likewise).")
 
 
@@ -684,7 +729,7 @@ def paired_markdown(paired: pd.DataFrame, margin: float = AnalysisConfig().equiv
         lines += [f"Smallest difference each family detects at {POWER:.0%} power (after adjustment):", ""]
         for metric, grp in paired.groupby("metric", sort=False):
             m, n, mde = family_detectable(grp)
-            lines.append(f"- {pretty(metric)}: {m} differences, {n} seeds: ±{mde:.3f}")
+            lines.append(f"- {pretty(metric)}: {m} tests, {n} seeds: ±{mde:.3f}")
         lines.append("")
     return "\n".join(lines) + "\n" + (_markdown(_paired_display(paired)) if len(paired) else "")
 

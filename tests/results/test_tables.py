@@ -94,6 +94,41 @@ def test_a_shared_run_appears_under_both_names_and_differs_from_itself_by_exactl
     assert "tic (run of gmc)" in (r / "tables" / "main.md").read_text()
 
 
+def test_a_family_counts_each_test_once(tmp_path):
+    """With tic's on-policy run shared by gmc: gmc − tic at delay 0 is one run, no test (no
+    p-value, verdict 'one run', not among the conclusions); tic − grpo at delay 0 pairs the same
+    runs as gmc − grpo there, so it is that test again, with its p-values; Holm's adjustment
+    runs over the distinct tests alone, by hand."""
+    from gmc.results.stats import holm
+    from gmc.results.tables import ONE_RUN
+
+    r = tmp_path / "results"
+    for seed, (t0, p0, g, t, p) in enumerate([(0.60, 0.50, 0.40, 0.58, 0.36), (0.66, 0.52, 0.50, 0.62, 0.38),
+                                               (0.62, 0.58, 0.46, 0.64, 0.44)]):
+        fake_run(r, "tic", 0, 8, seed, t0, t0, se=0.01)
+        gmc = r / "train" / "algo~gmc" / "delay~0" / "group~8" / f"seed~{seed}"
+        gmc.mkdir(parents=True)
+        (gmc / "shared.json").write_text(json.dumps({"run": f"algo~tic/delay~0/group~8/seed~{seed}"}))
+        fake_run(r, "grpo", 0, 8, seed, p0, p0, se=0.01)
+        for algo, score in (("gmc", g), ("tic", t), ("grpo", p)):
+            fake_run(r, algo, 64, 8, seed, score, score, se=0.01)
+    paired = write_tables(r)["paired"]
+    fam = paired[paired.metric == "eval/synthetic/pass_at_1"].set_index(["comparison", "delay"])
+    one = fam.loc[("gmc − tic", "0")]
+    assert one["same_test_as"] == ONE_RUN and one["verdict"] == ONE_RUN and math.isnan(one["p_holm"])
+    again, first = fam.loc[("tic − grpo", "0")], fam.loc[("gmc − grpo", "0")]
+    assert again["same_test_as"] == "gmc − grpo at delay 0" and first["same_test_as"] == ""
+    assert (again["p"], again["p_holm"], again["verdict"]) == (first["p"], first["p_holm"], first["verdict"])
+    tests = fam[fam["same_test_as"] == ""]
+    assert len(tests) == 9 - 2  # 3 pairs x 2 delays + 3 costs of staleness, less the one run and the repeat
+    assert list(tests["p_holm"]) == pytest.approx(list(holm(tests["p"])))
+    conclusions = pd.read_csv(r / "tables" / "conclusions.csv", keep_default_na=False)
+    primary = conclusions[(conclusions.role == "primary") & (conclusions.table == "paired")]
+    assert ONE_RUN not in set(primary["verdict"]) and set(primary["family_size"]) == {7}
+    md = (r / "tables" / "conclusions.md").read_text()
+    assert "7 tests; the smallest detectable" in md and "(the same runs as gmc − grpo at delay 0)" in md
+
+
 def test_parse_point_and_missing_runs(tmp_path):
     assert parse_point("results/train/algo~gmc/delay~latency/group~8/seed~2") == {
         "algorithm": "gmc", "delay": "latency", "group": 8, "seed": 2}
@@ -138,7 +173,7 @@ def test_paired_differences_at_equal_delay_group_and_seed(tmp_path):
     assert fam.loc["gmc − tic", "p_holm"] > 0.05 and fam.loc["gmc − tic", "verdict"] == "inconclusive"
     md = (r / "tables" / "paired.md").read_text()
     assert "Resolved differences:\n\n- none" in md and "(3/3) |" in md and "(3/3) *" not in md
-    assert "synthetic Pass@1: 3 differences, 3 seeds: ±" in md
+    assert "synthetic Pass@1: 3 tests, 3 seeds: ±" in md
     assert "$-$" in (r / "tables" / "paired.tex").read_text()
     assert len(pd.read_csv(r / "tables" / "paired.csv")) == len(paired)
 
