@@ -2,6 +2,7 @@
 weights: every stage's files, MLflow's runs and the tables."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -82,7 +83,9 @@ def test_end_to_end_tiny_sweep(tmp_path, snakemake):
     assert rep.returncode == 0, rep.stderr[-3000:]
     html = (tmp_path / "report.html").read_text()
     assert len(html) > 10_000 and "What this sweep ran" in html
-    assert "conclusions.html" in html and "conclusions.md" not in html  # tables shown inline, as HTML
+    # the report's results (the files it shows): every table as HTML, shown inline, none as Markdown
+    shown = json.loads(re.search(r"var results = (\{.*\});\n", html)[1])
+    assert "results/tables/conclusions.html" in shown and not [f for f in shown if f.endswith(".md")]
 
 
 @pytest.mark.slow
