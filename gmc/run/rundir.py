@@ -117,6 +117,7 @@ class RunDir:
         self.checkpoint = self.path / CHECKPOINT
         self.previous = self.path / PREVIOUS
         self.fingerprint: str | None = None
+        self.created = False  # whether open() made the folder (abandon() may then remove it)
         self._lock = None
 
     # -- ownership --------------------------------------------------------------------------
@@ -159,6 +160,14 @@ class RunDir:
             self._lock.close()
             self._lock = None
 
+    def abandon(self) -> None:
+        """Release the lock after a start that failed before training: a folder that :meth:`open`
+        made and that holds nothing of a run but its config and record is removed, so that no
+        folder is left that looks like a run."""
+        self.close()
+        if self.created and self.path.is_dir() and {p.name for p in self.path.iterdir()} <= {LOCK, CONFIG, INFO}:
+            shutil.rmtree(self.path, ignore_errors=True)
+
     def __enter__(self) -> RunDir:
         return self
 
@@ -172,6 +181,7 @@ class RunDir:
 
         Without ``resume`` a finished run or a checkpoint is an error (FileExistsError). With it,
         a directory holding another config's run raises :class:`ConfigMismatch`."""
+        self.created = not self.path.exists()
         self.acquire()
         try:
             self.fingerprint = config_fingerprint(config)
@@ -186,7 +196,7 @@ class RunDir:
             self._check_config(config)
             return self.has_checkpoint()
         except BaseException:
-            self.close()
+            self.abandon()
             raise
 
     def _check_config(self, config: dict[str, Any]) -> None:

@@ -18,7 +18,6 @@ import logging
 import math
 import os
 import random
-import shutil
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -49,7 +48,6 @@ from gmc.run.rundir import (
     CONFIG,
     HISTORY,
     INFO,
-    LOCK,
     METRICS,
     SUMMARY,
     CheckpointError,
@@ -115,7 +113,6 @@ class Trainer:
         self.keep_batches = keep_batches
         self.rundir = RunDir(self.out)
         self.ckpt_path = self.rundir.checkpoint
-        created = not self.out.exists()
         resuming = self.rundir.open(to_dict(cfg), resume)  # the lock, the config check, leftovers
         if resume and not resuming:
             log.warning("%s: no checkpoint to resume from; the run starts from step 0", self.out)
@@ -126,11 +123,7 @@ class Trainer:
             if prefill is not None and not resuming:  # a resumed run's checkpoint holds its queue
                 self._load_prefill(Path(prefill))
         except BaseException:
-            self.rundir.close()
-            if created:  # a start that failed leaves no folder that looks like a run
-                leftovers = {p.name for p in self.out.iterdir()} if self.out.exists() else set()
-                if leftovers <= {LOCK, CONFIG, INFO}:
-                    shutil.rmtree(self.out, ignore_errors=True)
+            self.rundir.abandon()  # a start that failed leaves no folder that looks like a run
             raise
 
     def _setup(self, cfg: TrainConfig, resuming: bool, history: str | os.PathLike | None) -> None:

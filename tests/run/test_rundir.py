@@ -84,6 +84,27 @@ def test_two_runs_on_one_directory(tmp_path, small):
     Trainer(small(steps=1), out, resume=True, progress=False).run()
 
 
+def test_an_abandoned_start_removes_only_a_folder_it_made_and_left_empty_of_a_run(tmp_path):
+    """What a start that fails before training leaves: nothing, where open() made the folder and it
+    holds no more than the lock, the config and the run's record; a folder that was there before
+    (or that holds more) stays."""
+    made = RunDir(tmp_path / "new")
+    made.open({"seed": 0}, resume=False)
+    (made.path / "config.yaml").write_text("seed: 0\n")
+    made.abandon()
+    assert not made.path.exists()
+    (tmp_path / "old").mkdir()
+    there = RunDir(tmp_path / "old")
+    there.open({"seed": 0}, resume=False)
+    there.abandon()
+    assert there.path.is_dir()
+    more = RunDir(tmp_path / "more")
+    more.open({"seed": 0}, resume=False)
+    (more.path / "metrics.jsonl").write_text("{}\n")
+    more.abandon()
+    assert (more.path / "metrics.jsonl").exists()
+
+
 def test_lock_of_a_killed_owner_is_taken_over(tmp_path, caplog):
     out = tmp_path / "run"
     code = (f"from gmc.run.rundir import RunDir; import time; r = RunDir({str(out)!r}); r.acquire(); "
