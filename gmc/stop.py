@@ -20,8 +20,9 @@ class StopRequests:
     the recorder later is overruled: ``ray.init`` installs Ray's own SIGTERM handler (it kills
     the Ray processes and exits), so the Ray source calls :meth:`reclaim` once Ray runs, and
     :meth:`install` at the start of the training loop reclaims too. The processes a run starts
-    (grading workers, Ray's) start with the signals blocked and ignore them: a Ctrl-C in a
-    terminal reaches every process of its group, and they go on until the run has checkpointed."""
+    (grading workers, Ray's) start with the signals blocked, and the grading workers ignore them:
+    a Ctrl-C in a terminal reaches every process of its group, and they go on until the run has
+    checkpointed."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 

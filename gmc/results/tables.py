@@ -251,27 +251,22 @@ def paired_differences(frame: pd.DataFrame, pairs=PAIRS, margin: float = Analysi
     out["_c"] = out["comparison"].map(order)
     out = out.sort_values(["_c", "delay", "group"], key=_delay_key, kind="stable").drop(columns="_c")
     out = out.reset_index(drop=True)
-    first: dict = {}
+    first: dict = {}  # (metric, runs) -> the row of their first difference
+    repeats: dict = {}  # row -> the earlier row whose test it is
     for i, r in out.iterrows():
         if r["same_test_as"] != ONE_RUN and r["_runs"] is not None:
-            key = (r["metric"], r["_runs"])
-            if key in first:
-                out.at[i, "same_test_as"] = f"{out.at[first[key], 'comparison']} at delay {r['delay']}"
-            first.setdefault(key, i)
+            j = first.setdefault((r["metric"], r["_runs"]), i)
+            if j != i:
+                repeats[i] = j
+                out.at[i, "same_test_as"] = f"{out.at[j, 'comparison']} at delay {out.at[j, 'delay']}"
     tests = out["same_test_as"] == ""
     judged = judge(out[tests].drop(columns="_runs"), ["metric"], margin)
-    out = out.drop(columns="_runs").join(judged[[c for c in judged.columns if c not in out.columns]])
+    added = [c for c in judged.columns if c not in out.columns]
+    out = out.drop(columns="_runs").join(judged[added])
     out["verdict"] = out["verdict"].astype(object)
-    for i in out.index[~tests]:  # the same test's verdict, or none for one run
-        if out.at[i, "same_test_as"] == ONE_RUN:
-            out.at[i, "verdict"] = ONE_RUN
-        else:
-            j = next(k for k in out.index[tests] if out.at[k, "metric"] == out.at[i, "metric"]
-                     and f"{out.at[k, 'comparison']} at delay {out.at[k, 'delay']}" == out.at[i, "same_test_as"]
-                     and out.at[k, "group"] == out.at[i, "group"])
-            for col in judged.columns:
-                if col not in PAIRED_COLUMNS:
-                    out.at[i, col] = out.at[j, col]
+    for i, j in repeats.items():  # a repeated test takes its first difference's tests
+        out.loc[i, added] = out.loc[j, added]
+    out.loc[out["same_test_as"] == ONE_RUN, "verdict"] = ONE_RUN
     return out
 
 
@@ -488,7 +483,7 @@ def judged_differences(paired: pd.DataFrame, which: str) -> list[str]:
 
 
 def _same_test(same_test_as) -> str:
-    """`` (the same test as ...)`` for a difference that pairs the runs of an earlier one."""
+    """`` (the same runs as ...)`` for a difference that pairs the runs of an earlier one."""
     return f" (the same runs as {same_test_as})" if isinstance(same_test_as, str) and same_test_as else ""
 
 
