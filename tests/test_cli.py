@@ -187,9 +187,11 @@ def _bad_inputs(tmp_path):
     ]
 
 
-def test_every_command_reports_bad_input_in_one_format(tmp_path, capsys):
+def test_every_command_reports_bad_input_in_one_format(tmp_path, capsys, monkeypatch):
     """``gmc <command>: error: <file, key or argument>: <what>``: one line, exit 1 (compare-results:
-    2, a file it cannot read), no errno and no traceback; a failed start leaves no run folder."""
+    2, a file it cannot read), no errno and no traceback; a failed start leaves no run folder. Run
+    where nothing was built (a fresh clone): a refusal must not depend on a model being there."""
+    monkeypatch.chdir(tmp_path)
     for argv, named in _bad_inputs(tmp_path):
         try:
             status = main(argv)

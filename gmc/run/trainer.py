@@ -392,10 +392,11 @@ class Trainer:
         its measurements, for every run of the same :func:`~gmc.rollouts.sources.prefill_settings`
         to start from (``gmc train --prefill``) instead of generating it again."""
         settings = prefill_settings(self.cfg)
-        if settings is None or self.step:
-            raise ConfigError(f"{self.out}: no prefill to write (delay mode {self.cfg.delay.mode!r}, warmup "
-                              f"{self.cfg.delay.warmup!r}, d {self.cfg.delay.d}, step {self.step}): a prefill is the "
-                              "queue a fixed delay with warmup: prefill and d > 0 starts with")
+        if settings is None:
+            raise _no_prefill(self.out, self.cfg)
+        if self.step:
+            raise ConfigError(f"{self.out}: no prefill to write at step {self.step}: a prefill is the queue a run "
+                              "starts with")
         collected = self.source.prefill(self.step)
         state = {"settings": settings, "source": self.source.state_dict(), "cursor": self.cursor.state_dict(),
                  "rng": self._rng_state(), "collected": collected}
@@ -613,6 +614,11 @@ def main_history(config: str | None, overrides: list[str], out: str, keep: int |
     make_history(cfg, out, cfg.delay.d if keep is None else keep)
 
 
+def _no_prefill(where, cfg) -> ConfigError:
+    return ConfigError(f"{where}: no prefill to write (delay mode {cfg.delay.mode!r}, warmup {cfg.delay.warmup!r}, "
+                       f"d {cfg.delay.d}): a prefill is the queue a fixed delay with warmup: prefill and d > 0 starts with")
+
+
 def main_prefill(config: str | None, overrides: list[str], out: str) -> None:
     """Write the prefill of the run of ``config`` (with ``overrides``) to ``out``
     (:meth:`Trainer.write_prefill`); the run itself is not trained."""
@@ -621,6 +627,8 @@ def main_prefill(config: str | None, overrides: list[str], out: str) -> None:
     from gmc.run.config import load_train_config
 
     cfg = load_train_config(config, overrides)
+    if prefill_settings(cfg) is None:  # refused before the model is loaded
+        raise _no_prefill(config or "the default config", cfg)
     with tempfile.TemporaryDirectory(prefix="gmc-prefill-") as tmp:
         trainer = Trainer(cfg, Path(tmp) / "run", progress=False)
         try:
