@@ -79,8 +79,9 @@ class Worker:
         self.llm = llm
 
     def reload_weights(self, weights_iterator=None, weights_path=None, is_checkpoint_format: bool = True) -> None:
-        names = [name for name, _ in weights_iterator]
-        EVENTS.append(("reload_weights", {"tensors": len(names), "is_checkpoint_format": is_checkpoint_format}))
+        dtypes = [str(tensor.dtype).removeprefix("torch.") for _, tensor in weights_iterator]
+        EVENTS.append(("reload_weights", {"tensors": len(dtypes), "dtypes": sorted(set(dtypes)),
+                                          "is_checkpoint_format": is_checkpoint_format}))
         if "weights" in self.llm.sleeping:
             raise RuntimeError("reload_weights into weights that are asleep")
         self.llm.garbage_weights = False

@@ -50,6 +50,8 @@ class VLLMEngine(RandomStreams):
         self._vllm = vllm
         self.cfg = cfg
         self.seed = seed
+        self.weight_dtype = getattr(torch, cfg.dtype or dtype)
+        """The dtype of vLLM's weights, which :meth:`sync_weights` hands them over in."""
         self.llm = vllm.LLM(model=model_path, dtype=cfg.dtype or dtype, seed=seed,
                             gpu_memory_utilization=cfg.gpu_memory_utilization, max_model_len=cfg.max_model_len,
                             enforce_eager=cfg.enforce_eager, enable_sleep_mode=cfg.sleep,
@@ -90,9 +92,12 @@ class VLLMEngine(RandomStreams):
             self.weights_discarded = True
 
     def sync_weights(self, model) -> None:
+        """Reload vLLM's weights from ``model``'s, each tensor converted to vLLM's dtype as it is
+        handed over (a generator: one converted tensor alive at a time; float32 masters travel as
+        bfloat16, half the bytes, and vLLM loads them without a dtype warning per tensor)."""
         self._wake(["weights"])  # the KV cache stays asleep until the next generation
-        state = [(name, p.detach()) for name, p in model.state_dict().items()]
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": state, "is_checkpoint_format": True})
+        weights = ((name, p.detach().to(self.weight_dtype)) for name, p in model.state_dict().items())
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
         self.weights_discarded = False
         if "kv_cache" not in self.asleep:  # a sleep cleared the prefix cache already
             self.llm.reset_prefix_cache()

@@ -8,6 +8,7 @@ wake-up, weights reloaded before the next generation)."""
 import sys
 
 import pytest
+import torch
 import vllm_standin
 
 from gmc.io import read_jsonl
@@ -47,7 +48,23 @@ def test_the_engine_builds_samples_and_reloads_as_vllm_0_33_takes_it(vllm, tiny_
                                                                            {"tags": None}]
     assert released == [3, 5]  # right before each wake-up
     reload = vllm.EVENTS[4][1]
-    assert reload == {"tensors": len(model.state_dict()), "is_checkpoint_format": True}
+    assert reload == {"tensors": len(model.state_dict()), "dtypes": ["float32"], "is_checkpoint_format": True}
+
+
+def test_weights_reach_vllm_in_its_dtype(vllm, tiny_policy, tiny_model_dir):
+    """float32 masters are handed over as the engine's bfloat16, converted one tensor at a time
+    (a generator, not a list of copies), and the trainer's own weights stay float32."""
+    model, tok = tiny_policy
+    engine = make_engine("vllm", model, tok, model_path=str(tiny_model_dir), settings=VLLMConfig(), dtype="bfloat16")
+    handed = []
+    engine.llm.collective_rpc = lambda method, kwargs: handed.append(kwargs["weights_iterator"])
+    engine.sync_weights(model)
+    (weights,) = handed
+    assert not isinstance(weights, list | tuple)
+    tensors = dict(weights)
+    assert set(tensors) == set(model.state_dict()) and {t.dtype for t in tensors.values()} == {torch.bfloat16}
+    assert all(torch.equal(tensors[k], v.to(torch.bfloat16)) for k, v in model.state_dict().items())
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
 
 
 def test_without_sleep_the_prefix_cache_is_reset_after_every_reload(vllm, tiny_policy, tiny_model_dir):
