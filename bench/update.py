@@ -10,8 +10,13 @@
   ``attention: masked`` (the explicit padding mask), gmc's step, and the largest log-prob
   difference between them;
 
-and, on a GPU, the model-FLOPs utilisation of each (6 x parameters x tokens per second over the
-dense bf16 matmul rate measured on the same GPU in the same run).
+and, on a GPU, the model-FLOPs utilisation of each against the chip's dense bf16 peak from its
+spec sheet (:data:`SPEC_BF16_TFLOPS`; the 8192^3 matmul rate measured in the same run is
+reported beside it), two ways: *useful* work, ``6 N`` per token for the ``N`` parameters that
+multiply (an untied input embedding is a lookup) plus attention's ``12 x layers x heads x
+head_dim x context / 2`` (causal), the work one forward and one backward must do; and work
+*done*, the forwards each path actually runs (a no-grad pass, the recompute under
+checkpointing) plus the backward, over the padded tokens.
 
 CPU (default): a random Qwen3 of hidden 256, 4 layers, vocabulary 4,096, 16 stale rows of
 300-1,000 tokens, budget 4,096, float32. GPU (``--gpu``): a random Qwen3-4B shape in bfloat16
@@ -49,6 +54,29 @@ def groups(vocab: int, B: int, G: int, lengths, prompt: int, seed: int = 0) -> l
     return out
 
 
+SPEC_BF16_TFLOPS = {"H200": 989.4, "H100 80GB HBM3": 989.4, "H100 SXM": 989.4, "H100 NVL": 835.0,
+                    "H100 PCIe": 756.0, "A100": 312.0}
+"""Dense (no sparsity) bf16 tensor-core peaks from NVIDIA's spec sheets, by a part of the device name."""
+
+
+def spec_tflops(name: str) -> float | None:
+    return next((peak for key, peak in SPEC_BF16_TFLOPS.items() if key in name), None)
+
+
+def attention_forward_flops(shape, lengths) -> float:
+    """FLOPs of the attention scores and their weighted sum in one forward over rows of
+    ``lengths`` tokens, causal: ``4 x layers x heads x head_dim`` per (query, key) pair, ``L (L + 1) / 2``
+    pairs a row."""
+    width = shape.num_hidden_layers * shape.num_attention_heads * shape.head_dim
+    return 4.0 * width * sum(n * (n + 1) / 2 for n in lengths)
+
+
+def matmul_parameters(model, shape) -> int:
+    """Parameters that multiply: all but an untied input embedding (a lookup)."""
+    params = sum(p.numel() for p in model.parameters())
+    return params if shape.tie_word_embeddings else params - model.get_input_embeddings().weight.numel()
+
+
 def matmul_tflops(device, dtype=torch.bfloat16, n: int = 8192) -> float:
     """Dense matmul rate of this device (TFLOP/s), median of 10."""
     a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
@@ -80,9 +108,12 @@ def forwards_per_token(model, run) -> dict[str, float]:
     return {"no_grad": seen[False], "grad": seen[True]}
 
 
-def measure(gpu: bool = False, micro_batches_timed: int = 4, rounds: int = 5, model: str = "Qwen/Qwen3-4B") -> dict:
-    """The comparisons of the module docstring (on a GPU for the shape of ``model``); returns what
-    ``main`` writes."""
+def measure(gpu: bool = False, micro_batches_timed: int = 4, rounds: int = 5, model: str = "Qwen/Qwen3-4B",
+            attention_variants: bool = True, out: dict | None = None) -> dict:
+    """The comparisons of the module docstring (on a GPU for the shape of ``model``; without
+    ``attention_variants``, not causal against masked); returns what ``main`` writes, filled into
+    ``out`` as it is measured (the GPU check's record, written at every entry)."""
+    result = {} if out is None else out
     torch.manual_seed(0)
     if gpu:
         shape = ModelShape.of(model)
@@ -106,8 +137,11 @@ def measure(gpu: bool = False, micro_batches_timed: int = 4, rounds: int = 5, mo
         return Update(model, get_estimator(name), REGISTRY[name].resolved(cfg), budget, pad_id=0, chunk_size=1024,
                       compute_dtype=dtype, max_new_tokens=1024, **kw)
 
-    updates = {"one_pass": update("grpo", per_row=True), "no_grad_pass_first": update("grpo", per_row=False),
-               "causal": update("gmc", attention="causal"), "masked": update("gmc", attention="masked")}
+    updates = {"one_pass": update("grpo", per_row=True), "no_grad_pass_first": update("grpo", per_row=False)}
+    if attention_variants:
+        updates |= {"causal": update("gmc", attention="causal"), "masked": update("gmc", attention="masked")}
+    result.update(device=device, parameters=params, rows=len(rows), tokens=tokens, padded_tokens=padded, budget=budget,
+                  dtype=str(dtype), checkpointing=gpu)
 
     def step(name):
         def run():
@@ -117,30 +151,41 @@ def measure(gpu: bool = False, micro_batches_timed: int = 4, rounds: int = 5, mo
                 torch.cuda.synchronize()
         return run
 
-    timed = interleaved({name: step(name) for name in updates}, rounds=rounds)
     work = {}
     for name in ("one_pass", "no_grad_pass_first"):
         seen = forwards_per_token(model, step(name))
         forwards = (seen["no_grad"] + seen["grad"]) / padded
-        work[name] = {"forwards_per_token": forwards, "backwards_per_token": 1.0,
-                      "work_per_token": forwards + 2.0}
-    with torch.no_grad():
-        a = sequence_logprobs(model, rows, budget, 0, compute_dtype=dtype, attention="masked")
-        b = sequence_logprobs(model, rows, budget, 0, compute_dtype=dtype, attention="causal")
-    live = torch.arange(a.shape[1], device=a.device)[None] < torch.tensor(rows.lengths, device=a.device)[:, None]
-    result = {"device": device, "parameters": params, "rows": len(rows), "tokens": tokens, "padded_tokens": padded,
-              "budget": budget, "dtype": str(dtype), "checkpointing": gpu,
-              **{f"{name}_seconds": t["median_s"] for name, t in timed.items()},
-              **{f"tokens_per_s_{name}": tokens / t["median_s"] for name, t in timed.items()},
-              "work_per_token": work,
-              "speedup_one_pass": timed["no_grad_pass_first"]["median_s"] / timed["one_pass"]["median_s"],
-              "speedup_causal_over_masked": timed["masked"]["median_s"] / timed["causal"]["median_s"],
-              "max_logprob_diff": float((a - b).abs()[live].max())}
+        work[name] = {"forwards_per_token": forwards, "backwards_per_token": 1.0, "work_per_token": forwards + 2.0}
+    result["work_per_token"] = work
+    timed = interleaved({name: step(name) for name in updates}, rounds=rounds)
+    result.update({f"{name}_seconds": t["median_s"] for name, t in timed.items()})
+    result.update({f"tokens_per_s_{name}": tokens / t["median_s"] for name, t in timed.items()})
+    result["speedup_one_pass"] = timed["no_grad_pass_first"]["median_s"] / timed["one_pass"]["median_s"]
+    if attention_variants:
+        with torch.no_grad():
+            a = sequence_logprobs(model, rows, budget, 0, compute_dtype=dtype, attention="masked")
+            b = sequence_logprobs(model, rows, budget, 0, compute_dtype=dtype, attention="causal")
+        live = torch.arange(a.shape[1], device=a.device)[None] < torch.tensor(rows.lengths, device=a.device)[:, None]
+        result.update(speedup_causal_over_masked=timed["masked"]["median_s"] / timed["causal"]["median_s"],
+                      max_logprob_diff=float((a - b).abs()[live].max()))
+    n_matmul = matmul_parameters(model, shape)
+    attention = attention_forward_flops(shape, [len(q) for q in rows.sequences])
+    useful = 3 * (2 * n_matmul * tokens + attention)  # one forward and its backward (twice a forward)
+    result.update(matmul_parameters=n_matmul, attention_share_of_useful=3 * attention / useful,
+                  useful_flops_per_token=useful / tokens,
+                  # the padded micro-batches' own attention is close to the rows' (whole rows, right padding)
+                  done_flops_per_token={name: w["work_per_token"] * (2 * n_matmul * padded + attention) / tokens
+                                        for name, w in work.items()})
     if gpu:
-        peak = matmul_tflops(device)
-        result.update(matmul_tflops=peak,
-                      **{f"mfu_{name}": 6 * params * result[f"tokens_per_s_{name}"] / 1e12 / peak for name in updates},
-                      step_seconds_1024_rows_extrapolated=1024 / len(rows) * timed["one_pass"]["median_s"])
+        name = torch.cuda.get_device_name()
+        peak = spec_tflops(name)
+        result.update(gpu=name, spec_bf16_tflops=peak, matmul_tflops=matmul_tflops(device))
+        for variant, t in timed.items():
+            if peak:
+                result[f"mfu_useful_{variant}"] = useful / t["median_s"] / 1e12 / peak
+                if variant in work:
+                    result[f"mfu_done_{variant}"] = result["done_flops_per_token"][variant] * tokens / t["median_s"] / 1e12 / peak
+        result["step_seconds_1024_rows_extrapolated"] = {v: 1024 / len(rows) * timed[v]["median_s"] for v in work}
     return result
 
 
