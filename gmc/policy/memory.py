@@ -5,7 +5,7 @@ and sleep mode; a run refuses to start when it does not fit (:func:`check_fits`)
 Phases: *training* (forward/backward of one micro-batch of at most ``micro_batch_tokens`` padded
 tokens, the optimizer's states resident; vLLM asleep or holding its share), *generation*
 (weights and optimizer states resident, gradients freed and their cached blocks returned to the
-driver before vLLM wakes, vLLM awake) and *resume* (a start or resume before vLLM's first
+driver before vLLM wakes, vLLM awake, the trainer's behaviour pass over the new groups) and *resume* (a start or resume before vLLM's first
 sleep: vLLM awake as built, the weights and, on resume, the optimizer's states loaded; the
 checkpoint itself is read into host memory, :func:`checkpoint_host_bytes`, and its queued
 rollouts stay there). The limit is the device memory free when the run starts (or
@@ -22,7 +22,15 @@ rollouts stay there). The limit is the device memory free when the run starts (o
   with ``q``, ``kv`` the query and key widths (the tensors one Qwen3 layer saves under bfloat16
   autocast with flash attention; an estimate, measured on a GPU by ``bench/gpu.sh``);
 - one LM-head chunk: ``logprob_chunk_size x vocab x 4 x 3`` (float32 logits, their softmax and
-  gradient); the chunk and the recomputed layer are not alive together, so the larger counts;
+  gradient), and below float32 masters the head's weight gradient in the compute dtype with its
+  float32 copy added to the masters' gradient, ``vocab x H x 6``; the LM head and the
+  recomputed layer are not alive together, so the larger counts;
+- the behaviour pass, in the generation phase (the trainer's no-grad log-prob pass over the
+  new groups while vLLM is awake, ``behaviour_logprobs: trainer``): one layer's transients
+  ``tokens x (12 H + 4 q + 4 kv + 6 I)`` or the LM-head chunk's float32 logits and log-softmax
+  ``logprob_chunk_size x vocab x 8``, the larger, plus below float32 masters the widest weight
+  cast to the compute dtype (the pass casts each weight where it is used, autocast's cache off:
+  no copy of every weight, :func:`gmc.policy.update.sequence_logprobs`);
 - a frozen KL reference on the device (``estimator.kl_coef > 0``), as the parameters;
 - vLLM: ``gpu_memory_utilization`` of the device when awake (its CUDA graphs included: vLLM
   profiles them inside its share), about 2 GiB asleep (sleep level 2: weights and KV cache
@@ -105,6 +113,14 @@ class ModelShape:
         if checkpointing:
             return 12 + 4 * H * (L + 2)
         return 12 + 4 * H * 2 + L * self.recomputed_per_token
+
+    @property
+    def no_grad_layer_per_token(self) -> int:
+        """Bytes one layer's no-grad forward holds per token at its widest: the float32 residual
+        in and out, the normed input and attention output, q, k and v, and the MLP's gate, up
+        and product in the compute dtype (an estimate, measured on a GPU by ``bench/gpu.sh``)."""
+        q, kv = self.num_attention_heads * self.head_dim, self.num_key_value_heads * self.head_dim
+        return 12 * self.hidden_size + 4 * q + 4 * kv + 6 * self.intermediate_size
 
     @property
     def recomputed_per_token(self) -> int:
@@ -211,8 +227,13 @@ def _plan(cfg, device_bytes: int | None, shape: ModelShape, ckpt: bool) -> Plan:
     optim = 2 * P if optimizer == "adamw8bit" else 2 * P * param_bytes
     tokens = cfg.micro_batch_tokens or (cfg.prompts_per_step * cfg.group_size * (cfg.sampling.max_new_tokens + 512))
     saved = tokens * shape.saved_per_token(ckpt)
-    transient = max(cfg.logprob_chunk_size * shape.vocab_size * 4 * 3,
+    masters_below = below and cfg.master_weights
+    head_weight_grad = shape.vocab_size * shape.hidden_size * 6 if masters_below else 0
+    transient = max(cfg.logprob_chunk_size * shape.vocab_size * 4 * 3 + head_weight_grad,
                     tokens * shape.recomputed_per_token if ckpt else 0)
+    behaviour = (max(tokens * shape.no_grad_layer_per_token, cfg.logprob_chunk_size * shape.vocab_size * 8)
+                 + (shape.vocab_size * shape.hidden_size * 2 if masters_below else 0)
+                 if cfg.behaviour_logprobs == "trainer" else 0)
     vllm_awake = int(cfg.vllm.gpu_memory_utilization * device_bytes) if cfg.engine == "vllm" and device_bytes else 0
     vllm_training = (VLLM_ASLEEP_BYTES if cfg.vllm.sleep else vllm_awake) if cfg.engine == "vllm" else 0
     reference = P * param_bytes if cfg.estimator.kl_coef > 0 and cfg.reference_device == "auto" else 0
@@ -220,9 +241,10 @@ def _plan(cfg, device_bytes: int | None, shape: ModelShape, ckpt: bool) -> Plan:
         "parameters": (P * param_bytes,) * 3,
         "gradients": (P * param_bytes, 0, 0),
         "optimizer states": (optim,) * 3,
-        "autocast weight copies": (P * 2 if below and cfg.master_weights else 0, 0, 0),
+        "autocast weight copies": (P * 2 if masters_below else 0, 0, 0),
         "saved activations": (saved, 0, 0),
         "LM-head chunk or recomputed layer": (transient, 0, 0),
+        "behaviour pass": (0, behaviour, 0),
         "KL reference": (reference,) * 3,
     }
     held = [sum(b[k] for b in items.values()) for k in range(3)]
@@ -238,6 +260,7 @@ def _plan(cfg, device_bytes: int | None, shape: ModelShape, ckpt: bool) -> Plan:
         "autocast weight copies": "model_dtype",
         "saved activations": "micro_batch_tokens, gradient_checkpointing: true",
         "LM-head chunk or recomputed layer": "logprob_chunk_size, micro_batch_tokens",
+        "behaviour pass": "micro_batch_tokens, logprob_chunk_size, behaviour_logprobs: sampler",
         "KL reference": "reference_device: cpu",
         "vLLM": "vllm.sleep: true, vllm.gpu_memory_utilization",
     }

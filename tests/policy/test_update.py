@@ -133,6 +133,22 @@ def test_logprobs_do_not_depend_on_the_batch(dtype, threads):
     assert model.training is False
 
 
+def test_the_no_grad_pass_casts_weights_where_they_are_used_to_the_same_values():
+    """Over float32 masters in bfloat16 the no-grad pass runs without autocast's weight cache
+    (no bfloat16 copy of every weight beside vLLM): its log-probs equal, bit for bit, those of
+    the training forward under the cached autocast, so on-policy ratios stay exactly 1."""
+    from gmc.policy.update import _forward, precision
+
+    model = random_model().train()
+    rows = Rows.from_groups(random_groups(B=3, G=4))
+    plain = sequence_logprobs(model, rows, 64, pad_id=0, compute_dtype=torch.bfloat16)
+    for idx in rows.plan(64):
+        with precision(model, torch.bfloat16):  # the training forward: grad on, cache on
+            lp = _forward(model, rows, idx, 0, 1.0, 4096, "causal")
+        assert lp.requires_grad
+        assert torch.equal(lp.detach(), plain[idx, : lp.shape[1]])
+
+
 CAUSAL_TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 """Largest log-prob difference allowed between the causal (no mask) and the masked attention
 paths: float32 rounding of two kernels' summation orders; in bfloat16 (8 mantissa bits) a logit
