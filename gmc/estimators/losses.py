@@ -26,9 +26,10 @@ gradient is exactly the estimator's. Variants implemented:
 * ``gspo`` (arXiv 2507.18071): length-normalised sequence ratio ``s = exp(L / |y|)``, clipped
   to ``[1-gspo_eps_low, 1+gspo_eps_high]`` PPO-style.
 * ``tis``: token-level truncated importance sampling, ``w_t = min(r_t, 1+eps)`` detached.
-* ``cispo``, ``icepop``, ``seq_mask``, ``m2po``, ``gmpo``, ``dppo``, ``sapo``: the off-policy
-  corrections verl, TRL, AReaL, SkyRL and prime-rl ship, in their single-update form (their docstrings name
-  the peers' config keys; method.md section 3).
+* ``cispo``, ``icepop``, ``seq_mask``, ``m2po``, ``gmpo``, ``dppo``, ``sapo``, ``kpop``,
+  ``dppo_kl``, ``prime_dppo``, ``opsm``: the off-policy corrections verl, TRL, AReaL, SkyRL and
+  prime-rl ship, in their single-update form (their docstrings name the peers' config keys;
+  method.md section 3).
 
 All ratio arithmetic is float32 and in log space. KL to a reference policy (k3 estimator) is
 added when ``kl_coef > 0`` and ``ref_logp`` is given.
@@ -242,15 +243,25 @@ def _check_shapes(logp: Tensor, logp_behaviour: Tensor, mask: Tensor, advantages
 # The estimators
 
 
-def grpo_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *,
-              max_new_tokens: int | None = None):
-    """Vanilla GRPO: per-token PPO clip of ``r = exp(l)``."""
-    _check_shapes(logp, logp_behaviour, mask, advantages)
-    l_tok = token_log_ratios(logp, logp_behaviour, mask)
+def _ppo_clip(l_tok: Tensor, advantages: Tensor, cfg: EstimatorConfig) -> tuple[Tensor, Tensor]:
+    """GRPO's per-token coefficient and what its clip switches off: ``r A`` unless ``A > 0`` and
+    ``r > 1 + eps_high`` or ``A < 0`` and ``r < 1 - eps_low`` (PPO's ``min(r A, clip(r) A)``), and
+    with ``grpo_delta`` also unless ``A < 0`` and ``r > grpo_delta`` (TRL's two-sided clip)."""
     r = torch.exp(l_tok.clamp(max=50.0))
     A = advantages.float().unsqueeze(-1).expand_as(r)
     clipped = ((A > 0) & (r > 1 + cfg.eps_high)) | ((A < 0) & (r < 1 - cfg.eps_low))
-    coef = torch.where(clipped, torch.zeros_like(r), r * A)
+    if cfg.grpo_delta is not None:
+        clipped |= (A < 0) & (r > cfg.grpo_delta)
+    return torch.where(clipped, torch.zeros_like(r), r * A), clipped
+
+
+def grpo_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *,
+              max_new_tokens: int | None = None):
+    """Vanilla GRPO: per-token PPO clip of ``r = exp(l)`` (:func:`_ppo_clip`; two-sided with
+    ``grpo_delta``)."""
+    _check_shapes(logp, logp_behaviour, mask, advantages)
+    l_tok = token_log_ratios(logp, logp_behaviour, mask)
+    coef, clipped = _ppo_clip(l_tok, advantages, cfg)
     loss, stats = _pg_loss(coef, logp, mask, cfg, ref_logp, max_new_tokens)
     stats["ratio/frac_tokens_clipped"] = _frac(clipped, mask)
     stats.update(_ratio_stats(l_tok.sum(-1), l_tok, mask))
@@ -520,19 +531,121 @@ def dppo_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_
     """DPPO, total-variation form (arXiv 2602.04879): mask a token whose probability moved more
     than ``dppo_delta_high`` up (``A > 0``) or ``dppo_delta_low`` down (``A <= 0``); the rest get
     ``min(r, dppo_ratio_cap) A``. verl ``loss_mode=dppo_tv`` (``clip_ratio_low``,
-    ``clip_ratio_high``, ``clip_ratio_c``), prime-rl's default loss. Denominator ``all`` by default:
-    verl multiplies the masked tokens' loss by 0 under the unchanged ``response_mask``, prime-rl
-    divides by the batch's loss-mask token count."""
+    ``clip_ratio_high``, ``clip_ratio_c``); prime-rl's default loss is the same mask without the cap
+    and with a penalty (``prime_dppo``). Denominator ``all`` by default: verl multiplies the masked
+    tokens' loss by 0 under the unchanged ``response_mask``."""
+    _check_shapes(logp, logp_behaviour, mask, advantages)
+    l_tok = token_log_ratios(logp, logp_behaviour, mask)
+    valid = _tv_keeps(logp, logp_behaviour, mask, advantages, cfg)
+    A = advantages.float().unsqueeze(-1).expand_as(l_tok)
+    coef = torch.where(valid, _token_ratio(l_tok).clamp(max=cfg.dppo_ratio_cap) * A, torch.zeros_like(l_tok))
+    loss, stats = _pg_loss(coef, logp, mask, cfg, ref_logp, max_new_tokens, kept=valid)
+    stats["ratio/frac_tokens_masked"] = _frac(~valid, mask)
+    stats.update(_ratio_stats(l_tok.sum(-1), l_tok, mask))
+    return loss, stats
+
+
+def _tv_keeps(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig) -> Tensor:
+    """DPPO's total-variation trust region: the tokens whose probability rose by at most
+    ``dppo_delta_high`` (``A > 0``) or fell by at most ``dppo_delta_low`` (``A <= 0``)."""
+    dp = torch.where(mask.bool(), torch.exp(logp.detach().float()) - torch.exp(logp_behaviour.float()), 0.0)
+    A = advantages.float().unsqueeze(-1).expand_as(dp)
+    return torch.where(A > 0, dp <= cfg.dppo_delta_high, dp >= -cfg.dppo_delta_low)
+
+
+def _binary_kl(log_p: Tensor, log_q: Tensor, eps: float) -> Tensor:
+    """``KL(Bern(p) || Bern(q))`` from log-probabilities, ``p`` and ``q`` clamped to ``[eps, 1 - eps]``
+    (AReaL's ``compute_binary_kl_divergence``), in float64: in float32 ``1 - 1e-8`` rounds to 1,
+    and two near-certain tokens would give ``0 / 0``."""
+    p = torch.exp(log_p.double()).clamp(eps, 1.0 - eps)
+    q = torch.exp(log_q.double()).clamp(eps, 1.0 - eps)
+    return p * torch.log(p / q) + (1.0 - p) * torch.log((1.0 - p) / (1.0 - q))
+
+
+def dppo_kl_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *,
+                 max_new_tokens: int | None = None):
+    """DPPO, binary-KL form (arXiv 2602.04879; verl ``loss_mode=dppo_kl``): each token's
+    behaviour and current probabilities ``q`` and ``p`` as two Bernoulli distributions, ``D =
+    q log(q / p) + (1 - q) log((1 - q + 1e-8) / (1 - p + 1e-8))`` (verl's form); a token of positive
+    advantage is masked where ``D > dppo_kl_high`` and its probability rose, one of negative
+    advantage where ``D > dppo_kl_low`` and it fell; the rest get ``min(r, dppo_ratio_cap) A``.
+    Denominator ``all``, as verl's."""
     _check_shapes(logp, logp_behaviour, mask, advantages)
     l_tok = token_log_ratios(logp, logp_behaviour, mask)
     m = mask.bool()
-    zeros = torch.zeros_like(l_tok)
-    dp = torch.where(m, torch.exp(logp.detach().float()) - torch.exp(logp_behaviour.float()), zeros)
+    p = torch.where(m, torch.exp(logp.detach().float()), 0.0)
+    q = torch.where(m, torch.exp(logp_behaviour.float()), 0.0)
+    D = q * -l_tok + (1.0 - q) * torch.log((1.0 - q + 1e-8) / (1.0 - p + 1e-8))
     A = advantages.float().unsqueeze(-1).expand_as(l_tok)
-    valid = torch.where(A > 0, dp <= cfg.dppo_delta_high, dp >= -cfg.dppo_delta_low)
-    coef = torch.where(valid, _token_ratio(l_tok).clamp(max=cfg.dppo_ratio_cap) * A, zeros)
+    valid = torch.where(A > 0, (D <= cfg.dppo_kl_high) | (p <= q), (D <= cfg.dppo_kl_low) | (p >= q))
+    coef = torch.where(valid, _token_ratio(l_tok).clamp(max=cfg.dppo_ratio_cap) * A, torch.zeros_like(l_tok))
     loss, stats = _pg_loss(coef, logp, mask, cfg, ref_logp, max_new_tokens, kept=valid)
     stats["ratio/frac_tokens_masked"] = _frac(~valid, mask)
+    stats.update(_ratio_stats(l_tok.sum(-1), l_tok, mask))
+    return loss, stats
+
+
+def prime_dppo_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *,
+                    max_new_tokens: int | None = None):
+    """prime-rl's default loss (``loss.type=default``): DPPO's total-variation mask
+    (``dppo_delta_low``, ``dppo_delta_high``; prime-rl's ``dppo_mask_low``, ``dppo_mask_high``), the
+    kept tokens' ``r A`` with no cap, and Kimi K2.5's penalty ``prime_kl_tau (log r)^2`` on every
+    valid token, kept or masked (``kl_tau``), which pulls a stale token back towards its behaviour
+    probability with a gradient ``2 prime_kl_tau log r``. Denominator ``all``: prime-rl sums the
+    per-token loss over the batch's loss-mask tokens and divides by their count."""
+    _check_shapes(logp, logp_behaviour, mask, advantages)
+    l_tok = token_log_ratios(logp, logp_behaviour, mask)
+    valid = _tv_keeps(logp, logp_behaviour, mask, advantages, cfg)
+    A = advantages.float().unsqueeze(-1).expand_as(l_tok)
+    coef = torch.where(valid, _token_ratio(l_tok) * A, torch.zeros_like(l_tok))
+    loss, stats = _pg_loss(coef, logp, mask, cfg, ref_logp, max_new_tokens, kept=valid)
+    m = mask.bool()
+    log_r = torch.where(m, logp.float() - logp_behaviour.float(), 0.0)  # with its gradient
+    penalty = _aggregate(log_r.pow(2), mask, cfg.aggregation, max_new_tokens)
+    loss = loss + cfg.prime_kl_tau * penalty
+    stats["loss/ratio_penalty"] = float(penalty.detach())
+    stats["loss/total"] = float(loss.detach())
+    stats["ratio/frac_tokens_masked"] = _frac(~valid, mask)
+    stats.update(_ratio_stats(l_tok.sum(-1), l_tok, mask))
+    return loss, stats
+
+
+def kpop_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *,
+              max_new_tokens: int | None = None):
+    """KPop (AReaL ``actor.rejection_sampling`` with ``metric=binary_kl``, ``level=token``,
+    ``action=mask``): each token's current and behaviour probabilities as two Bernoulli
+    distributions (clamped to ``[1e-8, 1 - 1e-8]``), a token masked where the larger of the forward
+    and reverse binary KL exceeds ``kpop_threshold``; the rest get ``r A``. AReaL's decoupled loss
+    with one update per batch: its proximal policy is the current one, so its PPO ratio is 1 and
+    the behaviour weight ``r`` remains. Denominator ``all``: AReaL divides by the loss mask's count
+    before the rejection."""
+    _check_shapes(logp, logp_behaviour, mask, advantages)
+    l_tok = token_log_ratios(logp, logp_behaviour, mask)
+    lp, lb = logp.detach(), logp_behaviour
+    divergence = torch.maximum(_binary_kl(lp, lb, 1e-8), _binary_kl(lb, lp, 1e-8))
+    kept = mask.bool() & (divergence <= cfg.kpop_threshold)
+    coef = torch.where(kept, _token_ratio(l_tok), torch.zeros_like(l_tok)) * advantages.float().unsqueeze(-1)
+    loss, stats = _pg_loss(coef, logp, mask, cfg, ref_logp, max_new_tokens, kept=kept)
+    stats["ratio/frac_tokens_masked"] = _frac(~kept, mask)
+    stats.update(_ratio_stats(l_tok.sum(-1), l_tok, mask))
+    return loss, stats
+
+
+def opsm_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *,
+              max_new_tokens: int | None = None):
+    """GRPO with DeepSeek-V3.2's off-policy sequence mask (TRL ``off_policy_mask_threshold``):
+    GRPO's clipped coefficient (:func:`_ppo_clip`, two-sided with ``grpo_delta``), and a response
+    of negative advantage whose mean per-token ``log mu - log pi`` exceeds ``opsm_threshold``
+    dropped whole. Denominator ``all``: TRL multiplies the dropped responses' loss by 0."""
+    _check_shapes(logp, logp_behaviour, mask, advantages)
+    l_tok = token_log_ratios(logp, logp_behaviour, mask)
+    coef, clipped = _ppo_clip(l_tok, advantages, cfg)
+    lengths = mask.float().sum(-1).clamp(min=1.0)
+    kept_rows = (advantages.float() >= 0) | (-l_tok.sum(-1) / lengths <= cfg.opsm_threshold)
+    kept = kept_rows.unsqueeze(-1).expand_as(l_tok)
+    loss, stats = _pg_loss(torch.where(kept, coef, 0.0), logp, mask, cfg, ref_logp, max_new_tokens, kept=kept)
+    stats["ratio/frac_seq_masked"] = float((~kept_rows).float().mean())
+    stats["ratio/frac_tokens_clipped"] = _frac(clipped & kept, mask)
     stats.update(_ratio_stats(l_tok.sum(-1), l_tok, mask))
     return loss, stats
 

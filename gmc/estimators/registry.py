@@ -63,14 +63,14 @@ class EstimatorConfig:
     then mean over sequences). None: the estimator's default, the ``aggregation`` of its
     :data:`REGISTRY` entry."""
     mask_denominator: MaskDenominator | None = None
-    """Where an estimator drops tokens or responses (``icepop``, ``seq_mask``, ``m2po``, ``dppo``),
-    what the aggregation divides by [choice]: ``all``, every valid token and response, the dropped
+    """Where an estimator drops tokens or responses (``icepop``, ``seq_mask``, ``m2po``, ``dppo``,
+    ``kpop``, ``dppo_kl``, ``prime_dppo``, ``opsm``), what the aggregation divides by [choice]: ``all``, every valid token and response, the dropped
     ones contributing 0 (TRL's masks, verl's IcePop and sequence masks, ``dppo_tv`` and its bypass
     mode's rejection, prime-rl's DPPO); ``kept``, only the tokens the mask keeps, and under
     ``seq_mean`` / ``seq_sum_const`` only the responses that keep one (AReaL's M2PO, verl's
     rejection ``rollout_rs`` in its decoupled mode). None: the estimator's default, the
     ``mask_denominator`` of its :data:`REGISTRY` entry. Estimators that drop nothing ignore it;
-    the KL term always divides by every valid token."""
+    the KL term and ``prime_dppo``'s penalty always divide by every valid token."""
     is_log_ratio_clamp: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 20.0
     """Upper bound on ``L`` for ``is`` and for ``tic``'s ``ppo_min`` negative-advantage branch
     (``exp(20)`` ~ 4.9e8), so uncapped weights stay finite."""
@@ -121,8 +121,32 @@ class EstimatorConfig:
     """``dppo`` masks a token of positive advantage whose probability rose by more than this
     (verl ``actor.clip_ratio_high``; prime-rl's ``dppo_mask_high``: 0.2)."""
     dppo_ratio_cap: Annotated[float, Field(gt=0)] = 20.0
-    """``dppo`` truncates the kept tokens' ratio at this: verl ``dppo_tv``'s ``clip_ratio_c``
-    fallback of 20, which it recommends large (its ``ActorConfig`` shares 3.0 with dual-clip PPO)."""
+    """``dppo`` and ``dppo_kl`` truncate the kept tokens' ratio at this: verl's ``clip_ratio_c``
+    fallback of 20 in ``dppo_tv`` and ``dppo_kl``, which it recommends large (its ``ActorConfig``
+    shares 3.0 with dual-clip PPO)."""
+    dppo_kl_low: NonNegative = 0.05
+    """``dppo_kl`` masks a token of negative advantage whose probability fell while the binary KL
+    between its behaviour and current probabilities exceeds this (verl ``loss_mode=dppo_kl`` with
+    ``actor.clip_ratio_low``: 0.05 in verl's DPPO recipe)."""
+    dppo_kl_high: NonNegative = 0.05
+    """``dppo_kl`` masks a token of positive advantage whose probability rose while the binary KL
+    exceeds this (verl ``actor.clip_ratio_high``: 0.05 in verl's DPPO recipe)."""
+    prime_kl_tau: NonNegative = 1e-3
+    """``prime_dppo``'s weight of the squared log-ratio penalty ``(log r)^2`` on every valid token
+    (prime-rl ``loss.kl_tau``: 1e-3)."""
+    kpop_threshold: Annotated[float, Field(gt=0)] = 2.0
+    """``kpop`` masks a token where the larger of the two binary KL divergences between its current
+    and behaviour probabilities exceeds this (AReaL ``actor.rejection_sampling.upper`` with
+    ``metric=binary_kl``: 2.0)."""
+    opsm_threshold: Annotated[float, Field(gt=0)] = 0.5
+    """``opsm`` drops a response of negative advantage whose mean per-token ``log mu - log pi``
+    exceeds this (TRL ``off_policy_mask_threshold``, the ``delta`` of DeepSeek-V3.2's off-policy
+    sequence mask; TRL's example value 0.5, its default None leaves the mask off)."""
+    grpo_delta: Annotated[float, Field(gt=1)] | None = None
+    """Two-sided clipping of ``grpo`` and ``opsm`` (TRL ``delta``, INTELLECT-2): a token of negative
+    advantage whose ratio exceeds this stops pulling too, so no single stale token's ratio can
+    scale the loss without bound. None (TRL's default): the one-sided PPO clip; TRL recommends a
+    value above ``1 + eps_high``."""
     sapo_tau_pos: Positive = 1.0
     """``sapo``'s gate temperature for tokens of positive advantage: verl ``actor.tau_pos``, TRL
     ``sapo_temperature_pos``, AReaL ``actor.sapo_tau_pos`` (all 1.0)."""
@@ -225,6 +249,17 @@ REGISTRY: dict[str, Estimator] = {
                       mask_denominator="all"),
     "sapo": Estimator("gmc.estimators.losses:sapo_loss", "SAPO", "mediumvioletred", ("ratio/frac_tokens_damped",),
                       aggregation="seq_mean", on_policy=PG_SEQ_MEAN, needs_batch_stats=False),
+    "kpop": Estimator("gmc.estimators.losses:kpop_loss", "KPop (binary-KL token mask)", "slateblue",
+                      ("ratio/frac_tokens_masked",), aggregation="token_mean", on_policy=PG_TOKEN_MEAN,
+                      needs_batch_stats=False, mask_denominator="all"),
+    "dppo_kl": Estimator("gmc.estimators.losses:dppo_kl_loss", "DPPO (binary KL)", "darkcyan",
+                         ("ratio/frac_tokens_masked",), aggregation="token_mean", on_policy=PG_TOKEN_MEAN,
+                         needs_batch_stats=False, mask_denominator="all"),
+    "prime_dppo": Estimator("gmc.estimators.losses:prime_dppo_loss", "DPPO (TV) + KL penalty", "sienna",
+                            ("ratio/frac_tokens_masked",), aggregation="token_mean", on_policy=PG_TOKEN_MEAN,
+                            needs_batch_stats=False, mask_denominator="all"),
+    "opsm": Estimator("gmc.estimators.losses:opsm_loss", "GRPO + OPSM", "navy", ("ratio/frac_seq_masked",),
+                      aggregation="seq_mean", on_policy=PG_SEQ_MEAN, needs_batch_stats=False, mask_denominator="all"),
 }
 """Every estimator by config name (``algorithm``), in the order tables and figures use: the one
 place an estimator is registered."""

@@ -22,15 +22,16 @@ from gmc.estimators import (
 )
 from gmc.settings import ConfigError
 
-DEFAULT_AGG = {"grpo": "seq_mean", "gspo": "seq_mean", "tis": "seq_mean", "gmpo": "seq_mean", "sapo": "seq_mean",
-               **dict.fromkeys(["cispo", "icepop", "seq_mask", "m2po", "dppo"], "token_mean")}
+DEFAULT_AGG = {**dict.fromkeys(["grpo", "gspo", "tis", "gmpo", "sapo", "opsm"], "seq_mean"),
+               **dict.fromkeys(["cispo", "icepop", "seq_mask", "m2po", "dppo", "kpop", "dppo_kl", "prime_dppo"],
+                               "token_mean")}
 
 
 DEFAULT_DENOMINATOR = {"m2po": "kept"}
 """Every other estimator divides by all valid tokens: the masking ones as their peers, the rest drop nothing."""
 
 
-MASKING = ["icepop", "seq_mask", "m2po", "dppo"]
+MASKING = ["icepop", "seq_mask", "m2po", "dppo", "kpop", "dppo_kl", "prime_dppo", "opsm"]
 
 
 TOKEN_LIMIT = 512
@@ -74,9 +75,13 @@ def naive_coefficients(name, logp, logp_b, mask, adv, cfg):
                 if not mk[b][g][t]:
                     continue
                 r = math.exp(lp[b][g][t] - lb[b][g][t])
-                if name == "grpo":
-                    clipped = (a > 0 and r > 1 + cfg.eps_high) or (a < 0 and r < 1 - cfg.eps_low)
+                if name in ("grpo", "opsm"):
+                    clipped = ((a > 0 and r > 1 + cfg.eps_high) or (a < 0 and r < 1 - cfg.eps_low)
+                               or (cfg.grpo_delta is not None and a < 0 and r > cfg.grpo_delta))
                     c = 0.0 if clipped else r * a
+                    if name == "opsm":  # the response dropped whole: negative advantage, mean log(mu/pi) too large
+                        keep[b][g][t] = a >= 0 or -Ls[g] / n <= cfg.opsm_threshold
+                        c = c if keep[b][g][t] else 0.0
                 elif name == "tic":
                     if cfg.tic_mode == "truncate":
                         c = min(rho, 1 + cfg.eps) * a
@@ -116,10 +121,22 @@ def naive_coefficients(name, logp, logp_b, mask, adv, cfg):
                     s = math.exp(sum(min(max(u, -cfg.gmpo_clip_low), cfg.gmpo_clip_high) if clipped(u) else u
                                      for u in ls) / n)
                     c = 0.0 if clipped(lp[b][g][t] - lb[b][g][t]) else s * a
-                elif name == "dppo":
+                elif name in ("dppo", "prime_dppo"):
                     dp = math.exp(lp[b][g][t]) - math.exp(lb[b][g][t])
                     keep[b][g][t] = valid = dp <= cfg.dppo_delta_high if a > 0 else dp >= -cfg.dppo_delta_low
+                    w = min(r, cfg.dppo_ratio_cap) if name == "dppo" else r  # prime-rl caps nothing
+                    c = w * a if valid else 0.0
+                elif name == "dppo_kl":
+                    p, q = math.exp(lp[b][g][t]), math.exp(lb[b][g][t])
+                    D = q * math.log(q / p) + (1 - q) * math.log((1 - q + 1e-8) / (1 - p + 1e-8))
+                    keep[b][g][t] = valid = (D <= cfg.dppo_kl_high or p <= q) if a > 0 else (D <= cfg.dppo_kl_low or p >= q)
                     c = min(r, cfg.dppo_ratio_cap) * a if valid else 0.0
+                elif name == "kpop":
+                    p, q = (min(max(math.exp(x), 1e-8), 1 - 1e-8) for x in (lp[b][g][t], lb[b][g][t]))
+                    def kl(u, v):
+                        return u * math.log(u / v) + (1 - u) * math.log((1 - u) / (1 - v))
+                    keep[b][g][t] = max(kl(p, q), kl(q, p)) <= cfg.kpop_threshold
+                    c = r * a if keep[b][g][t] else 0.0
                 elif name == "sapo":
                     tau = cfg.sapo_tau_pos if a > 0 else cfg.sapo_tau_neg
                     s = 1.0 / (1.0 + math.exp(-tau * (r - 1.0)))
@@ -177,6 +194,29 @@ def naive_loss_and_grad(name, logp, logp_b, mask, adv, cfg, max_new_tokens):
                 }[how]
                 loss -= coef[b][g][t] * norm
                 grad[b, g, t] = -coef[b][g][t] * norm
+    if name == "prime_dppo":  # the penalty tau (log r)^2 on every valid token, over every valid token
+        loss_pen, grad_pen = naive_ratio_penalty(logp, logp_b, mask, how, max_new_tokens)
+        loss += cfg.prime_kl_tau * loss_pen
+        grad += cfg.prime_kl_tau * grad_pen
+    return loss, grad
+
+
+def naive_ratio_penalty(logp, logp_b, mask, how, max_new_tokens):
+    """``aggregate((log r)^2)`` over every valid token and its gradient ``2 log r x norm``."""
+    B, G, T = logp.shape
+    lp, lb, mk = logp.double().tolist(), logp_b.double().tolist(), mask.tolist()
+    n_tok = sum(sum(sum(row) for row in grp) for grp in mk)
+    loss, grad = 0.0, torch.zeros(B, G, T, dtype=torch.float64)
+    for b in range(B):
+        for g in range(G):
+            n = sum(mk[b][g])
+            for t in range(T):
+                if mk[b][g][t]:
+                    norm = {"token_mean": 1.0 / n_tok, "seq_mean": 1.0 / (n * B * G),
+                            "seq_sum_const": 1.0 / (max_new_tokens * B * G)}[how]
+                    u = lp[b][g][t] - lb[b][g][t]
+                    loss += u * u * norm
+                    grad[b, g, t] = 2 * u * norm
     return loss, grad
 
 
@@ -204,7 +244,8 @@ def test_estimator_matches_naive_loop(name, aggregation, seed):
 
 TIGHT = dict(cispo_eps_low=0.1, cispo_eps_high=0.1, icepop_low=0.9, icepop_high=1.1, seq_mask_low=0.8,
              seq_mask_high=1.25, m2po_tau=0.01, gmpo_clip_low=0.1, gmpo_clip_high=0.1, dppo_delta_low=0.03,
-             dppo_delta_high=0.03, dppo_ratio_cap=1.2, sapo_tau_pos=8.0, sapo_tau_neg=10.0)
+             dppo_delta_high=0.03, dppo_ratio_cap=1.2, sapo_tau_pos=8.0, sapo_tau_neg=10.0, kpop_threshold=0.01,
+             dppo_kl_low=0.005, dppo_kl_high=0.005, prime_kl_tau=0.1, opsm_threshold=0.05, grpo_delta=1.3)
 
 
 DIVERGENCE_BOUNDS = {"token_k1": (0.7, 1.4), "token_k2": (0, 0.1), "token_k3": (0, 0.1), "seq_sum_k1": (0.7, 1.4),
@@ -216,7 +257,8 @@ DIVERGENCE_BOUNDS = {"token_k1": (0.7, 1.4), "token_k2": (0, 0.1), "token_k3": (
 
 @pytest.mark.parametrize("name,metric", [("cispo", "rho"), ("icepop", "rho"), ("seq_mask", "rho"),
                                          ("seq_mask", "geo_mean"), ("m2po", "rho"), ("gmpo", "rho"),
-                                         ("dppo", "rho"), ("sapo", "rho")])
+                                         ("dppo", "rho"), ("sapo", "rho"), ("kpop", "rho"), ("dppo_kl", "rho"),
+                                         ("prime_dppo", "rho"), ("opsm", "rho"), ("grpo", "rho")])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_corrections_match_naive_loop_where_their_clips_and_masks_fire(name, metric, seed):
     """Bounds tight enough that every correction clips or masks part of the batch, not all of it."""
@@ -291,6 +333,14 @@ def test_seq_mask_divergence_metrics_match_naive_loop(metric, denominator, seed)
     cfg = EstimatorConfig(seq_mask_metric=metric, seq_mask_low=low, seq_mask_high=high, mask_denominator=denominator)
     stats = assert_matches_naive_loop("seq_mask", logp, logp_b, mask, adv, cfg)
     assert 0 < stats["ratio/frac_seq_masked"] < 1 and 0 < stats["ratio/frac_tokens_masked"] < 1
+
+
+def test_kpop_keeps_near_certain_tokens():
+    """Two tokens of probability 1 (log-prob 0, what the update passes on-policy) or 1 - 1e-9:
+    their binary KL is 0, not 0 / 0, so KPop keeps them."""
+    logp = torch.tensor([[[0.0, -1e-9]]])
+    loss, stats = call_loss("kpop", logp, logp.clone(), torch.ones(1, 1, 2, dtype=torch.bool), torch.tensor([[1.0]]))
+    assert stats["ratio/frac_tokens_masked"] == 0 and float(loss) == -1.0
 
 
 def test_sapo_gate_hand_computed():
@@ -502,7 +552,8 @@ def test_needs_batch_stats_says_whether_a_rows_gradient_depends_on_the_other_row
     adv = group_advantages(rewards)
     cfg = REGISTRY[name].resolved(EstimatorConfig(
         aggregation="seq_sum_const", m2po_tau=0.01, icepop_low=0.8, icepop_high=1.25, seq_mask_high=1.2,
-        dppo_delta_low=0.05, dppo_delta_high=0.05, mask_denominator=denominator))  # every mask drops a token here
+        dppo_delta_low=0.05, dppo_delta_high=0.05, kpop_threshold=0.01, dppo_kl_low=0.005, dppo_kl_high=0.005,
+        opsm_threshold=0.02, mask_denominator=denominator))  # every mask drops a token here
     loss_fn = functools.partial(get_estimator(name), max_new_tokens=6)
     x = logp.clone().requires_grad_(True)
     loss_fn(x, logp_b, mask, adv, cfg)[0].backward()

@@ -123,6 +123,19 @@ def test_dppo_equals_verl_dppo_tv(verl, seed):
     torch.testing.assert_close(grad, ref, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_dppo_kl_equals_verl_dppo_kl(verl, seed):
+    batch = stale_batch(seed)
+    cfg = EstimatorConfig(dppo_kl_low=0.02, dppo_kl_high=0.03, dppo_ratio_cap=1.5)
+    grad, stats = ours("dppo_kl", *batch, cfg)
+    assert 0 < stats["ratio/frac_tokens_masked"] < 1
+    ref = verl_grad(verl, "dppo_kl", batch, "token-mean", clip_ratio_low=0.02, clip_ratio_high=0.03, clip_ratio_c=1.5)
+    torch.testing.assert_close(grad, ref, rtol=1e-5, atol=1e-7)
+    # the defaults: verl's DPPO recipe (binary KL at most 0.05) and clip_ratio_c's fallback of 20
+    ref = verl_grad(verl, "dppo_kl", batch, "token-mean", clip_ratio_low=0.05, clip_ratio_high=0.05, clip_ratio_c=20.0)
+    torch.testing.assert_close(ours("dppo_kl", *batch, EstimatorConfig())[0], ref, rtol=1e-5, atol=1e-7)
+
+
 def assert_weights_equal(name, batch, cfg, weights):
     """Our per-token weight on ``A grad log pi`` (the gradient of the ``token_mean`` loss with unit
     advantages, times the token count) equals the peer's ``weights [B*G, T]`` on valid tokens; the
@@ -222,13 +235,15 @@ def trl_grad(loss_type, batch, args=None, **attrs):
     x = logp.clone().requires_grad_(True)
     accelerator = types.SimpleNamespace(num_processes=1, sync_gradients=True, gather=lambda t: t,
                                         gather_for_metrics=lambda t: t, reduce=lambda t, reduction="sum": t)
-    settings = {"epsilon_low": 0.2, "epsilon_high": 0.2, **attrs}
+    settings = {"epsilon_low": 0.2, "epsilon_high": 0.2, "off_policy_mask_threshold": None, **attrs}
     trainer = types.SimpleNamespace(
         loss_type=loss_type, beta=0.0, importance_sampling_level="token",
-        top_entropy_quantile=1.0, off_policy_mask_threshold=None, use_vllm=False, aux_loss_enabled=False,
+        top_entropy_quantile=1.0, use_vllm=False, aux_loss_enabled=False,
         _entropy_bonus_enabled=False, current_gradient_accumulation_steps=1, accelerator=accelerator,
         model=types.SimpleNamespace(training=True), _metrics={"train": defaultdict(list)},
-        args=types.SimpleNamespace(steps_per_generation=1, delta=None, use_bias_correction_kl=False, **(args or {})),
+        args=types.SimpleNamespace(**{"steps_per_generation": 1, "delta": None, "use_bias_correction_kl": False,
+                                      **(args or {})}),
+        get_off_policy_mask=grpo_trainer.GRPOTrainer.get_off_policy_mask,
         _get_per_token_logps_and_entropies=lambda *a, **k: (x, torch.zeros_like(x), None), **settings)
     inputs = {"prompt_ids": torch.zeros(B * G, 1, dtype=torch.long), "prompt_mask": torch.ones(B * G, 1),
               "completion_ids": torch.zeros(B * G, T, dtype=torch.long), "completion_mask": mask,
@@ -262,3 +277,20 @@ def test_sapo_equals_trl(seed):
     assert defaults == {"sapo_temperature_pos": 1.0, "sapo_temperature_neg": 1.05}
     torch.testing.assert_close(ours("sapo", *batch, EstimatorConfig())[0], trl_grad("sapo", batch, args=defaults),
                                rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("seed", [0, 2, 3])  # batches with responses of negative advantage on both sides of the mask
+def test_opsm_and_the_two_sided_clip_equal_trl(seed):
+    """TRL's ``grpo`` loss with its off-policy sequence mask (the behaviour's log-probs standing in
+    for the sampler's, as TRL does without vLLM) and with its two-sided clip ``delta``."""
+    batch = stale_batch(seed)
+    grad, stats = ours("opsm", *batch, EstimatorConfig(opsm_threshold=0.01))
+    assert 0 < stats["ratio/frac_seq_masked"] < 1
+    torch.testing.assert_close(grad, trl_grad("grpo", batch, off_policy_mask_threshold=0.01), rtol=1e-5, atol=1e-7)
+    cfg = EstimatorConfig(grpo_delta=1.25)
+    grad, stats = ours("grpo", *batch, cfg)
+    assert stats["ratio/frac_tokens_clipped"] > ours("grpo", *batch, EstimatorConfig())[1]["ratio/frac_tokens_clipped"]
+    torch.testing.assert_close(grad, trl_grad("grpo", batch, args={"delta": 1.25}), rtol=1e-5, atol=1e-7)
+    grad, _ = ours("opsm", *batch, dataclasses.replace(cfg, opsm_threshold=0.01))
+    ref = trl_grad("grpo", batch, args={"delta": 1.25}, off_policy_mask_threshold=0.01)
+    torch.testing.assert_close(grad, ref, rtol=1e-5, atol=1e-7)

@@ -11,7 +11,7 @@ from gmc.estimators import REGISTRY, EstimatorConfig, diagnostic_names, get_esti
 def _stale_batch(seed=0, B=4, G=4, T=6):
     gen = torch.Generator().manual_seed(seed)
     logp = -torch.rand(B, G, T, generator=gen) * 2
-    logp_b = logp - 0.8 * torch.randn(B, G, T, generator=gen)  # far from on-policy: caps and clips fire
+    logp_b = logp - 1.2 * torch.randn(B, G, T, generator=gen)  # far from on-policy: caps, clips and masks fire
     mask = torch.ones(B, G, T, dtype=torch.bool)
     mask[:, :, -2:] = torch.rand(B, G, 2, generator=gen) > 0.5
     adv = torch.randn(B, G, generator=gen)
