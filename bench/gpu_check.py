@@ -100,11 +100,12 @@ def qwen3_4b():
 
 
 def rows_for(budget: int, micro_batches: int, vocab: int):
-    """Stale groups of 64 + 4,096-token rows (4,608 padded) filling ``micro_batches`` forwards."""
+    """Stale groups of 64 + 4,096-token rows (4,224 padded) filling ``micro_batches`` forwards."""
+    from gmc.policy.update import canonical_length
     from gmc.rollouts.groups import Group
 
     P, T = (8, 56) if SMALL else (64, 4096)
-    per = max(1, budget // (64 if SMALL else 4608))
+    per = max(1, budget // canonical_length(P + T))
     n = per * micro_batches
     return [Group(prompt_index=0, prompt_ids=torch.randint(0, vocab, (P,)), response_ids=torch.randint(0, vocab, (n, T)),
                   response_mask=torch.ones(n, T, dtype=torch.bool), rewards=torch.arange(n).float() % 2,
@@ -116,7 +117,7 @@ def memory_4b(rec: Record) -> None:
     with and without a 28 GiB allocation for vLLM, against the plan. Measured: the allocator's
     peak reservation (``max_memory_reserved``, its cached blocks included) plus the CUDA context
     (the device's used memory before the part allocated anything), as the plan counts them;
-    planned: at the micro-batches' real padded tokens (whole 4,608-token rows) and at the budget."""
+    planned: at the micro-batches' real padded tokens (whole 4,224-token rows) and at the budget."""
     from gmc.estimators import REGISTRY, EstimatorConfig, get_estimator
     from gmc.policy.memory import plan
     from gmc.policy.update import Rows, Update, padded_tokens

@@ -21,7 +21,7 @@ checkpointing) plus the backward, over the padded tokens.
 CPU (default): a random Qwen3 of hidden 256, 4 layers, vocabulary 4,096, 16 stale rows of
 300-1,000 tokens, budget 4,096, float32. GPU (``--gpu``): a random Qwen3-4B shape in bfloat16
 over float32 masters with checkpointing (``--model`` another Qwen3 the plan knows), budget 16,384,
-rows of 4,160 tokens; ``--micro-batches N`` times N micro-batches of the backward and
+rows of 4,160 tokens (4,224 padded); ``--micro-batches N`` times N micro-batches of the backward and
 extrapolates to the 1,024-row step.
 
     python bench/update.py [--gpu] [--model Qwen/Qwen3-0.6B] [--micro-batches 4]
@@ -37,7 +37,7 @@ from common import interleaved, random_qwen3, write_result
 
 from gmc.estimators import REGISTRY, EstimatorConfig, get_estimator
 from gmc.policy.memory import ModelShape
-from gmc.policy.update import Rows, Update, padded_tokens, sequence_logprobs
+from gmc.policy.update import Rows, Update, canonical_length, padded_tokens, sequence_logprobs
 from gmc.rollouts.groups import Group
 
 
@@ -118,7 +118,7 @@ def measure(gpu: bool = False, micro_batches_timed: int = 4, rounds: int = 5, mo
     if gpu:
         shape = ModelShape.of(model)
         dtype, budget, device = torch.bfloat16, 16384, "cuda"
-        per = budget // 4608  # rows of 64 + 4,096 tokens pad to 4,608: three per micro-batch
+        per = budget // canonical_length(64 + 4096)  # three rows of 64 + 4,096 tokens per micro-batch
         batch = groups(shape.vocab_size, 1, per * micro_batches_timed, [[4096] * (per * micro_batches_timed)], 64)
     else:
         shape = ModelShape(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
