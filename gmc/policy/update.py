@@ -100,26 +100,53 @@ def _forward(model, rows: Rows, idx: list[int], pad_id: int, temperature: float,
     one canonical micro-batch; differentiable when grad is enabled."""
     device = next(model.parameters()).device
     width = canonical_length(len(rows.sequences[idx[0]]))
-    ids = torch.full((len(idx), width), pad_id, dtype=torch.long, device=device)
-    attn = torch.zeros((len(idx), width), dtype=torch.long, device=device) if attention == "masked" else None
     T = max(1, max(rows.lengths[i] for i in idx))
-    start = torch.tensor([rows.prompt_lengths[i] for i in idx], device=device)
-    for k, i in enumerate(idx):
-        seq = rows.sequences[i]
-        ids[k, : len(seq)] = seq
-        if attn is not None:
-            attn[k, : len(seq)] = 1
+    ids, start, length, filled = _to_device(_host_batch(rows, idx, pad_id, width), device)
+    span = torch.arange(width, device=device).unsqueeze(0)
+    attn = (span < filled.unsqueeze(1)).long() if attention == "masked" else None
     # the hidden state at position p - 1 predicts token p: response token t of row k sits at
     # start_k + t (clamped into the row; positions past the response end are masked by callers)
-    pos = (start.unsqueeze(1) + torch.arange(T, device=device).unsqueeze(0)).clamp(max=width - 1)
+    pos = (start.unsqueeze(1) + span[:, :T]).clamp(max=width - 1)
     hidden = model.get_decoder()(input_ids=ids, attention_mask=attn).last_hidden_state
     head = model.get_output_embeddings()
     if getattr(head, "bias", None) is not None:
         raise NotImplementedError("log-probs expect an LM head without bias")
     h = hidden.gather(1, (pos - 1).unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
     logp = token_logprobs_from_hidden(head.weight, h, ids.gather(1, pos), temperature, chunk_size)
-    live = torch.arange(T, device=device).unsqueeze(0) < torch.tensor([rows.lengths[i] for i in idx], device=device).unsqueeze(1)
+    live = span[:, :T] < length.unsqueeze(1)
     return torch.where(live, logp, torch.zeros_like(logp))
+
+
+def _host_batch(rows: Rows, idx: list[int], pad_id: int, width: int) -> Tensor:
+    """One micro-batch built on the host as a single int64 tensor ``[len(idx), width + 3]``: each
+    row's token ids right-padded to ``width``, then its prompt length, its response length and
+    its length in tokens."""
+    batch = torch.full((len(idx), width + 3), pad_id, dtype=torch.long)
+    for k, i in enumerate(idx):
+        seq = rows.sequences[i]
+        batch[k, : len(seq)] = seq
+        batch[k, width :] = torch.tensor([rows.prompt_lengths[i], rows.lengths[i], len(seq)])
+    return batch
+
+
+def _to_device(batch: Tensor, device: torch.device) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """:func:`_host_batch` on ``device`` in one transfer (from pinned memory and without waiting
+    on a GPU: the host goes on building the next micro-batch), split into ids, prompt lengths,
+    response lengths and row lengths."""
+    if device.type == "cuda":
+        batch = batch.pin_memory().to(device, non_blocking=True)
+    width = batch.shape[1] - 3
+    return batch[:, :width], batch[:, width], batch[:, width + 1], batch[:, width + 2]
+
+
+def _plan_indices(plan: list[list[int]], device: torch.device) -> list[Tensor]:
+    """Each micro-batch's row indices as a tensor on ``device``, all from one transfer."""
+    if not plan:
+        return []
+    flat = torch.tensor([i for idx in plan for i in idx], dtype=torch.long)
+    if device.type == "cuda":
+        flat = flat.pin_memory().to(device, non_blocking=True)
+    return list(torch.split(flat, [len(idx) for idx in plan]))
 
 
 def precision(model, compute_dtype: torch.dtype | None, cache: bool = True):
@@ -152,10 +179,11 @@ def sequence_logprobs(model, rows: Rows, budget: int, pad_id: int, temperature: 
     end; ``T`` the longest response, at least 1) in canonical micro-batches."""
     device = next(model.parameters()).device
     out = torch.zeros(len(rows), max(1, max(rows.lengths, default=1)), device=device)
+    plan = rows.plan(budget)
     with torch.no_grad(), training_mode(model), precision(model, compute_dtype, cache=False):
-        for idx in rows.plan(budget):
+        for idx, at in zip(plan, _plan_indices(plan, device)):
             lp = _forward(model, rows, idx, pad_id, temperature, chunk_size, attention)
-            out[torch.tensor(idx, device=device), : lp.shape[1]] = lp
+            out[at, : lp.shape[1]] = lp
     return out
 
 
@@ -248,10 +276,10 @@ class Update:
                                    max_new_tokens=self.max_new_tokens)
         (coef,) = torch.autograd.grad(loss, leaf)
         coef = coef.view(B * G, T)
-        for idx in rows.plan(self.budget):
+        plan = rows.plan(self.budget)
+        for idx, at in zip(plan, _plan_indices(plan, device)):
             with precision(self.model, self.compute_dtype):
                 lp = _forward(self.model, rows, idx, self.pad_id, self.temperature, self.chunk_size, self.attention)
-            at = torch.tensor(idx, device=device)
             (lp * coef[at, : lp.shape[1]]).sum().backward()
         return loss.detach(), stats, rewards
 
@@ -262,10 +290,10 @@ class Update:
         B, G, T = mask.shape
         values = torch.zeros(B * G, T, device=mask.device)  # every row's log-probs, filled as forwarded
         held = values if behaviour is None else behaviour.reshape(B * G, T)  # the other rows: any finite values
-        for idx in rows.plan(self.budget):
+        plan = rows.plan(self.budget)
+        for idx, at in zip(plan, _plan_indices(plan, mask.device)):
             with precision(self.model, self.compute_dtype):
                 lp = _forward(self.model, rows, idx, self.pad_id, self.temperature, self.chunk_size, self.attention)
-            at = torch.tensor(idx, device=mask.device)
             logp = held.index_put((at,), torch.nn.functional.pad(lp, (0, T - lp.shape[1]))).view(B, G, T)
             loss, _ = self.loss_fn(logp, logp.detach() if behaviour is None else behaviour, mask, adv, self.cfg,
                                    ref_logp=ref, max_new_tokens=self.max_new_tokens)
