@@ -200,7 +200,7 @@ def _settings_arguments(p: argparse.ArgumentParser, what: str, example: str) -> 
 def _plan_memory(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from gmc.policy.memory import GIB, checkpoint_host_bytes, device_limit, plan
+    from gmc.policy.memory import GIB, ModelShape, checkpoint_host_bytes, device_limit, plan
     from gmc.run.config import TrainConfig
     from gmc.settings import apply_overrides, from_dict, load_config
 
@@ -226,8 +226,10 @@ def _plan_memory(args: argparse.Namespace) -> int:
           f"{cfg.optimizer}, engine {cfg.engine}"
           + (f" (share {cfg.vllm.gpu_memory_utilization}, sleep {cfg.vllm.sleep})" if cfg.engine == "vllm" else ""))
     print(p.table())
-    print(f"gradient checkpointing: {'on' if p.gradient_checkpointing else 'off'}"
-          f"{' (auto)' if cfg.gradient_checkpointing == 'auto' else ''}; a resume reads the checkpoint into "
+    layers = ModelShape.of(cfg.model).num_hidden_layers
+    print(f"gradient checkpointing: {p.checkpointed_layers} of {layers} layers"
+          f"{' (auto)' if cfg.gradient_checkpointing == 'auto' else ''}, a step's training forward and backward "
+          f"{3 + p.checkpointed_layers / layers:.2f} forwards' work a token; a resume reads the checkpoint into "
           f"{checkpoint_host_bytes(cfg) / GIB:.1f} GiB of host memory (its queued rollouts stay there)")
     if not p.fits:
         print(f"largest items: {p.advice()}")

@@ -17,7 +17,8 @@ rollouts stay there). The limit is the device memory free when the run starts (o
 - autocast copies of the weights in the compute dtype (masters below float32): ``P x 2``;
 - saved activations: with checkpointing each layer's float32 input and the final norm's,
   ``tokens x (12 + 4 H (L + 2))`` (exact: ``tests/policy/test_memory.py`` counts what autograd saves);
-  without, ``L`` times the per-layer set below;
+  without, ``L`` times the per-layer set below; with ``k`` of the ``L`` layers checkpointed,
+  ``tokens x (12 + 4 H (k + 2) + (L - k) x`` the per-layer set``)``;
 - the layer recomputed in backward under checkpointing: ``tokens x (20 H + 10 q + 8 kv + 8 I)``
   with ``q``, ``kv`` the query and key widths (the tensors one Qwen3 layer saves under bfloat16
   autocast with flash attention; an estimate, measured on a GPU by ``bench/gpu.sh``);
@@ -58,6 +59,10 @@ ALLOCATOR_RESERVE = 0.06
 """Share of the bytes PyTorch holds in a phase that its caching allocator keeps on top (cached
 free blocks, fragmentation between micro-batches of different shapes)."""
 PHASES = ("training", "generation", "resume")
+AUTO_MARGIN = 0.05
+"""Share of the device ``gradient_checkpointing: auto`` keeps free beyond its plan: what it
+trades for fewer recomputed layers is sized by estimates (a layer's saved tensors, the
+allocator's reserve) until the GPU check measures them."""
 
 KNOWN_SHAPES: dict[str, dict] = {
     "Qwen/Qwen3-0.6B": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
@@ -107,12 +112,12 @@ class ModelShape:
         head = 0 if self.tie_word_embeddings else self.vocab_size * H
         return self.vocab_size * H + self.num_hidden_layers * layer + H + head
 
-    def saved_per_token(self, checkpointing: bool) -> int:
-        """Bytes autograd keeps per token of a micro-batch between forward and backward."""
+    def saved_per_token(self, checkpointed: int) -> int:
+        """Bytes autograd keeps per token of a micro-batch between forward and backward with
+        ``checkpointed`` of the layers checkpointed (each keeps its float32 input; the others
+        all that their backward needs, :attr:`recomputed_per_token`)."""
         H, L = self.hidden_size, self.num_hidden_layers
-        if checkpointing:
-            return 12 + 4 * H * (L + 2)
-        return 12 + 4 * H * 2 + L * self.recomputed_per_token
+        return 12 + 4 * H * 2 + 4 * H * checkpointed + (L - checkpointed) * self.recomputed_per_token
 
     @property
     def no_grad_layer_per_token(self) -> int:
@@ -138,8 +143,12 @@ class Plan:
     limit: int | None
     keys: dict[str, str]
     """Item -> the config keys that shrink it."""
-    gradient_checkpointing: bool = False
-    """Whether the plan has the update's activations checkpointed (``auto`` resolved)."""
+    checkpointed_layers: int = 0
+    """How many of the decoder's layers the update checkpoints (``auto`` resolved)."""
+
+    @property
+    def gradient_checkpointing(self) -> bool:
+        return self.checkpointed_layers > 0
 
     def total(self, phase: str) -> int:
         return sum(b[PHASES.index(phase)] for b in self.items.values())
@@ -210,27 +219,33 @@ def device_limit(cfg, gib: float | None = None) -> int | None:
 def plan(cfg, device_bytes: int | None = None, shape: ModelShape | None = None) -> Plan:
     """The memory plan of :class:`gmc.run.config.TrainConfig` ``cfg`` against ``device_bytes`` (the
     limit; None: no limit), for ``shape`` (default: read from ``cfg.model``). With
-    ``gradient_checkpointing: auto`` the update checkpoints its activations only when the plan
-    without it does not fit."""
+    ``gradient_checkpointing: auto`` the update checkpoints the fewest layers with which the plan
+    leaves :data:`AUTO_MARGIN` of the device free (none where everything fits; all where nothing
+    else does): each checkpointed layer costs one more forward of itself in the backward, so a
+    larger card recomputes less."""
     shape = shape or ModelShape.of(cfg.model)
+    L = shape.num_hidden_layers
     if cfg.gradient_checkpointing == "auto":
-        plain = _plan(cfg, device_bytes, shape, False)
-        return plain if plain.fits else _plan(cfg, device_bytes, shape, True)
-    return _plan(cfg, device_bytes, shape, bool(cfg.gradient_checkpointing))
+        for k in range(L + 1):
+            candidate = _plan(cfg, device_bytes, shape, k)
+            if device_bytes is None or candidate.peak <= (1 - AUTO_MARGIN) * device_bytes:
+                return candidate
+        return candidate
+    return _plan(cfg, device_bytes, shape, L if cfg.gradient_checkpointing else 0)
 
 
-def _plan(cfg, device_bytes: int | None, shape: ModelShape, ckpt: bool) -> Plan:
+def _plan(cfg, device_bytes: int | None, shape: ModelShape, checkpointed: int) -> Plan:
     P = shape.parameters
     param_bytes = 4 if (cfg.model_dtype == "float32" or cfg.master_weights) else 2
     below = cfg.model_dtype != "float32"
     optimizer = cfg.optimizer if cfg.optimizer != "auto" else "adamw8bit"  # auto on CUDA
     optim = 2 * P if optimizer == "adamw8bit" else 2 * P * param_bytes
     tokens = cfg.micro_batch_tokens or (cfg.prompts_per_step * cfg.group_size * (cfg.sampling.max_new_tokens + 512))
-    saved = tokens * shape.saved_per_token(ckpt)
+    saved = tokens * shape.saved_per_token(checkpointed)
     masters_below = below and cfg.master_weights
     head_weight_grad = shape.vocab_size * shape.hidden_size * 6 if masters_below else 0
     transient = max(cfg.logprob_chunk_size * shape.vocab_size * 4 * 3 + head_weight_grad,
-                    tokens * shape.recomputed_per_token if ckpt else 0)
+                    tokens * shape.recomputed_per_token if checkpointed else 0)
     behaviour = (max(tokens * shape.no_grad_layer_per_token, cfg.logprob_chunk_size * shape.vocab_size * 8)
                  + (shape.vocab_size * shape.hidden_size * 2 if masters_below else 0)
                  if cfg.behaviour_logprobs == "trainer" else 0)
@@ -264,7 +279,7 @@ def _plan(cfg, device_bytes: int | None, shape: ModelShape, ckpt: bool) -> Plan:
         "KL reference": "reference_device: cpu",
         "vLLM": "vllm.sleep: true, vllm.gpu_memory_utilization",
     }
-    return Plan(items, device_bytes, keys, ckpt)
+    return Plan(items, device_bytes, keys, checkpointed)
 
 
 def checkpoint_host_bytes(cfg, shape: ModelShape | None = None) -> int:

@@ -31,8 +31,10 @@ def resolve_device(device: str = "auto") -> torch.device:
 
 
 def load_policy(name_or_path: str, dtype: str = "float32", device: str = "auto",
-                gradient_checkpointing: bool = False):
-    """Load ``(model, tokenizer)`` by hub name or local path; the tokenizer pads on the left."""
+                gradient_checkpointing: bool | int = False):
+    """Load ``(model, tokenizer)`` by hub name or local path; the tokenizer pads on the left.
+    ``gradient_checkpointing``: True checkpoints every decoder layer, a number that many (the
+    first ones, :func:`checkpoint_layers`)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if dtype not in DTYPES:
@@ -49,10 +51,21 @@ def load_policy(name_or_path: str, dtype: str = "float32", device: str = "auto",
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    if gradient_checkpointing:
-        model.gradient_checkpointing_enable()
-        model.config.use_cache = False
+    if gradient_checkpointing is not False:
+        checkpoint_layers(model, None if gradient_checkpointing is True else gradient_checkpointing)
     return model.to(resolve_device(device)), tokenizer
+
+
+def checkpoint_layers(model, count: int | None = None) -> None:
+    """Checkpoint the first ``count`` of ``model``'s decoder layers (None: all of them): each
+    keeps only its input for the backward pass, which runs its forward again; the others keep
+    what their backward needs. A layer's gradient is the same either way."""
+    if count == 0:
+        return
+    model.gradient_checkpointing_enable()
+    model.config.use_cache = False
+    for layer in model.get_decoder().layers[count:] if count is not None else ():
+        layer.gradient_checkpointing = False
 
 
 def position_ids_from_mask(attention_mask: Tensor) -> Tensor:

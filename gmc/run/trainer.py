@@ -140,7 +140,7 @@ class Trainer:
         # and every forward runs under autocast to model_dtype (method.md section 7)
         params_dtype = "float32" if cfg.master_weights else cfg.model_dtype
         self.compute_dtype = DTYPES[cfg.model_dtype]
-        checkpointing = self.memory_plan.gradient_checkpointing if self.memory_plan else cfg.gradient_checkpointing is True
+        checkpointing = self.memory_plan.checkpointed_layers if self.memory_plan else cfg.gradient_checkpointing is True
         self.model, self.tokenizer = load_policy(cfg.model, params_dtype, cfg.device, checkpointing)
         self.device = next(self.model.parameters()).device
         reference = None

@@ -13,6 +13,7 @@ from gmc.policy.memory import (
     PHASES,
     MemoryPlanError,
     ModelShape,
+    _plan,
     checkpoint_host_bytes,
     plan,
 )
@@ -58,7 +59,7 @@ def test_the_plans_checkpointed_activations_are_what_autograd_saves(shape, dtype
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), precision(model, dtype):
         _ = decoder(input_ids=ids).last_hidden_state
     tokens = ids.numel()
-    assert sum(saved.values()) == tokens * shape_of(shape).saved_per_token(checkpointing=True)
+    assert sum(saved.values()) == tokens * shape_of(shape).saved_per_token(shape.num_layers)
     with precision(model, dtype):  # the update's forward runs on the same shapes
         assert _forward(model, rows, [2, 1, 0], 0, 1.0, 64).shape == (3, 40)  # longest first
 
@@ -117,17 +118,46 @@ def test_the_plan_has_the_resume_phase_and_the_allocators_reserve():
 
 
 def test_checkpointing_is_chosen_by_the_plan():
-    """``gradient_checkpointing: auto``: off where the update's activations fit, on where only
-    checkpointed ones do."""
+    """``gradient_checkpointing: auto``: no layer checkpointed where the update's activations fit,
+    and otherwise the fewest with which the plan leaves 5% of the device free; each layer it does
+    not checkpoint keeps the per-layer set (by hand) instead of its float32 input."""
     card = int(79.6 * GIB)
     big = plan(paper("gradient_checkpointing=auto", "vllm.sleep=true", "vllm.gpu_memory_utilization=0.45"), card)
-    assert big.gradient_checkpointing and big.fits
-    assert big.items == plan(paper("vllm.sleep=true", "vllm.gpu_memory_utilization=0.45"), card).items
+    assert 0 < big.checkpointed_layers < 36 and big.peak <= 0.95 * card
+    one_fewer = _plan(paper("vllm.sleep=true", "vllm.gpu_memory_utilization=0.45"), card, ModelShape.of("Qwen/Qwen3-4B"),
+                      big.checkpointed_layers - 1)
+    assert one_fewer.peak > 0.95 * card
+    every = plan(paper("vllm.sleep=true", "vllm.gpu_memory_utilization=0.45"), card)  # gradient_checkpointing: true
+    assert every.checkpointed_layers == 36 and every.gradient_checkpointing
+    H, q, kv, inter = 2560, 32 * 128, 8 * 128, 9728
+    per_layer = 20 * H + 10 * q + 8 * kv + 8 * inter
+    assert (big.items["saved activations"][0] - every.items["saved activations"][0]
+            == 16384 * (36 - big.checkpointed_layers) * (per_layer - 4 * H))
     small = plan(paper("gradient_checkpointing=auto", "micro_batch_tokens=512"), 400 * GIB)
-    assert not small.gradient_checkpointing and small.fits
+    assert small.checkpointed_layers == 0 and not small.gradient_checkpointing and small.fits
     assert small.items["saved activations"][0] > plan(paper("micro_batch_tokens=512"), 400 * GIB).items[
         "saved activations"][0]
-    assert not plan(paper("gradient_checkpointing=auto"), None).gradient_checkpointing  # no limit: it fits
+    assert plan(paper("gradient_checkpointing=auto"), None).checkpointed_layers == 0  # no limit: it fits
+
+
+def test_a_partly_checkpointed_model_gives_the_same_gradient():
+    """The first two of four layers checkpointed: the same loss and gradient as with none or all
+    (a checkpointed layer runs its forward again in the backward; its arithmetic is the same)."""
+    from gmc.policy.model import checkpoint_layers
+
+    ids = torch.randint(0, 1000, (2, 24), generator=torch.Generator().manual_seed(0))
+    grads = []
+    for count in (0, 2, None):
+        torch.manual_seed(0)
+        model = qwen3_model(RandomModelConfig(num_layers=4), 1000).train()
+        checkpoint_layers(model, count)
+        flags = [layer.gradient_checkpointing for layer in model.get_decoder().layers]
+        assert flags == {0: [False] * 4, 2: [True, True, False, False], None: [True] * 4}[count]
+        model(input_ids=ids).logits.float().logsumexp(-1).mean().backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+    for other in grads[1:]:
+        for a, b in zip(grads[0], other):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
 
 
 def test_an_out_of_memory_error_names_the_plan_beside_the_measured_peak(tmp_path, small_config):
