@@ -37,6 +37,7 @@ added when ``kl_coef > 0`` and ``ref_logp`` is given.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -170,7 +171,7 @@ def _pg_loss(
         pg = _aggregate(-coef * unit, m & kept.bool(), how, max_new_tokens, every_row=False)
     else:
         pg = _aggregate(-coef * unit, mask, how, max_new_tokens)
-    stats = {"loss/pg": float(pg.detach())}
+    stats = {"loss/pg": pg.detach()}
     loss = pg
     if cfg.kl_coef > 0:
         if ref_logp is None:
@@ -178,8 +179,8 @@ def _pg_loss(
         delta = torch.where(m, ref_logp.float() - lp, torch.zeros_like(lp))
         kl = _aggregate(torch.exp(delta) - delta - 1.0, mask, how, max_new_tokens)
         loss = loss + cfg.kl_coef * kl
-        stats["loss/kl"] = float(kl.detach())
-    stats["loss/total"] = float(loss.detach())
+        stats["loss/kl"] = kl.detach()
+    stats["loss/total"] = loss.detach()
     return loss, stats
 
 
@@ -192,13 +193,13 @@ def _ratio_stats(log_ratio: Tensor, token_l: Tensor, mask: Tensor) -> dict[str, 
     k3 = torch.where(m, torch.expm1(l_tok) - l_tok, torch.zeros_like(l_tok))
     q = torch.quantile(log_m, torch.tensor([0.5, 0.9], device=log_m.device))
     return {
-        "ratio/log_ratio_mean": float(L.mean()),
-        "ratio/log_ratio_max": float(L.max()),
-        "ratio/log_ratio_min": float(L.min()),
-        "ratio/log_group_mass_p50": float(q[0]),
-        "ratio/log_group_mass_p90": float(q[1]),
-        "ratio/log_group_mass_max": float(log_m.max()),
-        "ratio/approx_kl": float(k3.sum() / m.sum().clamp(min=1)),
+        "ratio/log_ratio_mean": L.mean(),
+        "ratio/log_ratio_max": L.max(),
+        "ratio/log_ratio_min": L.min(),
+        "ratio/log_group_mass_p50": q[0],
+        "ratio/log_group_mass_p90": q[1],
+        "ratio/log_group_mass_max": log_m.max(),
+        "ratio/approx_kl": k3.sum() / m.sum().clamp(min=1),
     }
 
 
@@ -209,22 +210,22 @@ def _weight_stats(w: Tensor, log_ratio: Tensor, shortfall: bool = True) -> dict[
     ess = w.sum(-1) ** 2 / (w.pow(2).sum(-1)).clamp(min=torch.finfo(torch.float32).tiny)
     G = w.shape[-1]
     stats = {
-        "ratio/ess": float(ess.mean()),
-        "ratio/ess_frac": float(ess.mean() / G),
-        "ratio/weight_mean": float(w.mean()),
-        "ratio/weight_max": float(w.max()),
+        "ratio/ess": ess.mean(),
+        "ratio/ess_frac": ess.mean() / G,
+        "ratio/weight_mean": w.mean(),
+        "ratio/weight_max": w.max(),
     }
     if shortfall:
         log_sum_w = torch.log(w.sum().clamp(min=torch.finfo(torch.float32).tiny))
         log_sum_rho = torch.logsumexp(log_ratio.detach().float().flatten(), dim=0)
-        stats["ratio/shortfall"] = float(-torch.expm1(log_sum_w - log_sum_rho))
+        stats["ratio/shortfall"] = -torch.expm1(log_sum_w - log_sum_rho)
     return stats
 
 
 def _frac(flags: Tensor, mask: Tensor) -> float:
     """Fraction of the valid tokens where ``flags`` holds."""
     m = mask.bool()
-    return float((flags & m).sum() / m.sum().clamp(min=1))
+    return (flags & m).sum() / m.sum().clamp(min=1)
 
 
 def _check_shapes(logp: Tensor, logp_behaviour: Tensor, mask: Tensor, advantages: Tensor) -> None:
@@ -237,6 +238,27 @@ def _check_shapes(logp: Tensor, logp_behaviour: Tensor, mask: Tensor, advantages
         )
     if advantages.shape != logp.shape[:2]:
         raise ValueError(f"advantages must be [B, G] = {tuple(logp.shape[:2])}, got {tuple(advantages.shape)}")
+
+
+def estimator_loss(fn):
+    """Every estimator's loss: its statistics, computed on the device as 0-dim tensors, are read
+    back as floats all at once (one host sync a call); ``floats=False`` leaves them tensors, unread
+    (the update's per-row micro-batches, which discard them, so the host never waits on the device
+    between micro-batches)."""
+
+    @functools.wraps(fn)
+    def loss(*args, floats: bool = True, **kwargs):
+        value, stats = fn(*args, **kwargs)
+        return value, (as_floats(stats) if floats else stats)
+
+    return loss
+
+
+def as_floats(stats: dict) -> dict[str, float]:
+    """``stats`` with every tensor value read as a float, in one transfer from the device."""
+    names = [k for k, v in stats.items() if isinstance(v, Tensor)]
+    values = torch.stack([stats[k].detach().float().reshape(()) for k in names]).tolist() if names else []
+    return {**stats, **dict(zip(names, values))}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -255,6 +277,7 @@ def _ppo_clip(l_tok: Tensor, advantages: Tensor, cfg: EstimatorConfig) -> tuple[
     return torch.where(clipped, torch.zeros_like(r), r * A), clipped
 
 
+@estimator_loss
 def grpo_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *,
               max_new_tokens: int | None = None):
     """Vanilla GRPO: per-token PPO clip of ``r = exp(l)`` (:func:`_ppo_clip`; two-sided with
@@ -284,10 +307,10 @@ def _trajectory_loss(algorithm: str):
                 # min(rho A, min(rho,1+eps) A): gradient rho A grad L unless A > 0 and rho capped.
                 rho = torch.exp(L.clamp(max=cfg.is_log_ratio_clamp))
                 coef = torch.where(capped & (A > 0), torch.zeros_like(A), rho * A)
-            stats["ratio/frac_traj_capped"] = float(capped.float().mean())
+            stats["ratio/frac_traj_capped"] = capped.float().mean()
         elif algorithm == "gmc":
             capped = log_group_mass(L) > math.log1p(cfg.eps)
-            stats["ratio/frac_groups_capped"] = float(capped.float().mean())
+            stats["ratio/frac_groups_capped"] = capped.float().mean()
         loss, pg_stats = _pg_loss(coef.unsqueeze(-1), logp, mask, cfg, ref_logp, max_new_tokens)
         stats.update(pg_stats)
         # unit weights (none) are no cap of rho: they have no shortfall
@@ -295,13 +318,13 @@ def _trajectory_loss(algorithm: str):
         stats.update(_ratio_stats(L, l_tok, mask))
         return loss, stats
 
-    loss_fn.__name__ = f"{algorithm}_loss"
+    loss_fn.__name__ = loss_fn.__qualname__ = f"{algorithm}_loss"
     loss_fn.__doc__ = (
         f"Trajectory estimator ``{algorithm}``: detached weights from :func:`trajectory_weights`"
         " times the advantage on every response token."
         + (" ``cfg.tic_mode`` picks ``truncate`` or ``ppo_min``." if algorithm == "tic" else "")
     )
-    return loss_fn
+    return estimator_loss(loss_fn)
 
 
 tic_loss = _trajectory_loss("tic")
@@ -310,6 +333,7 @@ is_loss = _trajectory_loss("is")
 none_loss = _trajectory_loss("none")
 
 
+@estimator_loss
 def gspo_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *,
               max_new_tokens: int | None = None):
     """GSPO: ``s = exp(L/|y|)`` with PPO clip at sequence level; under ``seq_mean`` (its registry
@@ -323,11 +347,12 @@ def gspo_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_
     clipped = ((A > 0) & (s > 1 + cfg.gspo_eps_high)) | ((A < 0) & (s < 1 - cfg.gspo_eps_low))
     coef = torch.where(clipped, torch.zeros_like(s), s * A)
     loss, stats = _pg_loss(coef.unsqueeze(-1), logp, mask, cfg, ref_logp, max_new_tokens)
-    stats["ratio/frac_seq_clipped"] = float(clipped.float().mean())
+    stats["ratio/frac_seq_clipped"] = clipped.float().mean()
     stats.update(_ratio_stats(L, l_tok, mask))
     return loss, stats
 
 
+@estimator_loss
 def tis_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *,
              max_new_tokens: int | None = None):
     """Token-level truncated IS: ``min(r_t, 1+eps)`` detached times ``A``."""
@@ -353,6 +378,7 @@ def _token_ratio(l_tok: Tensor) -> Tensor:
     return torch.exp(l_tok.clamp(-20.0, 20.0))
 
 
+@estimator_loss
 def cispo_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *,
                max_new_tokens: int | None = None):
     """CISPO (MiniMax-M1, arXiv 2506.13585): ``-sg(clip(r, 1-cispo_eps_low, 1+cispo_eps_high)) A
@@ -368,6 +394,7 @@ def cispo_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref
     return loss, stats
 
 
+@estimator_loss
 def icepop_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *,
                 max_new_tokens: int | None = None):
     """Token-level masked IS (IcePop): ``r A`` on the tokens with ``icepop_low <= r <= icepop_high``,
@@ -414,6 +441,7 @@ def divergence_keep_mask(l_tok: Tensor, mask: Tensor, metric: str, low: float, h
     return m & keep
 
 
+@estimator_loss
 def seq_mask_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *,
                   max_new_tokens: int | None = None):
     """Sequence-level masked IS: a response is dropped when its metric leaves
@@ -437,7 +465,7 @@ def seq_mask_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, 
         kept = ~(m & ~kept_tok).any(-1)  # the responses that keep every token
         loss, stats = _pg_loss(kept_tok.float() * A.unsqueeze(-1), logp, mask, cfg, ref_logp, max_new_tokens,
                                kept=kept_tok)
-        stats["ratio/frac_seq_masked"] = float((~kept).float().mean())
+        stats["ratio/frac_seq_masked"] = (~kept).float().mean()
         stats["ratio/frac_tokens_masked"] = _frac(~kept_tok, mask)
         if not cfg.seq_mask_metric.startswith("token_"):
             stats.update(_weight_stats(kept.float(), L, shortfall=False))
@@ -454,7 +482,7 @@ def seq_mask_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, 
         w = kept.float()
     loss, stats = _pg_loss((w * A).unsqueeze(-1), logp, mask, cfg, ref_logp, max_new_tokens,
                            kept=kept.unsqueeze(-1))
-    stats["ratio/frac_seq_masked"] = float((~kept).float().mean())
+    stats["ratio/frac_seq_masked"] = (~kept).float().mean()
     stats["ratio/frac_tokens_masked"] = _frac(~kept.unsqueeze(-1).expand_as(m), mask)
     stats.update(_weight_stats(w, L, shortfall=cfg.seq_mask_metric == "rho"))
     stats.update(_ratio_stats(L, l_tok, mask))
@@ -484,6 +512,7 @@ def m2po_keep_mask(l_tok: Tensor, mask: Tensor, tau: float) -> Tensor:
     return out
 
 
+@estimator_loss
 def m2po_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *,
               max_new_tokens: int | None = None):
     """M2PO (arXiv 2510.01161): ``r A`` on the tokens :func:`m2po_keep_mask` keeps (threshold
@@ -499,11 +528,12 @@ def m2po_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_
     loss, stats = _pg_loss(coef, logp, mask, cfg, ref_logp, max_new_tokens, kept=kept)
     m = mask.bool()
     stats["ratio/frac_tokens_masked"] = _frac(~kept, mask)
-    stats["ratio/m2"] = float(l_tok.pow(2)[m].mean()) if m.any() else 0.0
+    stats["ratio/m2"] = torch.where(m, l_tok.float().pow(2), 0.0).sum() / m.sum().clamp(min=1)
     stats.update(_ratio_stats(l_tok.sum(-1), l_tok, mask))
     return loss, stats
 
 
+@estimator_loss
 def gmpo_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *,
               max_new_tokens: int | None = None):
     """GMPO (arXiv 2507.20673): ``-A exp(mean_t clip(l_t))`` with each token's log-ratio clipped
@@ -526,6 +556,7 @@ def gmpo_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_
     return loss, stats
 
 
+@estimator_loss
 def dppo_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *,
               max_new_tokens: int | None = None):
     """DPPO, total-variation form (arXiv 2602.04879): mask a token whose probability moved more
@@ -562,6 +593,7 @@ def _binary_kl(log_p: Tensor, log_q: Tensor, eps: float) -> Tensor:
     return p * torch.log(p / q) + (1.0 - p) * torch.log((1.0 - p) / (1.0 - q))
 
 
+@estimator_loss
 def dppo_kl_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *,
                  max_new_tokens: int | None = None):
     """DPPO, binary-KL form (arXiv 2602.04879; verl ``loss_mode=dppo_kl``): each token's
@@ -585,6 +617,7 @@ def dppo_kl_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, r
     return loss, stats
 
 
+@estimator_loss
 def prime_dppo_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *,
                     max_new_tokens: int | None = None):
     """prime-rl's default loss (``loss.type=default``): DPPO's total-variation mask
@@ -603,13 +636,14 @@ def prime_dppo_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig
     log_r = torch.where(m, logp.float() - logp_behaviour.float(), 0.0)  # with its gradient
     penalty = _aggregate(log_r.pow(2), mask, cfg.aggregation, max_new_tokens)
     loss = loss + cfg.prime_kl_tau * penalty
-    stats["loss/ratio_penalty"] = float(penalty.detach())
-    stats["loss/total"] = float(loss.detach())
+    stats["loss/ratio_penalty"] = penalty.detach()
+    stats["loss/total"] = loss.detach()
     stats["ratio/frac_tokens_masked"] = _frac(~valid, mask)
     stats.update(_ratio_stats(l_tok.sum(-1), l_tok, mask))
     return loss, stats
 
 
+@estimator_loss
 def kpop_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *,
               max_new_tokens: int | None = None):
     """KPop (AReaL ``actor.rejection_sampling`` with ``metric=binary_kl``, ``level=token``,
@@ -631,6 +665,7 @@ def kpop_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_
     return loss, stats
 
 
+@estimator_loss
 def opsm_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *,
               max_new_tokens: int | None = None):
     """GRPO with DeepSeek-V3.2's off-policy sequence mask (TRL ``off_policy_mask_threshold``):
@@ -644,12 +679,13 @@ def opsm_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_
     kept_rows = (advantages.float() >= 0) | (-l_tok.sum(-1) / lengths <= cfg.opsm_threshold)
     kept = kept_rows.unsqueeze(-1).expand_as(l_tok)
     loss, stats = _pg_loss(torch.where(kept, coef, 0.0), logp, mask, cfg, ref_logp, max_new_tokens, kept=kept)
-    stats["ratio/frac_seq_masked"] = float((~kept_rows).float().mean())
+    stats["ratio/frac_seq_masked"] = (~kept_rows).float().mean()
     stats["ratio/frac_tokens_clipped"] = _frac(clipped & kept, mask)
     stats.update(_ratio_stats(l_tok.sum(-1), l_tok, mask))
     return loss, stats
 
 
+@estimator_loss
 def sapo_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *,
               max_new_tokens: int | None = None):
     """SAPO (Soft Adaptive Policy Optimization, arXiv 2511.20347): a smooth sigmoid gate on the token

@@ -10,6 +10,7 @@ batch's statistics before backward.
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -216,6 +217,9 @@ class Update:
         if est_cfg.kl_coef > 0 and reference is None:
             raise ValueError("kl_coef > 0 needs a reference model")
         self.model, self.loss_fn, self.cfg, self.per_row = model, loss_fn, est_cfg, per_row
+        # gmc's losses can leave their statistics on the device (estimator_loss): a micro-batch of
+        # the per-row path, which discards them, then never makes the host wait on the device
+        self.quiet = {"floats": False} if "floats" in inspect.signature(loss_fn, follow_wrapped=False).parameters else {}
         self.max_new_tokens = max_new_tokens
         self.budget, self.pad_id, self.temperature, self.chunk_size = budget, pad_id, temperature, chunk_size
         self.reference = reference if est_cfg.kl_coef > 0 else None
@@ -296,7 +300,7 @@ class Update:
                 lp = _forward(self.model, rows, idx, self.pad_id, self.temperature, self.chunk_size, self.attention)
             logp = held.index_put((at,), torch.nn.functional.pad(lp, (0, T - lp.shape[1]))).view(B, G, T)
             loss, _ = self.loss_fn(logp, logp.detach() if behaviour is None else behaviour, mask, adv, self.cfg,
-                                   ref_logp=ref, max_new_tokens=self.max_new_tokens)
+                                   ref_logp=ref, max_new_tokens=self.max_new_tokens, **self.quiet)
             loss.backward()
             values[at, : lp.shape[1]] = lp.detach()
         logp = values.view(B, G, T)

@@ -335,6 +335,19 @@ def test_seq_mask_divergence_metrics_match_naive_loop(metric, denominator, seed)
     assert 0 < stats["ratio/frac_seq_masked"] < 1 and 0 < stats["ratio/frac_tokens_masked"] < 1
 
 
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_statistics_stay_on_the_device_until_read_once(name):
+    """``floats=False``: every statistic a 0-dim tensor, unread; the default reads them as the
+    same floats."""
+    logp, logp_b, mask, rewards = random_batch(seed=2)
+    adv = group_advantages(rewards)
+    _, tensors = call_loss(name, logp, logp_b, mask, adv, floats=False)
+    _, floats = call_loss(name, logp, logp_b, mask, adv)
+    assert tensors.keys() == floats.keys()
+    assert all(isinstance(v, torch.Tensor) and v.dim() == 0 for v in tensors.values())
+    assert all(isinstance(floats[k], float) and floats[k] == float(v) for k, v in tensors.items())
+
+
 def test_kpop_keeps_near_certain_tokens():
     """Two tokens of probability 1 (log-prob 0, what the update passes on-policy) or 1 - 1e-9:
     their binary KL is 0, not 0 / 0, so KPop keeps them."""

@@ -238,6 +238,22 @@ def test_a_loss_that_splits_per_row_needs_no_pass_before_backward(name, denomina
             assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("name", ["grpo", "gmc"])
+def test_a_step_reads_its_statistics_from_the_device_once(name, monkeypatch):
+    """Per-row (grpo) or two-pass (gmc), however many micro-batches: the statistics are read back
+    once a step, so the host never waits on the device between micro-batches."""
+    import gmc.estimators.losses as losses
+
+    reads = []
+    real = losses.as_floats
+    monkeypatch.setattr(losses, "as_floats", lambda stats: reads.append(1) or real(stats))
+    groups = random_groups(B=4, G=4, seed=5)
+    n_micro = len(Rows.from_groups(groups).plan(32))
+    assert n_micro > 3
+    _, stats, _ = step(random_model(seed=1), groups, name, 32)
+    assert len(reads) == 1 and all(isinstance(v, float) for v in stats.values())
+
+
 @pytest.mark.parametrize("name", sorted(REGISTRY))
 @pytest.mark.parametrize("kl_coef", [0.0, 0.3])
 def test_micro_batched_step_equals_the_whole_batch_step(name, kl_coef):
