@@ -141,6 +141,8 @@ def memory_4b(rec: Record) -> None:
 
     for budget in (8192, 16384, 32768):
         for vllm in (False, True):
+            if CUDA:  # the reservation measured is this update's, not the cache of the one before
+                torch.cuda.empty_cache()
             block = torch.empty(standin, dtype=torch.uint8, device=DEVICE) if vllm else None
             update = Update(model, get_estimator("gmc"), REGISTRY["gmc"].resolved(EstimatorConfig()), budget, pad_id=0,
                             chunk_size=1024, compute_dtype=torch.bfloat16, max_new_tokens=4096)
