@@ -42,6 +42,10 @@ RESULTS = config["results"]
 # checkout), since Snakemake runs them from copies under .snakemake/conda/.
 os.environ.setdefault("GMC_REPO", workflow.basedir)
 CONDA_ENV = "../../envs/cpu.yaml"
+# what starts a seed's runs goes first: its base model's warm start, then its history or
+# prefill, so that no seed's chain of long jobs is left for the end while the other cores idle
+BUILD_PRIORITY = 20
+START_PRIORITY = 10
 
 
 def conda_env(rule, config_gpus):

@@ -27,6 +27,7 @@ if MODEL_NAME == "tiny":
             directory(per_seed(f"{RESULTS}/models/tiny")),
         log:
             per_seed(f"{RESULTS}/logs/build_tiny_model", ".log"),
+        priority: BUILD_PRIORITY
         conda:
             CONDA_ENV
         threads: 1
@@ -44,6 +45,7 @@ elif MODEL_NAME == "random-qwen3":
             directory(MODEL_DIR),
         log:
             f"{RESULTS}/logs/build_random_model.log",
+        priority: BUILD_PRIORITY
         conda:
             CONDA_ENV
         threads: 1

@@ -76,6 +76,7 @@ rule history:
         f"{RESULTS}/history/{{history}}/summary.json",
     log:
         f"{RESULTS}/logs/history/{{history}}.log",
+    priority: START_PRIORITY
     conda:
         conda_env("history", config["resources"]["train_gpus"])
     threads: 1
@@ -106,6 +107,7 @@ rule prefill:
         temp(f"{RESULTS}/prefill/{{prefill}}.pt"),
     log:
         f"{RESULTS}/logs/prefill/{{prefill}}.log",
+    priority: START_PRIORITY
     conda:
         conda_env("prefill", config["resources"]["train_gpus"])
     threads: 1
