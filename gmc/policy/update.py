@@ -122,11 +122,11 @@ def _host_batch(rows: Rows, idx: list[int], pad_id: int, width: int) -> Tensor:
     """One micro-batch built on the host as a single int64 tensor ``[len(idx), width + 3]``: each
     row's token ids right-padded to ``width``, then its prompt length, its response length and
     its length in tokens."""
-    batch = torch.full((len(idx), width + 3), pad_id, dtype=torch.long)
+    batch = torch.full((len(idx), width + 3), pad_id, dtype=torch.long, device="cpu")
     for k, i in enumerate(idx):
         seq = rows.sequences[i]
         batch[k, : len(seq)] = seq
-        batch[k, width :] = torch.tensor([rows.prompt_lengths[i], rows.lengths[i], len(seq)])
+        batch[k, width :] = torch.tensor([rows.prompt_lengths[i], rows.lengths[i], len(seq)], device="cpu")
     return batch
 
 
@@ -134,8 +134,7 @@ def _to_device(batch: Tensor, device: torch.device) -> tuple[Tensor, Tensor, Ten
     """:func:`_host_batch` on ``device`` in one transfer (from pinned memory and without waiting
     on a GPU: the host goes on building the next micro-batch), split into ids, prompt lengths,
     response lengths and row lengths."""
-    if device.type == "cuda":
-        batch = batch.pin_memory().to(device, non_blocking=True)
+    batch = batch.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else batch.to(device)
     width = batch.shape[1] - 3
     return batch[:, :width], batch[:, width], batch[:, width + 1], batch[:, width + 2]
 
@@ -144,9 +143,8 @@ def _plan_indices(plan: list[list[int]], device: torch.device) -> list[Tensor]:
     """Each micro-batch's row indices as a tensor on ``device``, all from one transfer."""
     if not plan:
         return []
-    flat = torch.tensor([i for idx in plan for i in idx], dtype=torch.long)
-    if device.type == "cuda":
-        flat = flat.pin_memory().to(device, non_blocking=True)
+    flat = torch.tensor([i for idx in plan for i in idx], dtype=torch.long, device="cpu")
+    flat = flat.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else flat.to(device)
     return list(torch.split(flat, [len(idx) for idx in plan]))
 
 

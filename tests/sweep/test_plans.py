@@ -92,7 +92,7 @@ def test_the_league_presets_plan_every_correction_and_their_table(tmp_path, snak
         assert model_settings(wf.config, 2)["synthetic"]["min_operands"] == 11
         assert model_settings(wf.config, 2)["seed"] == 2
         # the warm start's acceptance rule, judged on a validation split no run trains or evaluates on
-        assert model_settings(wf.config, 2)["accept_accuracy"] == 0.3
+        assert model_settings(wf.config, 2)["accept_accuracy"] == 0.2
         assert model_settings(wf.config, 2)["synthetic"]["validation_fraction"] == 0.1
 
 
