@@ -182,7 +182,8 @@ def test_tables_figures_and_mlflow():
         assert Path(RESULTS, "figures", f"{name}.png").stat().st_size > 5000, name
         assert Path(RESULTS, "figures", f"{name}.pdf").exists(), name
     synced = json.loads(Path(RESULTS, "mlflow", "synced.json").read_text())
-    assert len(synced["runs"]) == 13 and len(set(synced["runs"].values())) == 13  # the trained runs
+    # every sweep point has an MLflow run of its own: the 13 trained runs and the 2 that share a trained run
+    assert len(synced["runs"]) == 15 and len(set(synced["runs"].values())) == 15
     import mlflow
 
     from gmc.run.tracking import SWEEP_TAG
@@ -193,4 +194,5 @@ def test_tables_figures_and_mlflow():
     assert parent.sum() == 1  # the sweep's parent run; every training run nests under it
     stored = stored[~parent]
     assert set(stored["run_id"]) == set(synced["runs"].values())
+    assert stored["tags.gmc.shared_with"].notna().sum() == 2
     assert set(stored["params.model_dtype"]) == {"bfloat16"}
