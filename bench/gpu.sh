@@ -20,6 +20,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-bench/results}"
 WHEELS="${GMC_WHEELS:-wheels}"
+TORCH="${GMC_TORCH:-torch==2.14.0}"
+EXTRAS="${GMC_EXTRAS:-gpu}"
 PYTHON="${PYTHON:-python3}"
 # seconds the timed parts may take: ten minutes less 90 s (three times that for the small shapes on a CPU)
 WINDOW="${GMC_GPU_CHECK_WINDOW:-$([ "${GMC_GPU_CHECK_SMALL:-0}" = 1 ] && echo 1530 || echo 510)}"
@@ -31,9 +33,9 @@ if [ "${GMC_INSTALL:-1}" != 0 ]; then
   if [ -d "$WHEELS" ]; then from=(--no-index --find-links "$WHEELS"); where="the wheels in $WHEELS"
   else from=(); where="the package index"; fi
   start=$(date +%s)
-  echo "install: ${GMC_TORCH:-torch==2.14.0}, then .[${GMC_EXTRAS:-gpu}], from $where" | tee -a "$OUT/gpu.log"
-  if ! { "$PYTHON" -m pip install -q "${from[@]}" "${GMC_TORCH:-torch==2.14.0}" \
-         && "$PYTHON" -m pip install -q "${from[@]}" -e ".[${GMC_EXTRAS:-gpu}]"; } >> "$OUT/gpu.log" 2>&1; then
+  echo "install: $TORCH, then .[$EXTRAS], from $where" | tee -a "$OUT/gpu.log"
+  if ! { "$PYTHON" -m pip install -q "${from[@]}" "$TORCH" \
+         && "$PYTHON" -m pip install -q "${from[@]}" -e ".[$EXTRAS]"; } >> "$OUT/gpu.log" 2>&1; then
     tail -5 "$OUT/gpu.log"
     echo "the install failed (the lines above; all of it in $OUT/gpu.log): nothing was checked" >&2
     exit 1

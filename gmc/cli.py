@@ -220,13 +220,14 @@ def _plan_memory(args: argparse.Namespace) -> int:
         cfg = from_dict(TrainConfig, apply_overrides(values, args.overrides))
     else:
         cfg = load_config(TrainConfig, args.config, args.overrides)
-    p = plan(cfg, device_limit(cfg, args.gpu_gib))
+    shape = ModelShape.of(cfg.model)
+    p = plan(cfg, device_limit(cfg, args.gpu_gib), shape)
     print(f"memory plan of {cfg.model}: budget {cfg.micro_batch_tokens} tokens, {cfg.model_dtype}"
           f"{' over float32 masters' if cfg.master_weights and cfg.model_dtype != 'float32' else ''}, "
           f"{cfg.optimizer}, engine {cfg.engine}"
           + (f" (share {cfg.vllm.gpu_memory_utilization}, sleep {cfg.vllm.sleep})" if cfg.engine == "vllm" else ""))
     print(p.table())
-    layers = ModelShape.of(cfg.model).num_hidden_layers
+    layers = shape.num_hidden_layers
     print(f"gradient checkpointing: {p.checkpointed_layers} of {layers} layers"
           f"{' (auto)' if cfg.gradient_checkpointing == 'auto' else ''}, a step's training forward and backward "
           f"{3 + p.checkpointed_layers / layers:.2f} forwards' work a token; a resume reads the checkpoint into "

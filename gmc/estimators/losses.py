@@ -378,6 +378,18 @@ def _token_ratio(l_tok: Tensor) -> Tensor:
     return torch.exp(l_tok.clamp(-20.0, 20.0))
 
 
+def _token_mask_loss(weight: Tensor, kept: Tensor, l_tok: Tensor, logp, mask, advantages, cfg: EstimatorConfig,
+                     ref_logp, max_new_tokens: int | None) -> tuple[Tensor, dict]:
+    """The loss of a correction that masks tokens: ``weight A`` on the tokens ``kept`` keeps and
+    nothing on the others (divided as ``cfg.mask_denominator`` says), with the fraction of tokens
+    masked and the ratio statistics."""
+    coef = torch.where(kept, weight, torch.zeros_like(weight)) * advantages.float().unsqueeze(-1)
+    loss, stats = _pg_loss(coef, logp, mask, cfg, ref_logp, max_new_tokens, kept=kept)
+    stats["ratio/frac_tokens_masked"] = _frac(~kept, mask)
+    stats.update(_ratio_stats(l_tok.sum(-1), l_tok, mask))
+    return loss, stats
+
+
 @estimator_loss
 def cispo_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *,
                max_new_tokens: int | None = None):
@@ -405,11 +417,7 @@ def icepop_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, re
     l_tok = token_log_ratios(logp, logp_behaviour, mask)
     r = _token_ratio(l_tok)
     kept = (r >= cfg.icepop_low) & (r <= cfg.icepop_high)
-    coef = torch.where(kept, r, torch.zeros_like(r)) * advantages.float().unsqueeze(-1)
-    loss, stats = _pg_loss(coef, logp, mask, cfg, ref_logp, max_new_tokens, kept=kept)
-    stats["ratio/frac_tokens_masked"] = _frac(~kept, mask)
-    stats.update(_ratio_stats(l_tok.sum(-1), l_tok, mask))
-    return loss, stats
+    return _token_mask_loss(r, kept, l_tok, logp, mask, advantages, cfg, ref_logp, max_new_tokens)
 
 
 def divergence_keep_mask(l_tok: Tensor, mask: Tensor, metric: str, low: float, high: float) -> Tensor:
@@ -523,13 +531,10 @@ def m2po_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_
     _check_shapes(logp, logp_behaviour, mask, advantages)
     l_tok = token_log_ratios(logp, logp_behaviour, mask)
     kept = m2po_keep_mask(l_tok, mask, cfg.m2po_tau)
-    r = _token_ratio(l_tok)
-    coef = torch.where(kept, r, torch.zeros_like(r)) * advantages.float().unsqueeze(-1)
-    loss, stats = _pg_loss(coef, logp, mask, cfg, ref_logp, max_new_tokens, kept=kept)
+    loss, stats = _token_mask_loss(_token_ratio(l_tok), kept, l_tok, logp, mask, advantages, cfg, ref_logp,
+                                   max_new_tokens)
     m = mask.bool()
-    stats["ratio/frac_tokens_masked"] = _frac(~kept, mask)
     stats["ratio/m2"] = torch.where(m, l_tok.float().pow(2), 0.0).sum() / m.sum().clamp(min=1)
-    stats.update(_ratio_stats(l_tok.sum(-1), l_tok, mask))
     return loss, stats
 
 
@@ -568,12 +573,8 @@ def dppo_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_
     _check_shapes(logp, logp_behaviour, mask, advantages)
     l_tok = token_log_ratios(logp, logp_behaviour, mask)
     valid = _tv_keeps(logp, logp_behaviour, mask, advantages, cfg)
-    A = advantages.float().unsqueeze(-1).expand_as(l_tok)
-    coef = torch.where(valid, _token_ratio(l_tok).clamp(max=cfg.dppo_ratio_cap) * A, torch.zeros_like(l_tok))
-    loss, stats = _pg_loss(coef, logp, mask, cfg, ref_logp, max_new_tokens, kept=valid)
-    stats["ratio/frac_tokens_masked"] = _frac(~valid, mask)
-    stats.update(_ratio_stats(l_tok.sum(-1), l_tok, mask))
-    return loss, stats
+    weight = _token_ratio(l_tok).clamp(max=cfg.dppo_ratio_cap)
+    return _token_mask_loss(weight, valid, l_tok, logp, mask, advantages, cfg, ref_logp, max_new_tokens)
 
 
 def _tv_keeps(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig) -> Tensor:
@@ -610,11 +611,8 @@ def dppo_kl_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, r
     D = q * -l_tok + (1.0 - q) * torch.log((1.0 - q + 1e-8) / (1.0 - p + 1e-8))
     A = advantages.float().unsqueeze(-1).expand_as(l_tok)
     valid = torch.where(A > 0, (D <= cfg.dppo_kl_high) | (p <= q), (D <= cfg.dppo_kl_low) | (p >= q))
-    coef = torch.where(valid, _token_ratio(l_tok).clamp(max=cfg.dppo_ratio_cap) * A, torch.zeros_like(l_tok))
-    loss, stats = _pg_loss(coef, logp, mask, cfg, ref_logp, max_new_tokens, kept=valid)
-    stats["ratio/frac_tokens_masked"] = _frac(~valid, mask)
-    stats.update(_ratio_stats(l_tok.sum(-1), l_tok, mask))
-    return loss, stats
+    weight = _token_ratio(l_tok).clamp(max=cfg.dppo_ratio_cap)
+    return _token_mask_loss(weight, valid, l_tok, logp, mask, advantages, cfg, ref_logp, max_new_tokens)
 
 
 @estimator_loss
@@ -629,17 +627,13 @@ def prime_dppo_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig
     _check_shapes(logp, logp_behaviour, mask, advantages)
     l_tok = token_log_ratios(logp, logp_behaviour, mask)
     valid = _tv_keeps(logp, logp_behaviour, mask, advantages, cfg)
-    A = advantages.float().unsqueeze(-1).expand_as(l_tok)
-    coef = torch.where(valid, _token_ratio(l_tok) * A, torch.zeros_like(l_tok))
-    loss, stats = _pg_loss(coef, logp, mask, cfg, ref_logp, max_new_tokens, kept=valid)
-    m = mask.bool()
-    log_r = torch.where(m, logp.float() - logp_behaviour.float(), 0.0)  # with its gradient
+    loss, stats = _token_mask_loss(_token_ratio(l_tok), valid, l_tok, logp, mask, advantages, cfg, ref_logp,
+                                   max_new_tokens)
+    log_r = torch.where(mask.bool(), logp.float() - logp_behaviour.float(), 0.0)  # with its gradient
     penalty = _aggregate(log_r.pow(2), mask, cfg.aggregation, max_new_tokens)
     loss = loss + cfg.prime_kl_tau * penalty
     stats["loss/ratio_penalty"] = penalty.detach()
     stats["loss/total"] = loss.detach()
-    stats["ratio/frac_tokens_masked"] = _frac(~valid, mask)
-    stats.update(_ratio_stats(l_tok.sum(-1), l_tok, mask))
     return loss, stats
 
 
@@ -658,11 +652,7 @@ def kpop_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_
     lp, lb = logp.detach(), logp_behaviour
     divergence = torch.maximum(_binary_kl(lp, lb, 1e-8), _binary_kl(lb, lp, 1e-8))
     kept = mask.bool() & (divergence <= cfg.kpop_threshold)
-    coef = torch.where(kept, _token_ratio(l_tok), torch.zeros_like(l_tok)) * advantages.float().unsqueeze(-1)
-    loss, stats = _pg_loss(coef, logp, mask, cfg, ref_logp, max_new_tokens, kept=kept)
-    stats["ratio/frac_tokens_masked"] = _frac(~kept, mask)
-    stats.update(_ratio_stats(l_tok.sum(-1), l_tok, mask))
-    return loss, stats
+    return _token_mask_loss(_token_ratio(l_tok), kept, l_tok, logp, mask, advantages, cfg, ref_logp, max_new_tokens)
 
 
 @estimator_loss

@@ -5,10 +5,10 @@ and sleep mode; a run refuses to start when it does not fit (:func:`check_fits`)
 Phases: *training* (forward/backward of one micro-batch of at most ``micro_batch_tokens`` padded
 tokens, the optimizer's states resident; vLLM asleep or holding its share), *generation*
 (weights and optimizer states resident, gradients freed and their cached blocks returned to the
-driver before vLLM wakes, vLLM awake, the trainer's behaviour pass over the new groups) and *resume* (a start or resume before vLLM's first
-sleep: vLLM awake as built, the weights and, on resume, the optimizer's states loaded; the
-checkpoint itself is read into host memory, :func:`checkpoint_host_bytes`, and its queued
-rollouts stay there). The limit is the device memory free when the run starts (or
+driver before vLLM wakes, vLLM awake, the trainer's behaviour pass over the new groups) and
+*resume* (a start or resume before vLLM's first sleep: vLLM awake as built, the weights and,
+on resume, the optimizer's states loaded; the checkpoint itself is read into host memory,
+:func:`checkpoint_host_bytes`, and its queued rollouts stay there). The limit is the device memory free when the run starts (or
 ``memory_limit_gib``). Items, in bytes:
 
 - parameters ``P x 4`` (float32, or float32 masters below it) or ``P x 2`` (in place);

@@ -51,8 +51,7 @@ def load_policy(name_or_path: str, dtype: str = "float32", device: str = "auto",
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    if gradient_checkpointing is not False:
-        checkpoint_layers(model, None if gradient_checkpointing is True else gradient_checkpointing)
+    checkpoint_layers(model, None if gradient_checkpointing is True else int(gradient_checkpointing))
     return model.to(resolve_device(device)), tokenizer
 
 

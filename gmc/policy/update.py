@@ -124,17 +124,22 @@ def _host_batch(rows: Rows, idx: list[int], pad_id: int, width: int) -> Tensor:
     its length in tokens."""
     batch = torch.full((len(idx), width + 3), pad_id, dtype=torch.long, device="cpu")
     for k, i in enumerate(idx):
-        seq = rows.sequences[i]
-        batch[k, : len(seq)] = seq
-        batch[k, width :] = torch.tensor([rows.prompt_lengths[i], rows.lengths[i], len(seq)], device="cpu")
+        batch[k, : len(rows.sequences[i])] = rows.sequences[i]
+    batch[:, width:] = torch.tensor([[rows.prompt_lengths[i], rows.lengths[i], len(rows.sequences[i])] for i in idx],
+                                    device="cpu")
     return batch
 
 
+def _transfer(host: Tensor, device: torch.device) -> Tensor:
+    """A host tensor on ``device``; to a GPU from pinned memory without waiting on it, so the host
+    goes on building the next micro-batch."""
+    return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host.to(device)
+
+
 def _to_device(batch: Tensor, device: torch.device) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """:func:`_host_batch` on ``device`` in one transfer (from pinned memory and without waiting
-    on a GPU: the host goes on building the next micro-batch), split into ids, prompt lengths,
-    response lengths and row lengths."""
-    batch = batch.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else batch.to(device)
+    """:func:`_host_batch` on ``device`` in one transfer, split into ids, prompt lengths, response
+    lengths and row lengths."""
+    batch = _transfer(batch, device)
     width = batch.shape[1] - 3
     return batch[:, :width], batch[:, width], batch[:, width + 1], batch[:, width + 2]
 
@@ -143,8 +148,7 @@ def _plan_indices(plan: list[list[int]], device: torch.device) -> list[Tensor]:
     """Each micro-batch's row indices as a tensor on ``device``, all from one transfer."""
     if not plan:
         return []
-    flat = torch.tensor([i for idx in plan for i in idx], dtype=torch.long, device="cpu")
-    flat = flat.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else flat.to(device)
+    flat = _transfer(torch.tensor([i for idx in plan for i in idx], dtype=torch.long, device="cpu"), device)
     return list(torch.split(flat, [len(idx) for idx in plan]))
 
 
