@@ -72,26 +72,38 @@ def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
-def _chunk_logprobs(head_weight: Tensor, hidden: Tensor, targets: Tensor, temperature: float) -> Tensor:
-    logits = (hidden @ head_weight.T).float()
+def head_logits(hidden: Tensor, head_weight: Tensor, fp32: bool = False) -> Tensor:
+    """``hidden @ W^T``: in the dtype autocast gives it, or with ``fp32`` in float32 whatever the
+    autocast (an FP32 LM head: TRL's ``cast_lm_head_to_fp32``, AReaL's ``enable_fp32_lm_head``,
+    vLLM's ``head_dtype``), so that trainer and sampler round logits alike."""
+    if not fp32:
+        return hidden @ head_weight.T
+    with torch.autocast(device_type=hidden.device.type, enabled=False):
+        return hidden.float() @ head_weight.float().T
+
+
+def _chunk_logprobs(head_weight: Tensor, hidden: Tensor, targets: Tensor, temperature: float,
+                    fp32_head: bool = False) -> Tensor:
+    logits = head_logits(hidden, head_weight, fp32_head).float()
     if temperature != 1.0:
         logits = logits / temperature
     return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
 
 def token_logprobs_from_hidden(head_weight: Tensor, hidden: Tensor, targets: Tensor,
-                               temperature: float = 1.0, chunk_size: int = 4096) -> Tensor:
+                               temperature: float = 1.0, chunk_size: int = 4096, fp32_head: bool = False) -> Tensor:
     """``log softmax(hidden @ W^T / temperature)[targets]`` for ``hidden [N, T, H]``, float32
-    ``[N, T]``, computed ``chunk_size`` positions at a time (checkpointed when it needs a gradient)."""
+    ``[N, T]``, computed ``chunk_size`` positions at a time (checkpointed when it needs a gradient);
+    ``fp32_head``: the matmul in float32 (:func:`head_logits`)."""
     N, T, H = hidden.shape
     flat_h, flat_t = hidden.reshape(N * T, H), targets.reshape(N * T)
     pieces = []
     for start in range(0, N * T, chunk_size):
         h, t = flat_h[start : start + chunk_size], flat_t[start : start + chunk_size]
         if torch.is_grad_enabled() and (h.requires_grad or head_weight.requires_grad):
-            pieces.append(checkpoint(_chunk_logprobs, head_weight, h, t, temperature, use_reentrant=False))
+            pieces.append(checkpoint(_chunk_logprobs, head_weight, h, t, temperature, fp32_head, use_reentrant=False))
         else:
-            pieces.append(_chunk_logprobs(head_weight, h, t, temperature))
+            pieces.append(_chunk_logprobs(head_weight, h, t, temperature, fp32_head))
     return torch.cat(pieces).reshape(N, T)
 
 

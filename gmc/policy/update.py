@@ -96,7 +96,7 @@ the 4-D mask; SDPA computes the full square), kept as the reference."""
 
 
 def _forward(model, rows: Rows, idx: list[int], pad_id: int, temperature: float, chunk_size: int,
-             attention: Attention = "causal") -> Tensor:
+             attention: Attention = "causal", fp32_head: bool = False) -> Tensor:
     """Response log-probs ``[len(idx), max response length]`` (float32; zero past each end) of
     one canonical micro-batch; differentiable when grad is enabled."""
     device = next(model.parameters()).device
@@ -113,7 +113,7 @@ def _forward(model, rows: Rows, idx: list[int], pad_id: int, temperature: float,
     if getattr(head, "bias", None) is not None:
         raise NotImplementedError("log-probs expect an LM head without bias")
     h = hidden.gather(1, (pos - 1).unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
-    logp = token_logprobs_from_hidden(head.weight, h, ids.gather(1, pos), temperature, chunk_size)
+    logp = token_logprobs_from_hidden(head.weight, h, ids.gather(1, pos), temperature, chunk_size, fp32_head)
     live = span[:, :T] < length.unsqueeze(1)
     return torch.where(live, logp, torch.zeros_like(logp))
 
@@ -177,7 +177,7 @@ def training_mode(model):
 
 def sequence_logprobs(model, rows: Rows, budget: int, pad_id: int, temperature: float = 1.0,
                       chunk_size: int = 4096, compute_dtype: torch.dtype | None = None,
-                      attention: Attention = "causal") -> Tensor:
+                      attention: Attention = "causal", fp32_head: bool = False) -> Tensor:
     """No-grad response log-probs ``[N, T]`` (float32, on the model's device, zero past each
     end; ``T`` the longest response, at least 1) in canonical micro-batches."""
     device = next(model.parameters()).device
@@ -185,9 +185,28 @@ def sequence_logprobs(model, rows: Rows, budget: int, pad_id: int, temperature: 
     plan = rows.plan(budget)
     with torch.no_grad(), training_mode(model), precision(model, compute_dtype, cache=False):
         for idx, at in zip(plan, _plan_indices(plan, device)):
-            lp = _forward(model, rows, idx, pad_id, temperature, chunk_size, attention)
+            lp = _forward(model, rows, idx, pad_id, temperature, chunk_size, attention, fp32_head)
             out[at, : lp.shape[1]] = lp
     return out
+
+
+@dataclass
+class TokenLogprobs:
+    """The three log-probs of a step's tokens, ``[B, G, T]`` (zero past each end): the sampler's,
+    the trainer's at the generating version (the current policy's in bypass mode, which has no
+    other) and the current policy's before the step's update."""
+
+    mask: Tensor
+    sampler: Tensor
+    generating: Tensor
+    current: Tensor
+
+    def packed(self) -> dict[str, Tensor]:
+        """The valid tokens only, on the host: each log-prob flattened row after row, and the
+        response lengths ``[B, G]`` that unflatten them."""
+        m = self.mask.cpu()
+        return {"lengths": m.sum(-1), **{k: getattr(self, k).detach().float().cpu()[m]
+                                         for k in ("sampler", "generating", "current")}}
 
 
 class Update:
@@ -215,7 +234,8 @@ class Update:
     def __init__(self, model, loss_fn: Callable, est_cfg: EstimatorConfig, budget: int, pad_id: int,
                  temperature: float = 1.0, chunk_size: int = 4096, reference=None,
                  compute_dtype: torch.dtype | None = None, attention: Attention = "causal",
-                 per_row: bool = False, max_new_tokens: int | None = None):
+                 per_row: bool = False, max_new_tokens: int | None = None, correction: dict | None = None,
+                 sampler_behaviour: bool = False, fp32_head: bool = False):
         if est_cfg.kl_coef > 0 and reference is None:
             raise ValueError("kl_coef > 0 needs a reference model")
         self.model, self.loss_fn, self.cfg, self.per_row = model, loss_fn, est_cfg, per_row
@@ -226,13 +246,16 @@ class Update:
         self.budget, self.pad_id, self.temperature, self.chunk_size = budget, pad_id, temperature, chunk_size
         self.reference = reference if est_cfg.kl_coef > 0 else None
         self.compute_dtype, self.attention = compute_dtype, attention
+        self.correction, self.sampler_behaviour, self.fp32_head = correction, sampler_behaviour, fp32_head
+        self.tokens: TokenLogprobs | None = None  # the last step's
 
     @classmethod
     def from_config(cls, cfg, model, pad_id: int, reference=None) -> Update:
         """The update of a run's :class:`~gmc.run.config.TrainConfig` ``cfg`` for ``model``: its
         estimator's loss with the settings its registry entry resolves, the token limit of
         ``seq_sum_const`` (``sampling.max_new_tokens``), budget, temperature, LM-head chunk,
-        compute dtype and attention, and whether its loss splits per row; every pass over
+        compute dtype and attention, whether its loss splits per row, its mismatch correction
+        (``rollout_correction``) and whether its behaviour log-probs are the sampler's; every pass over
         rollouts of a run (the trainer's, a rollout worker's behaviour pass) goes through one of these."""
         from gmc.estimators import REGISTRY
         from gmc.policy.model import DTYPES
@@ -243,16 +266,30 @@ class Update:
                    temperature=cfg.sampling.temperature, chunk_size=cfg.logprob_chunk_size, reference=reference,
                    compute_dtype=DTYPES[cfg.model_dtype], attention=cfg.attention,
                    per_row=not estimator.needs_batch_stats_under(settings),
-                   max_new_tokens=cfg.sampling.max_new_tokens)
+                   max_new_tokens=cfg.sampling.max_new_tokens,
+                   correction=cfg.rollout_correction.resolved() if cfg.rollout_correction else None,
+                   sampler_behaviour=cfg.behaviour_logprobs == "sampler", fp32_head=cfg.fp32_lm_head)
 
     def logprobs(self, model, rows: Rows) -> Tensor:
         return sequence_logprobs(model, rows, self.budget, self.pad_id, self.temperature, self.chunk_size,
-                                 self.compute_dtype, self.attention)
+                                 self.compute_dtype, self.attention, self.fp32_head)
 
     def backward(self, groups, on_policy: bool) -> tuple[Tensor, dict[str, float], Tensor]:
         """Back-propagate the estimator's loss on ``groups``; returns ``(loss, stats, rewards)``.
         ``on_policy``: the groups were generated by the current weights and carry no behaviour
-        log-probs (the training forward gives them)."""
+        log-probs (the training forward gives them).
+
+        With a mismatch correction (``correction``, :mod:`gmc.estimators.correction`) the loss sees
+        only the tokens its rejection keeps, and each token's gradient is multiplied by its
+        importance weight. Its ratio is the trainer's log-prob at the generating version over the
+        sampler's: the behaviour log-probs of a stale batch (decoupled mode), known before any
+        forward; the current policy's, read from this step's forward, for an on-policy batch
+        (whose generating version is the current one) and in bypass mode. The statistics gain the
+        correction's and the mismatch diagnostics (``rollout_corr/``) whenever a trainer log-prob
+        of the generating version is known (the current policy's in bypass mode, as verl's)."""
+        from gmc.estimators.losses import as_floats
+        from gmc.estimators.mismatch import correct, offpolicy_metrics
+
         device = next(self.model.parameters()).device
         rows = Rows.from_groups(groups)
         B, G = len(groups), groups[0].response_ids.shape[0]
@@ -261,45 +298,71 @@ class Update:
         mask = torch.arange(T, device=device).view(1, 1, T) < lengths.unsqueeze(-1)
         rewards = torch.stack([g.rewards for g in groups]).to(device)
         adv = advantages_for(rewards, lengths, self.cfg)
-        behaviour = None if on_policy else self._behaviour(groups, B, G, T, device)
+        behaviour = None if on_policy else self._per_token(groups, "behaviour_logp", T, device)
+        sampler = self._per_token(groups, "sampler_logp", T, device)
+        corr = self.correction
+        reads_current = corr is not None and (self.sampler_behaviour or on_policy)
+        weights, keep, extra = None, mask, {}
+        if corr is not None and not reads_current:
+            weights, keep, extra = correct(behaviour - sampler, mask, corr)
         ref = self.logprobs(self.reference, rows).to(device).view(B, G, T) if self.reference is not None else None
         self.model.train()
         if self.budget == 0:
             logp = self._whole_batch_logprobs(rows, T).view(B, G, T)
-            loss, stats = self.loss_fn(logp, logp.detach() if on_policy else behaviour, mask, adv, self.cfg,
+            current = logp.detach()
+            if reads_current:
+                weights, keep, extra = correct(current - sampler, mask, corr)
+            if weights is not None:
+                logp.register_hook(lambda grad: grad * weights)
+            loss, stats = self.loss_fn(logp, current if on_policy else behaviour, keep, adv, self.cfg,
                                        ref_logp=ref, max_new_tokens=self.max_new_tokens)
             loss.backward()
-            return loss.detach(), stats, rewards
-        if on_policy and ref is None:
-            values = torch.zeros(B, G, T, device=device)  # ratios are exactly 1: g needs no log-probs
-        elif self.per_row:
-            loss, stats = self._row_by_row(rows, behaviour, mask, adv, ref)
-            return loss, stats, rewards
+            loss = loss.detach()
+        elif self.per_row and not reads_current and not (on_policy and ref is None):
+            loss, stats, current = self._row_by_row(rows, behaviour, keep, adv, ref, weights)
         else:
-            values = self.logprobs(self.model, rows).view(B, G, T)
-        leaf = values.clone().requires_grad_(True)
-        loss, stats = self.loss_fn(leaf, values if on_policy else behaviour, mask, adv, self.cfg, ref_logp=ref,
-                                   max_new_tokens=self.max_new_tokens)
-        (coef,) = torch.autograd.grad(loss, leaf)
-        coef = coef.view(B * G, T)
-        plan = rows.plan(self.budget)
-        for idx, at in zip(plan, _plan_indices(plan, device)):
-            with precision(self.model, self.compute_dtype):
-                lp = _forward(self.model, rows, idx, self.pad_id, self.temperature, self.chunk_size, self.attention)
-            (lp * coef[at, : lp.shape[1]]).sum().backward()
-        return loss.detach(), stats, rewards
+            if on_policy and ref is None and not reads_current:
+                values = torch.zeros(B, G, T, device=device)  # ratios are exactly 1: g needs no log-probs
+            else:
+                values = self.logprobs(self.model, rows).view(B, G, T)
+                if reads_current:
+                    weights, keep, extra = correct(values - sampler, mask, corr)
+            leaf = values.clone().requires_grad_(True)
+            loss, stats = self.loss_fn(leaf, values if on_policy else behaviour, keep, adv, self.cfg, ref_logp=ref,
+                                       max_new_tokens=self.max_new_tokens)
+            (coef,) = torch.autograd.grad(loss, leaf)
+            if weights is not None:
+                coef = coef * weights
+            coef = coef.view(B * G, T)
+            current = torch.zeros(B * G, T, device=device)
+            plan = rows.plan(self.budget)
+            for idx, at in zip(plan, _plan_indices(plan, device)):
+                with precision(self.model, self.compute_dtype):
+                    lp = self._forward(rows, idx)
+                (lp * coef[at, : lp.shape[1]]).sum().backward()
+                current[at, : lp.shape[1]] = lp.detach()
+            current = current.view(B, G, T)
+            loss = loss.detach()
+        generating = current if behaviour is None or self.sampler_behaviour else behaviour
+        extra.update(offpolicy_metrics(generating, sampler, mask))
+        self.tokens = TokenLogprobs(mask, sampler, generating, current)
+        return loss, {**stats, **as_floats(extra)}, rewards
 
-    def _row_by_row(self, rows: Rows, behaviour: Tensor | None, mask: Tensor, adv: Tensor,
-                    ref: Tensor | None) -> tuple[Tensor, dict[str, float]]:
+    def _row_by_row(self, rows: Rows, behaviour: Tensor | None, mask: Tensor, adv: Tensor, ref: Tensor | None,
+                    weights: Tensor | None = None) -> tuple[Tensor, dict[str, float], Tensor]:
         """The micro-batched step of a loss that splits per row (``behaviour`` None: on-policy,
-        the rows' own log-probs are their behaviour); returns the loss and statistics."""
+        the rows' own log-probs are their behaviour; ``weights``: each token's gradient is
+        multiplied by its weight); returns the loss, statistics and every row's log-probs."""
         B, G, T = mask.shape
         values = torch.zeros(B * G, T, device=mask.device)  # every row's log-probs, filled as forwarded
         held = values if behaviour is None else behaviour.reshape(B * G, T)  # the other rows: any finite values
+        flat_weights = None if weights is None else weights.reshape(B * G, T)
         plan = rows.plan(self.budget)
         for idx, at in zip(plan, _plan_indices(plan, mask.device)):
             with precision(self.model, self.compute_dtype):
-                lp = _forward(self.model, rows, idx, self.pad_id, self.temperature, self.chunk_size, self.attention)
+                lp = self._forward(rows, idx)
+            if flat_weights is not None:
+                lp.register_hook(lambda grad, w=flat_weights[at, : lp.shape[1]]: grad * w)
             logp = held.index_put((at,), torch.nn.functional.pad(lp, (0, T - lp.shape[1]))).view(B, G, T)
             loss, _ = self.loss_fn(logp, logp.detach() if behaviour is None else behaviour, mask, adv, self.cfg,
                                    ref_logp=ref, max_new_tokens=self.max_new_tokens, **self.quiet)
@@ -307,13 +370,20 @@ class Update:
             values[at, : lp.shape[1]] = lp.detach()
         logp = values.view(B, G, T)
         with torch.no_grad():
-            return self.loss_fn(logp, logp if behaviour is None else behaviour, mask, adv, self.cfg, ref_logp=ref,
-                                max_new_tokens=self.max_new_tokens)
+            loss, stats = self.loss_fn(logp, logp if behaviour is None else behaviour, mask, adv, self.cfg,
+                                       ref_logp=ref, max_new_tokens=self.max_new_tokens)
+        return loss, stats, logp
 
-    def _behaviour(self, groups, B: int, G: int, T: int, device) -> Tensor:
-        out = torch.zeros(B, G, T, device=device)
+    def _forward(self, rows: Rows, idx: list[int]) -> Tensor:
+        """The training forward of one canonical micro-batch, with gradient."""
+        return _forward(self.model, rows, idx, self.pad_id, self.temperature, self.chunk_size, self.attention,
+                        self.fp32_head)
+
+    def _per_token(self, groups, name: str, T: int, device) -> Tensor:
+        """The groups' per-token tensor ``name`` (``behaviour_logp``, ``sampler_logp``) as ``[B, G, T]``."""
+        out = torch.zeros(len(groups), groups[0].response_ids.shape[0], T, device=device)
         for k, g in enumerate(groups):
-            lp = g.behaviour_logp
+            lp = getattr(g, name)
             out[k, :, : lp.shape[1]] = lp[:, :T].to(device)
         return out
 
@@ -322,7 +392,7 @@ class Update:
         pieces, order = [], []
         for idx in rows.plan(0):
             with precision(self.model, self.compute_dtype):
-                lp = _forward(self.model, rows, idx, self.pad_id, self.temperature, self.chunk_size, self.attention)
+                lp = self._forward(rows, idx)
             pieces.append(torch.nn.functional.pad(lp, (0, T - lp.shape[1])))
             order += idx
         device = pieces[0].device

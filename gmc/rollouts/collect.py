@@ -88,6 +88,20 @@ class RolloutStats:
     truncated: int
     mismatch: float | None
     """Largest |sampler log-prob - trainer log-prob| of a token (None without a trainer pass)."""
+    zero_variance: int | None = None
+    """Groups whose rewards were all equal, under ``zero_variance_filter`` (None: no filter)."""
+    refills: int = 0
+    """Generation calls the filter made to refill the batch."""
+
+
+def merged(stats: Sequence[RolloutStats], zero_variance: int, refills: int) -> RolloutStats:
+    """The measurements of several collector calls as one, with the filter's counts."""
+    mismatches = [s.mismatch for s in stats if s.mismatch is not None]
+    return RolloutStats(samples=sum(s.samples for s in stats), tokens=sum(s.tokens for s in stats),
+                        seconds=sum(s.seconds for s in stats), behaviour_seconds=sum(s.behaviour_seconds for s in stats),
+                        reward_sum=sum(s.reward_sum for s in stats), length_max=max(s.length_max for s in stats),
+                        truncated=sum(s.truncated for s in stats), mismatch=max(mismatches) if mismatches else None,
+                        zero_variance=zero_variance, refills=refills)
 
 
 def rollout_metrics(stats: Sequence[RolloutStats]) -> dict[str, float]:
@@ -111,6 +125,9 @@ def rollout_metrics(stats: Sequence[RolloutStats]) -> dict[str, float]:
     mismatches = [s.mismatch for s in stats if s.mismatch is not None]
     if mismatches:
         out["rollout/logp_mismatch_max"] = max(mismatches)
+    if any(s.zero_variance is not None for s in stats):
+        out["rollout/groups_zero_variance"] = float(sum(s.zero_variance or 0 for s in stats))
+        out["rollout/refill_calls"] = float(sum(s.refills for s in stats))
     return out
 
 
@@ -195,29 +212,53 @@ def rollout_side(cfg, update: Update, tokenizer, behaviour: Behaviour, grader_wo
     settings, seeded by the run), a grading pool of ``grader_workers`` processes and ``update``'s
     numerics for the behaviour pass (the trainer's own, or a worker's copy), held by the collector
     (its ``engine`` and ``grader``; :meth:`Collector.close` ends the pool). An engine that samples
-    with the trainer's module generates under its autocast."""
+    with the trainer's module generates under autocast to ``sampling.dtype`` (unset: the trainer's
+    compute dtype)."""
     from gmc.rollouts.engines import make_engine
     from gmc.tasks.grading import Grader
 
     engine = make_engine(cfg.engine, update.model, tokenizer, model_path=cfg.model, seed=cfg.seed,
-                         settings=getattr(cfg, cfg.engine, None), dtype=cfg.model_dtype)
+                         settings=getattr(cfg, cfg.engine, None), dtype=cfg.model_dtype, fp32_head=cfg.fp32_lm_head)
+    from gmc.policy.model import DTYPES
+
     entry = ENGINES[cfg.engine]
-    shares = entry.shares_model
+    sampler_dtype = DTYPES[cfg.sampling.dtype] if cfg.sampling.dtype else update.compute_dtype
     return Collector(engine, tokenizer, Grader(workers=grader_workers, start_method=entry.grading_start),
                      group_size=cfg.group_size,
                      sampling=cfg.sampling, behaviour=behaviour,
                      logprobs=lambda rows: update.logprobs(update.model, rows), thinking=cfg.thinking,
-                     generation=(lambda: precision(update.model, update.compute_dtype)) if shares else None)
+                     generation=(lambda: precision(update.model, sampler_dtype)) if entry.shares_model else None)
 
 
 class RunRollouts:
-    """A run's :class:`gmc.rollouts.groups.Rollouts`: its prompt cursor and its collector."""
+    """A run's :class:`gmc.rollouts.groups.Rollouts`: its prompt cursor and its collector. With
+    ``refill_calls`` (``zero_variance_filter``), a group whose rewards are all equal (no advantage:
+    nothing to learn from it) is dropped and replaced by a group of the run's next prompt, in at
+    most ``refill_calls`` more collector calls (DAPO's dynamic sampling, SkyRL's
+    ``zero_variance_filter``); what is still missing then is made up with dropped groups, so a
+    call always returns one group per prompt asked."""
 
-    def __init__(self, cursor: PromptCursor, collector: Collector | None):
-        self.cursor, self.collector = cursor, collector
+    def __init__(self, cursor: PromptCursor, collector: Collector | None, refill_calls: int | None = None):
+        self.cursor, self.collector, self.refill_calls = cursor, collector, refill_calls
 
     def take(self, n: int) -> list[int]:
         return self.cursor.take(n)
 
-    def collect(self, prompts: list[int], version: int) -> Collected:
+    def _collect(self, prompts: list[int], version: int) -> Collected:
         return self.collector.collect([(i, self.cursor.records[i]) for i in prompts], version)
+
+    def collect(self, prompts: list[int], version: int) -> Collected:
+        out = self._collect(prompts, version)
+        if self.refill_calls is None:
+            return out
+        kept, dropped, stats, calls = [], [], [out.stats], 0
+        for g in out.groups:
+            (dropped if bool((g.rewards == g.rewards[0]).all()) else kept).append(g)
+        while len(kept) < len(prompts) and calls < self.refill_calls:
+            more = self._collect(self.take(len(prompts) - len(kept)), version)
+            stats.append(more.stats)
+            calls += 1
+            for g in more.groups:
+                (dropped if bool((g.rewards == g.rewards[0]).all()) else kept).append(g)
+        groups = kept + dropped[: len(prompts) - len(kept)]
+        return Collected(groups, merged(stats, len(dropped), calls))

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from gmc.policy.model import position_ids_from_mask
+from gmc.policy.model import head_logits, position_ids_from_mask
 
 
 class Decoder(Protocol):
@@ -35,28 +35,36 @@ class Decoder(Protocol):
 
 
 class HFDecoder:
-    """Any Hugging Face causal LM, through its own forward and dynamic cache."""
+    """Any Hugging Face causal LM, through its own forward and dynamic cache; with ``fp32_head``,
+    through its decoder and an FP32 LM head (:func:`gmc.policy.model.head_logits`)."""
 
-    def __init__(self, model):
-        self.model = model
+    def __init__(self, model, fp32_head: bool = False):
+        self.model, self.fp32_head = model, fp32_head
+
+    def _logits(self, **inputs) -> tuple[Tensor, object]:
+        """The last position's logits and the cache after ``inputs``."""
+        if not self.fp32_head:
+            out = self.model(**inputs, use_cache=True, logits_to_keep=1)
+            return out.logits[:, -1], out.past_key_values
+        out = self.model.get_decoder()(**inputs, use_cache=True)
+        return head_logits(out.last_hidden_state[:, -1], self.model.get_output_embeddings().weight, True), \
+            out.past_key_values
 
     def prefill(self, ids: Tensor, mask: Tensor, copies: int = 1) -> Tensor:
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
-                         use_cache=True, logits_to_keep=1)
-        self.cache, self.mask = out.past_key_values, mask
+        logits, self.cache = self._logits(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask))
+        self.mask = mask
         self.positions = mask.sum(-1, keepdim=True)
         rows = torch.arange(ids.shape[0], device=ids.device).repeat_interleave(copies)
         if copies > 1:
             self.keep(rows)
-        return out.logits[rows, -1]
+        return logits[rows]
 
     def step(self, tokens: Tensor) -> Tensor:
         self.mask = torch.cat([self.mask, self.mask.new_ones(self.mask.shape[0], 1)], dim=1)
-        out = self.model(input_ids=tokens.unsqueeze(-1), attention_mask=self.mask, position_ids=self.positions,
-                         past_key_values=self.cache, use_cache=True)
-        self.cache = out.past_key_values
+        logits, self.cache = self._logits(input_ids=tokens.unsqueeze(-1), attention_mask=self.mask,
+                                          position_ids=self.positions, past_key_values=self.cache)
         self.positions = self.positions + 1
-        return out.logits[:, -1]
+        return logits
 
     def keep(self, rows: Tensor) -> None:
         self.cache.reorder_cache(rows)
@@ -86,8 +94,9 @@ class Qwen3Decoder:
                 and (getattr(c, "rope_parameters", None) or {}).get("rope_type", "default") not in ("dynamic", "longrope")
                 and getattr(model.get_output_embeddings(), "bias", None) is None)
 
-    def __init__(self, model, capacity: int):
+    def __init__(self, model, capacity: int, fp32_head: bool = False):
         c = model.config
+        self.fp32_head = fp32_head
         inner = model.get_decoder()
         self.heads, self.kv_heads = c.num_attention_heads, c.num_key_value_heads
         self.head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
@@ -157,9 +166,12 @@ class Qwen3Decoder:
             x = x + attn.o_proj(out.transpose(1, 2).reshape(N, q, H * D))
             gate, up = F.linear(_rms_norm(x, layer.post_attention_layernorm), self.gate_up[i]).chunk(2, dim=-1)
             x = x + layer.mlp.down_proj(F.silu(gate) * up)
-        return F.linear(_rms_norm(x[:, -1], self.norm), self.head)
+        return head_logits(_rms_norm(x[:, -1], self.norm), self.head, self.fp32_head)
 
 
-def make_decoder(model, capacity: int) -> Decoder:
-    """The lean Qwen3 decoder where the architecture allows, else the model's own forward."""
-    return Qwen3Decoder(model, capacity) if Qwen3Decoder.supports(model) else HFDecoder(model)
+def make_decoder(model, capacity: int, fp32_head: bool = False) -> Decoder:
+    """The lean Qwen3 decoder where the architecture allows, else the model's own forward;
+    ``fp32_head``: the LM head in float32 whatever the autocast."""
+    if Qwen3Decoder.supports(model):
+        return Qwen3Decoder(model, capacity, fp32_head)
+    return HFDecoder(model, fp32_head)

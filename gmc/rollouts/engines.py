@@ -30,6 +30,11 @@ class SamplingConfig:
     max_new_tokens: PositiveInt = 48
     """Token limit of a response; in training also the constant divisor of the ``seq_sum_const``
     aggregation (:mod:`gmc.policy.update` passes it to the loss). The one home of the limit."""
+    dtype: Dtype | None = None
+    """Training rollouts of the HF engine: the dtype it samples in, under autocast (a
+    ``bfloat16`` sampler beside a ``float32`` trainer makes the sampler/trainer mismatch of an
+    inference engine real on any machine, method.md section 3); None: the trainer's
+    ``model_dtype``. vLLM samples in ``vllm.dtype``."""
 
 
 @settings(prefix="hf.")
@@ -69,7 +74,7 @@ class Engine:
 
     make: str
     """``module:function`` of its factory, imported when an engine is made (so that reading a
-    config needs no torch): ``function(model, tokenizer, model_path, seed, settings, dtype)``
+    config needs no torch): ``function(model, tokenizer, model_path, seed, settings, dtype, fp32_head)``
     gives the engine for the policy ``model`` (loaded from ``model_path``) with its ``settings``
     (None without a settings class) in the compute ``dtype``."""
     label: str
@@ -103,9 +108,9 @@ CPU only with vLLM's CPU build (``make test-vllm``)."""
 
 
 def make_engine(name: str, model, tokenizer, model_path: str | None = None, seed: int = 0, settings=None,
-                dtype: str | None = None):
+                dtype: str | None = None, fp32_head: bool = False):
     """The engine ``name`` for ``model`` (see :class:`Engine`); ``settings`` default to the
-    engine's settings class's defaults."""
+    engine's settings class's defaults; ``fp32_head``: its LM head in float32."""
     if name not in ENGINES:
         raise ConfigError(f"unknown rollout engine {name!r}; known: {list(ENGINES)}", "engine")
     entry = ENGINES[name]
@@ -113,4 +118,4 @@ def make_engine(name: str, model, tokenizer, model_path: str | None = None, seed
         settings = settings if settings is not None else entry.settings()
     if not entry.shares_model and model_path is None:
         raise ValueError(f"the {name} engine loads its own copy of the weights: it needs model_path")
-    return load_named(entry.make)(model, tokenizer, model_path, seed, settings, dtype)
+    return load_named(entry.make)(model, tokenizer, model_path, seed, settings, dtype, fp32_head)

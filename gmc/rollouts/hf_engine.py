@@ -25,7 +25,8 @@ class HFEngine(RandomStreams):
     """Sampling with a Hugging Face causal LM and a KV cache, on any device; ``batch_size``
     answers (prompts x samples) are decoded together. The samples of a call do not depend on
     ``batch_size``: each draws from its own stream. ``token_seconds`` of wall clock are added to
-    every decoding step (:class:`gmc.rollouts.engines.HFConfig`)."""
+    every decoding step (:class:`gmc.rollouts.engines.HFConfig`); ``fp32_head``: the LM head in
+    float32 whatever the autocast."""
 
     newer_weights: Callable[[], int | None] | None = None
     """Partial rollouts: called between two decoding steps, it loads newer weights into the model
@@ -36,8 +37,9 @@ class HFEngine(RandomStreams):
     version the call started with)."""
     version: int = 0
 
-    def __init__(self, model, tokenizer, seed: int = 0, batch_size: int = 256, token_seconds: float = 0.0):
-        self.model = model
+    def __init__(self, model, tokenizer, seed: int = 0, batch_size: int = 256, token_seconds: float = 0.0,
+                 fp32_head: bool = False):
+        self.model, self.fp32_head = model, fp32_head
         self.token_seconds = token_seconds
         self.tokenizer = tokenizer
         self.batch_size = batch_size
@@ -73,7 +75,7 @@ class HFEngine(RandomStreams):
         was_training = self.model.training
         self.model.eval()
         try:
-            decoder = make_decoder(self.model, capacity=ids.shape[1] + sampling.max_new_tokens)
+            decoder = make_decoder(self.model, ids.shape[1] + sampling.max_new_tokens, self.fp32_head)
             tokens, logps, lengths, versions = self._decode(decoder, decoder.prefill(ids, mask, copies=n), sampling,
                                                             keys, [prompt_ids[row // n] for row in range(len(keys))])
         finally:
@@ -137,10 +139,10 @@ class HFEngine(RandomStreams):
         mask = torch.zeros((len(seqs), width), dtype=torch.long, device=self.device)
         for i, seq in enumerate(seqs):
             ids[i, width - len(seq) :], mask[i, width - len(seq) :] = torch.tensor(seq), 1
-        decoder = make_decoder(self.model, capacity=width + room)
+        decoder = make_decoder(self.model, width + room, self.fp32_head)
         return decoder, decoder.prefill(ids, mask)
 
 
-def hf_engine(model, tokenizer, model_path, seed, settings: HFConfig, dtype) -> HFEngine:
+def hf_engine(model, tokenizer, model_path, seed, settings: HFConfig, dtype, fp32_head: bool = False) -> HFEngine:
     """The ``hf`` entry of :data:`gmc.rollouts.engines.ENGINES`: sampling with the trainer's own module."""
-    return HFEngine(model, tokenizer, seed=seed, token_seconds=settings.token_seconds)
+    return HFEngine(model, tokenizer, seed=seed, token_seconds=settings.token_seconds, fp32_head=fp32_head)

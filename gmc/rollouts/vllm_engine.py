@@ -35,7 +35,7 @@ class VLLMEngine(RandomStreams):
     """
 
     def __init__(self, model_path: str, seed: int = 0, cfg: VLLMConfig = VLLMConfig(), dtype: str = "bfloat16",
-                 stop_token_ids: set[int] | None = None):
+                 stop_token_ids: set[int] | None = None, fp32_head: bool = False):
         try:
             import vllm
         except ImportError as e:
@@ -55,7 +55,8 @@ class VLLMEngine(RandomStreams):
         self.llm = vllm.LLM(model=model_path, dtype=cfg.dtype or dtype, seed=seed,
                             gpu_memory_utilization=cfg.gpu_memory_utilization, max_model_len=cfg.max_model_len,
                             enforce_eager=cfg.enforce_eager, enable_sleep_mode=cfg.sleep,
-                            enable_prefix_caching=True, logprobs_mode="processed_logprobs")
+                            enable_prefix_caching=True, logprobs_mode="processed_logprobs",
+                            hf_overrides={"head_dtype": "float32"} if fp32_head else None)
         self.tokenizer = self.llm.get_tokenizer()
         self.stop_token_ids = sorted(stop_token_ids if stop_token_ids is not None else end_token_ids(self.tokenizer))
         self.asleep: set[str] = set()  # the parts of vLLM's memory that are asleep
@@ -113,9 +114,11 @@ class VLLMEngine(RandomStreams):
             self.asleep -= wake
 
 
-def vllm_engine(model, tokenizer, model_path, seed, settings: VLLMConfig, dtype) -> VLLMEngine:
+def vllm_engine(model, tokenizer, model_path, seed, settings: VLLMConfig, dtype, fp32_head: bool = False) -> VLLMEngine:
     """The ``vllm`` entry of :data:`gmc.rollouts.engines.ENGINES`: vLLM loads ``model_path`` in the compute
     ``dtype`` (default: that of ``model``'s parameters) unless its settings name one; answers end
-    at the end-of-turn ids of ``model`` and ``tokenizer``."""
+    at the end-of-turn ids of ``model`` and ``tokenizer``; ``fp32_head``: its LM head in float32
+    (vLLM's ``head_dtype``)."""
     dtype = dtype or str(next(model.parameters()).dtype).removeprefix("torch.")
-    return VLLMEngine(model_path, seed=seed, cfg=settings, dtype=dtype, stop_token_ids=end_token_ids(tokenizer, model))
+    return VLLMEngine(model_path, seed=seed, cfg=settings, dtype=dtype, stop_token_ids=end_token_ids(tokenizer, model),
+                      fp32_head=fp32_head)

@@ -16,6 +16,7 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from gmc.estimators import REGISTRY, EstimatorConfig
+from gmc.estimators.correction import RolloutCorrection
 from gmc.rollouts.delays import DelayConfig
 from gmc.rollouts.engines import ENGINES, HFConfig, SamplingConfig, VLLMConfig
 from gmc.settings import (
@@ -105,13 +106,28 @@ class TrainConfig:
     """Settings of the vLLM engine (memory share, sleep mode, context length, eager mode, dtype)."""
     delay: DelayConfig = field(default_factory=DelayConfig)
     """How stale the rollouts are: delay mode and its settings (method.md section 4)."""
-    behaviour_logprobs: Literal["trainer", "sampler"] = "trainer"
+    behaviour_logprobs: Literal["trainer", "sampler"] | None = None
     """Behaviour log-probs of a stale batch [choice]. ``trainer``: recomputed by the trainer model
     when the batch is generated (method.md section 4; one no-grad forward per batch).
-    ``sampler``: the rollout engine's own log-probs, no extra pass; with the HF engine they come
-    from the same weights (equal to float32 rounding), with vLLM from its own kernels, so the
-    sampler/trainer mismatch enters the ratios (what ``tis`` corrects). Needs sampling at
-    temperature 1, top_p 1. On-policy steps need neither: the training forward gives them."""
+    ``sampler``: the rollout engine's own log-probs, no extra pass; with the HF engine in the
+    trainer's dtype they come from the same weights (equal to float32 rounding), with vLLM or
+    ``sampling.dtype`` from other numerics, so the sampler/trainer mismatch enters the ratios
+    (what ``tis`` corrects). Needs sampling at temperature 1, top_p 1. On-policy steps need
+    neither: the training forward gives them. Unset: ``sampler`` in the bypass mode of
+    ``rollout_correction``, else ``trainer``."""
+    rollout_correction: RolloutCorrection | None = None
+    """The sampler/trainer mismatch correction stacked on the estimator (verl's keys and presets,
+    :mod:`gmc.estimators.correction`; method.md section 3): truncated importance weights and
+    rejection of the trainer-over-sampler ratio. None: no correction (the ``rollout_corr/``
+    diagnostics are logged all the same)."""
+    zero_variance_filter: bool = False
+    """Drop the groups whose rewards are all equal (zero advantage: nothing to learn) and refill the
+    batch with groups of the next prompts, in at most ``refill_calls`` more generation calls; a
+    batch still short is made up with dropped groups (DAPO's dynamic sampling, SkyRL's
+    ``zero_variance_filter``). Sources that generate in process (``sync``, ``fixed``,
+    ``latency``); counted as ``rollout/groups_zero_variance`` and ``rollout/refill_calls``."""
+    refill_calls: PositiveInt = 4
+    """The most generation calls ``zero_variance_filter`` makes to refill one call's groups."""
     seed: NonNegativeInt = 0
     """Seed of sampling, data order and initialisation."""
     checkpoint_every: NonNegativeInt = 50
@@ -127,6 +143,11 @@ class TrainConfig:
     docs/reference/run.md, "Disk"."""
     max_nonfinite_steps: PositiveInt = 3
     """Stop after this many consecutive steps with a non-finite loss or gradient."""
+    fp32_lm_head: bool = False
+    """The LM head's matmul in float32 on both sides, the trainer's log-probs and the rollout
+    engine's (the HF engine's decoding, vLLM's ``head_dtype``), whatever the compute dtype: TRL's
+    ``cast_lm_head_to_fp32``, AReaL's ``enable_fp32_lm_head``. Below float32 it takes one
+    mismatch of the sampler and the trainer away (logits rounded to bfloat16 on one side only)."""
     logprob_chunk_size: PositiveInt = 4096
     """Positions per chunk of the LM head in the log-prob computation."""
     micro_batch_tokens: NonNegativeInt = 0
@@ -152,6 +173,16 @@ class TrainConfig:
     """MLflow experiment name; None: ``$MLFLOW_EXPERIMENT_NAME`` if set, else ``gmc``."""
 
     def __post_init__(self) -> None:
+        bypass = self.rollout_correction is not None and self.rollout_correction.bypass
+        if self.behaviour_logprobs is None:
+            object.__setattr__(self, "behaviour_logprobs", "sampler" if bypass else "trainer")
+        elif bypass and self.behaviour_logprobs != "sampler":
+            raise ConfigError("bypass mode takes the sampler's log-probs as the behaviour: 'sampler' (or unset)",
+                              "behaviour_logprobs")
+        elif self.rollout_correction is not None and not bypass and self.behaviour_logprobs != "trainer":
+            raise ConfigError("the decoupled correction needs the trainer's log-probs at the generating version: "
+                              "'trainer' (or unset); the sampler's as the behaviour is rollout_correction.bypass_mode",
+                              "behaviour_logprobs")
         # training samples: a greedy policy has no log-probs to weight, so 0 is refused here; the
         # log-probs are those of softmax(logits / temperature)
         if not self.sampling.temperature > 0:
@@ -161,6 +192,14 @@ class TrainConfig:
             raise ConfigError("training needs 1: the ratios are of softmax(logits / temperature), and a "
                               f"nucleus-truncated sampler is another distribution (got {self.sampling.top_p})",
                               "sampling.top_p")
+        if self.sampling.dtype is not None and not ENGINES[self.engine].shares_model \
+                and self.sampling.dtype != getattr(getattr(self, self.engine), "dtype", self.sampling.dtype):
+            raise ConfigError(f"the {self.engine} engine samples in its own {self.engine}.dtype "
+                              f"({getattr(self, self.engine).dtype}); set that, or leave sampling.dtype unset",
+                              "sampling.dtype")
+        if self.zero_variance_filter and self.delay.mode in ("ray", "trace"):
+            raise ConfigError(f"the {self.delay.mode} mode does not generate its groups in process, where the filter "
+                              "refills a batch (sync, fixed, latency)", "zero_variance_filter")
         if self.behaviour_logprobs == "sampler" and self.sampling.temperature != 1:
             raise ConfigError("'sampler' needs sampling.temperature 1 and sampling.top_p 1, so that the sampler's "
                               "log-probs are the policy's", "behaviour_logprobs")
@@ -170,13 +209,15 @@ def history_config(cfg: TrainConfig) -> TrainConfig | None:
     """The on-policy run whose end a run with ``delay.warmup: history`` starts from (None for a
     run without one): the run's settings trained by ``delay.history_algorithm`` for
     ``delay.history_length`` updates, synchronously, at a constant learning rate, keeping its last
-    checkpoint. Runs whose histories are equal (every setting but the estimator, the delay and
-    what only the measured run uses) share one."""
+    checkpoint, without the run's mismatch correction. Runs whose histories are equal (every
+    setting but the estimator and its correction, the delay and what only the measured run uses)
+    share one: a run with a correction starts where the same run without it does."""
     steps = cfg.delay.history_length
     if steps == 0:
         return None
     return dataclasses.replace(cfg, algorithm=cfg.delay.history_algorithm, steps=steps, delay=DelayConfig(mode="sync"),
-                               lr_schedule="constant", keep_checkpoints="last", tracking_uri=None, experiment=None)
+                               lr_schedule="constant", keep_checkpoints="last", tracking_uri=None, experiment=None,
+                               rollout_correction=None)
 
 
 def load_train_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:

@@ -20,7 +20,8 @@ are then pruned as ``keep_checkpoints`` says); starting afresh removes it first.
 Every file of a run is written here. Per step (:meth:`RunDir.logs`): a line of
 ``metrics.jsonl``, a line per consumed group in ``groups.jsonl`` (:func:`group_record`) and in
 ``staleness_trace.jsonl`` (what the ``trace`` delay mode replays), each flushed as the step
-ends; a resumed run first cuts the three logs back to its checkpoint's step
+ends, and with ``rollout_correction.record_logprobs`` a file of its tokens' log-probs in
+``logprobs/``; a resumed run first cuts these back to its checkpoint's step
 (:meth:`RunDir.truncate_logs`).
 """
 
@@ -62,12 +63,14 @@ GROUPS = "groups.jsonl"
 TRACE = "staleness_trace.jsonl"
 """The run's consumption order, replayable by the trace delay mode."""
 LOGS = (METRICS, GROUPS, TRACE)
+LOGPROBS = "logprobs"
+"""Per step, every trained token's three log-probs (``rollout_correction.record_logprobs``)."""
 HISTORY = "history"
 """The run directory of the history a run with ``warmup: history`` made for itself (none shared)."""
 SHARED = "shared.json"
 """What a sweep's point holds instead of a run when its run is provably another point's: which
 run (its point), and why."""
-RUN_FILES = (CONFIG, INFO, *LOGS, CHECKPOINT, PREVIOUS, REJECTED, SUMMARY, MODEL)
+RUN_FILES = (CONFIG, INFO, *LOGS, LOGPROBS, CHECKPOINT, PREVIOUS, REJECTED, SUMMARY, MODEL)
 """Everything a run writes into its directory (besides the lock)."""
 
 
@@ -223,7 +226,7 @@ class RunDir:
 
     def clean_interrupted_writes(self) -> list[Path]:
         """Remove what interrupted atomic writes left behind (``.<name>.*.tmp``, ``.model.old``)."""
-        leftovers = [p for p in self.path.iterdir()
+        leftovers = [p for folder in (self.path, self.path / LOGPROBS) if folder.is_dir() for p in folder.iterdir()
                      if p.name.startswith(".") and (p.name.endswith(".tmp") or p.name == f".{MODEL}.old")]
         for p in leftovers:
             if p.is_dir() and not p.is_symlink():
@@ -245,6 +248,7 @@ class RunDir:
         self.unfinish()
         for name in (CHECKPOINT, PREVIOUS, REJECTED, *LOGS):
             (self.path / name).unlink(missing_ok=True)
+        shutil.rmtree(self.path / LOGPROBS, ignore_errors=True)
 
     # -- the step logs -------------------------------------------------------------------------
 
@@ -260,6 +264,18 @@ class RunDir:
         for name in (METRICS, GROUPS):
             truncate_jsonl(self.path / name, step)
         truncate_jsonl(self.path / TRACE, step, key="consumed_version")
+        for path in (self.path / LOGPROBS).glob("step_*.pt"):
+            if int(path.stem.removeprefix("step_")) >= step:
+                path.unlink()
+
+    def write_logprobs(self, step: int, tokens: dict) -> None:
+        """Step ``step``'s token log-probs (:meth:`gmc.policy.update.TokenLogprobs.packed`), atomically."""
+        import torch
+
+        folder = self.path / LOGPROBS
+        folder.mkdir(exist_ok=True)
+        with atomic_path(folder / f"step_{step:06d}.pt") as tmp:
+            torch.save({"step": step, **tokens}, tmp)
 
     # -- checkpoints --------------------------------------------------------------------------
 

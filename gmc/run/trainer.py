@@ -90,6 +90,8 @@ class Step:
 
     metrics: dict[str, float]
     groups: list[Group]
+    tokens: dict | None = None
+    """Its tokens' log-probs, when the run records them (:meth:`gmc.policy.update.TokenLogprobs.packed`)."""
 
 
 class Trainer:
@@ -158,7 +160,8 @@ class Trainer:
             if mode.in_process else None
         self.engine = self.collector.engine if self.collector else None
         self.cursor = PromptCursor(records, cfg.seed)
-        self.source = mode.make_source(cfg, RunRollouts(self.cursor, self.collector), records)
+        refill = cfg.refill_calls if cfg.zero_variance_filter else None
+        self.source = mode.make_source(cfg, RunRollouts(self.cursor, self.collector, refill), records)
         self.optimizer = self._make_optimizer()
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         self.step = 0
@@ -245,7 +248,8 @@ class Trainer:
             "time/step_seconds": t2 - t0,
             "time/update_seconds": t2 - t1,
         }
-        return Step(metrics, batch.groups)
+        record = self.cfg.rollout_correction is not None and self.cfg.rollout_correction.record_logprobs
+        return Step(metrics, batch.groups, self.update.tokens.packed() if record else None)
 
     def _optimizer_step(self, finite: bool) -> bool:
         """Step the optimizer and schedule on a finite loss and gradient, else skip and count;
@@ -451,6 +455,8 @@ class Trainer:
                     step = self.train_step()
                     record = {"step": self.step, "time": time.time(), **step.metrics}
                     logs.write(record, [group_record(self.step, g) for g in step.groups])
+                    if step.tokens is not None:
+                        self.rundir.write_logprobs(self.step, step.tokens)
                     if tracker:
                         tracker.log(record)
                     bar.update(1)

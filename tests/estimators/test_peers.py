@@ -294,3 +294,55 @@ def test_opsm_and_the_two_sided_clip_equal_trl(seed):
     grad, _ = ours("opsm", *batch, dataclasses.replace(cfg, opsm_threshold=0.01))
     ref = trl_grad("grpo", batch, args={"delta": 1.25}, off_policy_mask_threshold=0.01)
     torch.testing.assert_close(grad, ref, rtol=1e-5, atol=1e-7)
+
+
+# -- the mismatch correction (gmc.estimators.mismatch) against verl's rollout_corr_helper ----------
+
+CORRECTIONS = [
+    {"rollout_is": "token", "rollout_is_threshold": 2.0},
+    {"rollout_is": "sequence", "rollout_is_threshold": 1.5},
+    {"rollout_is": "token", "rollout_is_threshold": "0.8_1.3"},
+    {"rollout_is": "sequence", "rollout_is_threshold": 2.0, "rollout_rs": "seq_sum_k1", "rollout_rs_threshold": "0.5_2.0"},
+    {"rollout_rs": "token_k1,seq_mean_k3", "rollout_rs_threshold": "0.7_1.4,0.05"},
+    {"rollout_is": "token", "rollout_is_threshold": 2.0, "rollout_rs": "seq_max_k2,token_k3", "rollout_rs_threshold": 0.08},
+]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("settings", CORRECTIONS)
+def test_correction_equals_verl(verl, seed, settings):
+    """Weights, rejection mask and every statistic verl names alike, on identical inputs."""
+    from gmc.estimators.correction import RolloutCorrection
+    from gmc.estimators.losses import as_floats
+    from gmc.estimators.mismatch import correct, offpolicy_metrics
+
+    trainer, sampler, mask, _ = stale_batch(seed, scale=0.3)
+    trainer, sampler, mask = trainer.reshape(B * G, T), sampler.reshape(B * G, T), mask.reshape(B * G, T)
+    resolved = RolloutCorrection(**settings).resolved()
+    weights, keep, stats = correct(trainer - sampler, mask, resolved)
+    stats = as_floats({**stats, **offpolicy_metrics(trainer, sampler, mask)})
+    proto, ref_mask, ref_stats = verl.corr.compute_rollout_correction_and_rejection_mask(
+        old_log_prob=trainer, rollout_log_prob=sampler, response_mask=mask.float(),
+        rollout_is=resolved["rollout_is"], rollout_is_threshold=resolved["rollout_is_threshold"],
+        rollout_rs=resolved["rollout_rs"], rollout_rs_threshold=resolved["rollout_rs_threshold"])
+    assert torch.equal(keep, ref_mask.bool())
+    if weights is not None:
+        torch.testing.assert_close(weights, proto.batch["rollout_is_weights"], rtol=1e-6, atol=1e-7)
+    shared = set(stats) & set(ref_stats)
+    assert len(shared) >= 15
+    for name in shared:
+        assert stats[name] == pytest.approx(ref_stats[name], rel=1e-5, abs=1e-6), name
+
+
+def test_presets_equal_verl(verl):
+    from gmc.estimators.correction import PRESETS, RolloutCorrection
+
+    keys = ("rollout_is", "rollout_is_threshold", "rollout_rs", "rollout_rs_threshold", "bypass_mode")
+    for name in PRESETS:
+        theirs = getattr(verl.RolloutCorrectionConfig, name)()
+        ours = RolloutCorrection(preset=name).resolved()
+        for key in keys:
+            expected = getattr(theirs, key)
+            if key == "rollout_is_threshold" and ours["rollout_is"] is None:
+                continue  # unused without weights
+            assert ours[key] == expected, (name, key)

@@ -38,3 +38,18 @@ def test_tiny_model_reloads_with_identical_logits(tiny_model_dir, tiny_policy):
         a = model(**ids).logits
         b = again(**ids).logits
     assert torch.equal(a, b)
+
+
+def test_an_fp32_head_rounds_logits_as_float32_whatever_the_autocast():
+    """Under bfloat16 autocast the head's matmul rounds to bfloat16; ``fp32_head`` computes it in
+    float32, equal to the float32 computation on the same (bfloat16-rounded) hidden states."""
+    g = torch.Generator().manual_seed(0)
+    weight = torch.randn(300, 64, generator=g) * 0.1
+    hidden = torch.randn(2, 9, 64, generator=g).to(torch.bfloat16).float()
+    targets = torch.randint(0, 300, (2, 9), generator=g)
+    exact = token_logprobs_from_hidden(weight, hidden, targets, chunk_size=5)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        rounded = token_logprobs_from_hidden(weight, hidden, targets, chunk_size=5)
+        fp32 = token_logprobs_from_hidden(weight, hidden, targets, chunk_size=5, fp32_head=True)
+    torch.testing.assert_close(fp32, exact, rtol=0, atol=1e-5)
+    assert float((rounded - exact).abs().max()) > 1e-3

@@ -254,6 +254,17 @@ def test_a_step_reads_its_statistics_from_the_device_once(name, monkeypatch):
     assert len(reads) == 1 and all(isinstance(v, float) for v in stats.values())
 
 
+def assert_same_step(got, base, stats_rtol=1e-5):
+    """Two steps' ``(loss, stats, gradients)`` equal to float32 rounding."""
+    (loss, stats, grads_), (base_loss, base_stats, base_grads) = got, base
+    assert float(loss) == pytest.approx(float(base_loss), rel=1e-5, abs=1e-7)
+    assert stats.keys() == base_stats.keys()
+    for key in stats:
+        assert stats[key] == pytest.approx(base_stats[key], rel=stats_rtol, abs=1e-6), key
+    for a, b in zip(grads_, base_grads):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
 @pytest.mark.parametrize("name", sorted(REGISTRY))
 @pytest.mark.parametrize("kl_coef", [0.0, 0.3])
 def test_micro_batched_step_equals_the_whole_batch_step(name, kl_coef):
@@ -264,13 +275,8 @@ def test_micro_batched_step_equals_the_whole_batch_step(name, kl_coef):
         base_loss, base_stats, base_grads = step(model, groups, name, 0, kl_coef, on_policy, reference)
         assert sum(float(g.abs().sum()) for g in base_grads) > 0
         for budget in (32, 64, 1000):
-            loss, stats, g = step(model, groups, name, budget, kl_coef, on_policy, reference)
-            assert float(loss) == pytest.approx(float(base_loss), rel=1e-5, abs=1e-7)
-            assert stats.keys() == base_stats.keys()
-            for key in stats:
-                assert stats[key] == pytest.approx(base_stats[key], rel=1e-5, abs=1e-6), key
-            for a, b in zip(g, base_grads):
-                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+            assert_same_step(step(model, groups, name, budget, kl_coef, on_policy, reference),
+                             (base_loss, base_stats, base_grads))
 
 
 @pytest.mark.parametrize("name", ["grpo", "gmc"])
@@ -346,3 +352,90 @@ def test_estimators_create_tensors_on_their_inputs_device():
         with torch.device("meta"):
             step(model, groups, name, 0, kl_coef=0.1, reference=reference)
             step(model, groups, name, 64, kl_coef=0.0, on_policy=False)
+
+
+def with_sampler(groups, seed, scale=0.2, model=None):
+    """The groups with sampler log-probs apart from their behaviour's (the trainer's at the
+    generating version; ``model``'s for on-policy groups), as an engine with other numerics gives."""
+    g = torch.Generator().manual_seed(seed)
+    if model is not None:
+        current = sequence_logprobs(model, Rows.from_groups(groups), 0, 0)
+    for k, grp in enumerate(groups):
+        G, T = grp.response_ids.shape
+        base = grp.behaviour_logp if model is None else current[k * G : (k + 1) * G, :T]
+        grp.sampler_logp = torch.where(grp.response_mask, base + scale * torch.randn(base.shape, generator=g), 0.0)
+    return groups
+
+
+def corrected_step(model, groups, name, budget, correction, on_policy=False, sampler_behaviour=False, per_row=None):
+    from gmc.estimators.correction import RolloutCorrection
+
+    model.zero_grad(set_to_none=True)
+    cfg = REGISTRY[name].resolved(EstimatorConfig())
+    if per_row is None:
+        per_row = not REGISTRY[name].needs_batch_stats_under(cfg)
+    update = Update(model, get_estimator(name), cfg, budget, pad_id=0, chunk_size=16, per_row=per_row,
+                    max_new_tokens=20, correction=RolloutCorrection(**correction).resolved(),
+                    sampler_behaviour=sampler_behaviour)
+    loss, stats, _ = update.backward(groups, on_policy)
+    return loss, stats, grads(model)
+
+
+def test_a_correction_weights_each_tokens_gradient_and_leaves_out_what_it_rejects():
+    """REINFORCE (``none``, seq_sum_const) under token TIS and token-k1 rejection of the
+    trainer/sampler ratio: the gradient of ``-sum keep * w * A * logp / (20 B G)`` through log-probs
+    of the model's own forward, row by row."""
+    from gmc.estimators.mismatch import importance_weights, rejection_mask
+
+    model = random_model(seed=4)
+    groups = with_sampler(random_groups(seed=6), seed=7)
+    correction = {"rollout_is": "token", "rollout_is_threshold": 1.1, "rollout_rs": "token_k1",
+                  "rollout_rs_threshold": "0.8_1.25"}
+    _, stats, g = corrected_step(model, groups, "none", 0, correction)
+    rows = Rows.from_groups(groups)
+    B, G, T = len(groups), 4, max(rows.lengths)
+    behaviour, sampler = torch.zeros(B, G, T), torch.zeros(B, G, T)
+    for k, grp in enumerate(groups):
+        behaviour[k, :, : grp.response_ids.shape[1]] = grp.behaviour_logp
+        sampler[k, :, : grp.response_ids.shape[1]] = grp.sampler_logp
+    mask = torch.arange(T).view(1, 1, T) < torch.tensor(rows.lengths).view(B, G, 1)
+    w, _ = importance_weights(behaviour - sampler, mask, "token", 1.1)
+    keep, _ = rejection_mask(behaviour - sampler, mask, "token_k1", "0.8_1.25")
+    assert 0 < float(keep.sum()) < float(mask.sum()) and float((w[keep] < 1.1).float().mean()) > 0.2
+    adv = group_advantages(torch.stack([grp.rewards for grp in groups]))
+    model.zero_grad(set_to_none=True)
+    logp = torch.zeros(B * G, T)
+    for i, lp in enumerate(naive_logprobs(model, rows)):
+        logp[i, : len(lp)] = lp
+    (-(keep * w * adv.unsqueeze(-1) * logp.view(B, G, T)).sum() / (20 * B * G)).backward()
+    for a, b in zip(g, grads(model)):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-6)
+    assert 0 < stats["rollout_corr/rollout_rs_masked_fraction"] < 1 and "rollout_corr/chi2_seq" in stats
+
+
+CORRECTED = [{"rollout_is": "token", "rollout_is_threshold": 1.2},
+             {"rollout_is": "sequence", "rollout_is_threshold": 2.0, "rollout_rs": "seq_mean_k3",
+              "rollout_rs_threshold": 0.02}]
+
+
+@pytest.mark.parametrize("correction", CORRECTED)
+@pytest.mark.parametrize("name", ["grpo", "gmc", "tic"])
+@pytest.mark.parametrize("mode", ["stale", "on_policy", "bypass"])
+def test_a_corrected_step_is_the_same_however_it_is_micro_batched(name, correction, mode):
+    """Whole batch, micro-batches with the no-grad pass, and a loss split per row: the same loss,
+    statistics and gradient, with the correction's ratio read from the behaviour log-probs (a
+    stale batch), or from the step's own forward (an on-policy batch, bypass mode)."""
+    model = random_model(seed=1)
+    groups = with_sampler(random_groups(seed=3, stale=mode != "on_policy"), seed=8,
+                          model=model if mode != "stale" else None)
+    if mode == "bypass":
+        for grp in groups:
+            grp.behaviour_logp = grp.sampler_logp
+    args = dict(on_policy=mode == "on_policy", sampler_behaviour=mode == "bypass")
+    base_loss, base_stats, base_grads = corrected_step(model, groups, name, 0, correction, **args)
+    assert sum(float(g.abs().sum()) for g in base_grads) > 0
+    for budget, per_row in ((32, False), (64, True), (1000, None)):
+        assert_same_step(corrected_step(model, groups, name, budget, correction, per_row=per_row, **args),
+                         (base_loss, base_stats, base_grads), stats_rtol=1e-4)
+    uncorrected = corrected_step(model, groups, name, 0, {}, **args)
+    assert any(not torch.allclose(a, b) for a, b in zip(uncorrected[2], base_grads))

@@ -27,8 +27,9 @@ def decode_logits(decoder, ids, mask, copies, tokens, keep_at=None, keep=None):
     return out
 
 
+@pytest.mark.parametrize("fp32_head", [False, True])
 @pytest.mark.parametrize("kind", ["qwen3", "hf"])
-def test_decoders_match_the_full_forward_with_shared_prefill_and_dropped_rows(tiny_policy, kind):
+def test_decoders_match_the_full_forward_with_shared_prefill_and_dropped_rows(tiny_policy, kind, fp32_head):
     model, tok = tiny_policy
     enc = tok(prompts_for(3, seed=4), return_tensors="pt", padding=True, add_special_tokens=False)
     ids, mask = enc["input_ids"], enc["attention_mask"]
@@ -40,7 +41,7 @@ def test_decoders_match_the_full_forward_with_shared_prefill_and_dropped_rows(ti
     keep = torch.tensor([0, 3, 5])
     with torch.inference_mode():
         ref = model(input_ids=full_ids, attention_mask=full_mask, position_ids=position_ids_from_mask(full_mask)).logits
-        decoder = Qwen3Decoder(model, P + k) if kind == "qwen3" else HFDecoder(model)
+        decoder = Qwen3Decoder(model, P + k, fp32_head) if kind == "qwen3" else HFDecoder(model, fp32_head)
         got = decode_logits(decoder, ids, mask, copies, tokens, keep_at=3, keep=keep)
     ref = ref[:, P - 1 :]
     torch.testing.assert_close(got[:, :4], ref[:, :4], rtol=1e-4, atol=1e-4)
@@ -63,3 +64,19 @@ def test_decoder_choice_and_cache_limits(tiny_policy):
         decoder.step(torch.ones(1, dtype=torch.long))
         with pytest.raises(ValueError, match="4 positions"):
             decoder.step(torch.ones(1, dtype=torch.long))
+
+
+@pytest.mark.parametrize("kind", ["qwen3", "hf"])
+def test_an_fp32_head_keeps_the_logits_float32_under_bfloat16_autocast(tiny_policy, kind):
+    """Under bfloat16 autocast the head rounds the logits to bfloat16; with ``fp32_head`` they
+    are float32, as ``head_logits`` in float32 of the same hidden states gives them."""
+    model, tok = tiny_policy
+    enc = tok(prompts_for(2, seed=5), return_tensors="pt", padding=True, add_special_tokens=False)
+    P = enc["input_ids"].shape[1]
+    make = (lambda fp32: Qwen3Decoder(model, P + 1, fp32)) if kind == "qwen3" else (lambda fp32: HFDecoder(model, fp32))
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        plain = make(False).prefill(enc["input_ids"], enc["attention_mask"])
+        fp32 = make(True).prefill(enc["input_ids"], enc["attention_mask"])
+    assert plain.dtype == torch.bfloat16 and fp32.dtype == torch.float32
+    assert fp32.shape == plain.shape and torch.isfinite(fp32).all()
+    assert 0 < float((plain.float() - fp32).abs().max()) < 0.1

@@ -16,7 +16,7 @@ from gmc.run.evaluate import EvalConfig
 CALLS: list[int] = []
 
 
-def counting_engine(model, tokenizer, model_path, seed, settings, dtype):
+def counting_engine(model, tokenizer, model_path, seed, settings, dtype, fp32_head):
     """An engine that samples like the HF engine and counts its calls."""
     from gmc.rollouts.hf_engine import HFEngine
 

@@ -327,3 +327,68 @@ def test_the_final_training_reward_carries_its_sampling_noise():
     steps = [{"rollout/reward_mean": v, "rollout/samples": 1e6} for v in (0.2, 0.8)]
     assert reward_se(steps) == pytest.approx(np.std([0.2, 0.8], ddof=1) / math.sqrt(2))
     assert reward_se([{"step": 0}]) is None
+
+
+@pytest.mark.parametrize("preset, delay", [("decoupled_geo_rs_token_tis", 0), ("decoupled_seq_is", 2),
+                                           ("bypass_pg_is", 2)])
+def test_a_corrected_run_records_every_trained_tokens_three_log_probs(tmp_path, train_small, preset, delay):
+    """Each step's file holds the sampler's, the generating version's and the current log-probs of
+    every trained token; the diagnostics are in the metrics. With the HF engine in the trainer's
+    dtype the sampler is the trainer: the mismatch is float32 rounding. Bypass mode has no
+    generating version's log-probs: its diagnostics compare the current policy, staleness included."""
+    out = train(tmp_path, preset, train_small, **{"rollout_correction.preset": preset, "delay.d": delay})
+    metrics = read_jsonl(out / "metrics.jsonl")
+    bypass = preset.startswith("bypass")
+    assert all(r["rollout_corr/training_ppl"] > 1 for r in metrics)
+    assert bypass or all(r["rollout_corr/k3_kl"] < 1e-8 for r in metrics)
+    assert [abs(r["rollout_corr/kl"]) < 1e-4 for r in metrics] == [True] + [not bypass] * 2
+    groups = read_jsonl(out / "groups.jsonl")
+    for step in range(3):
+        tokens = torch.load(out / "logprobs" / f"step_{step:06d}.pt")
+        assert tokens["step"] == step and tokens["lengths"].shape == (3, 4)
+        n = int(tokens["lengths"].sum())
+        assert n == sum(g["length_mean"] * 4 for g in groups if g["step"] == step) and n > 0
+        assert all(tokens[k].shape == (n,) for k in ("sampler", "generating", "current"))
+        if bypass:
+            assert torch.equal(tokens["generating"], tokens["current"])
+        else:
+            torch.testing.assert_close(tokens["sampler"], tokens["generating"], atol=1e-4, rtol=0)
+        if not bypass and step < delay:  # the prefill's theta_0 batches, trained later
+            assert torch.equal(tokens["generating"], tokens["current"]) == (step == 0)
+    config = yaml.safe_load((out / "config.yaml").read_text())
+    assert config["behaviour_logprobs"] == ("sampler" if bypass else "trainer")
+
+
+def test_a_bfloat16_sampler_beside_a_float32_trainer_makes_the_mismatch_real(tmp_path, train_small):
+    """``sampling.dtype: bfloat16``: the HF engine samples under bfloat16 autocast, the trainer's
+    behaviour pass stays float32; their log-probs differ by bfloat16 rounding, which the
+    diagnostics measure and a float32 sampler does not show."""
+    out = train(tmp_path, "bf16", train_small, **{"sampling.dtype": "bfloat16", "delay.d": 1,
+                                                  "rollout_correction.preset": "decoupled_token_is"})
+    metrics = read_jsonl(out / "metrics.jsonl")
+    assert all(r["rollout_corr/k3_kl"] > 1e-6 for r in metrics)
+    tokens = torch.load(out / "logprobs" / "step_000001.pt")
+    gap = (tokens["sampler"] - tokens["generating"]).abs()
+    assert 1e-3 < float(gap.max()) < 1.0
+    assert all(r["rollout_corr/rollout_is_mean"] != 1.0 for r in metrics)
+
+
+def test_the_zero_variance_filter_refills_a_batch_with_the_next_prompts(tmp_path, train_small):
+    """Groups whose rewards are all equal are dropped and replaced by groups of the next prompts,
+    within the refill calls; every step still trains on one group per prompt asked, and only a
+    batch the refills could not complete keeps equal-reward groups."""
+    out = train(tmp_path, "filtered", train_small, zero_variance_filter=True, refill_calls=2)
+    metrics = read_jsonl(out / "metrics.jsonl")
+    groups = read_jsonl(out / "groups.jsonl")
+    assert [sum(g["step"] == s for g in groups) for s in range(3)] == [3, 3, 3]
+    assert sum(r["rollout/groups_zero_variance"] for r in metrics) > 0  # the tiny model often gets a group all wrong
+    for r in metrics:
+        assert 0 <= r["rollout/refill_calls"] <= 2
+        assert r["rollout/samples"] >= 4 * (3 + r["rollout/refill_calls"])  # each refill asks at least one prompt
+        assert r["rollout/groups_zero_variance"] >= 3 * r["train/frac_groups_all_same"]
+        if r["rollout/refill_calls"] < 2:  # the batch was completed
+            assert r["train/frac_groups_all_same"] == 0
+    plain = read_jsonl(train(tmp_path, "plain", train_small) / "metrics.jsonl")
+    assert "rollout/refill_calls" not in plain[0] and plain[0]["rollout/samples"] == 12
+    with pytest.raises(ConfigError, match="zero_variance_filter"):
+        load_train_config(None, ["zero_variance_filter=true", "delay.mode=trace", "delay.trace=x.jsonl"])
