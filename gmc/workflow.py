@@ -56,6 +56,8 @@ def generated_defs() -> dict[str, Any]:
         "tiny_model": json_schema(TinyModelConfig, drop={"synthetic": "the synthetic section", "seed": "the sweep's seed"}),
         "random_model": json_schema(RandomModelConfig),
         "estimator": {"type": "string", "enum": list(REGISTRY), "description": "A registered estimator."},
+        "sweep_algorithm": {"type": "string", "pattern": "^[a-z][a-z0-9_]*$",
+                            "description": "A registered estimator, or the name of one of its variants (variants)."},
         "benchmark": {"type": "string", "enum": list(benchmark_specs()), "description": "A registered benchmark."},
     }
 
@@ -138,6 +140,24 @@ def _refuse_train_delay(config: dict[str, Any]) -> None:
                           f"train.delay.{key}" if key else "train.delay")
 
 
+def _check_algorithms(config: dict[str, Any]) -> None:
+    """Every algorithm a sweep section names is an estimator or a variant, and no variant takes an
+    estimator's name."""
+    variants = config.get("variants", {})
+    for name in variants:
+        if name in REGISTRY:
+            raise ConfigError(f"a variant cannot take an estimator's name {name!r}", f"variants.{name}")
+    lists = {"sweep.algorithms": config["sweep"]["algorithms"],
+             "sweep.references.algorithms": config["sweep"]["references"]["algorithms"],
+             **{f"{m}.algorithms": config[m]["algorithms"] for m in named_delays() if m in config},
+             **{f"traces.{n}.algorithms": t["algorithms"] for n, t in config.get("traces", {}).items()}}
+    for key, names in lists.items():
+        for i, name in enumerate(names):
+            if name not in REGISTRY and name not in variants:
+                raise ConfigError(f"{name!r} is neither an estimator {list(REGISTRY)} nor a variant {list(variants)}",
+                                  f"{key}[{i}]")
+
+
 def validate(config: dict[str, Any], handwritten: dict[str, Any] | None = None) -> dict[str, Any]:
     """Fill ``config``'s defaults, coerce its values (:func:`coerce`) and validate it against
     :func:`schema`, in place, then resolve every run of the sweep and the evaluation as the jobs
@@ -156,6 +176,7 @@ def validate(config: dict[str, Any], handwritten: dict[str, Any] | None = None) 
     if error is not None:
         where = ".".join(str(p) for p in error.absolute_path) or "config"
         raise ConfigError(error.message, where)
+    _check_algorithms(config)
     for point in sweep_points(config):
         resolve_run(config, point)
     resolve_eval(config)

@@ -22,6 +22,7 @@ from gmc.run.config import TrainConfig
 from gmc.run.evaluate import EvalConfig
 from gmc.settings import ConfigError, from_dict, settings, to_dict
 from gmc.sweep import resolve
+from gmc.sweep.points import sweep_points
 from gmc.tasks.datasets import benchmark_specs
 from gmc.tasks.synthetic import SyntheticTask
 
@@ -99,7 +100,9 @@ def test_allowed_values_are_the_registries_and_the_literal_types():
     props = SCHEMA["properties"]
     for where in (props["sweep"]["properties"]["algorithms"], props["sweep"]["properties"]["references"]
                   ["properties"]["algorithms"], *(props[m]["properties"]["algorithms"] for m in named_delays())):
-        assert _enum(where) == list(REGISTRY)
+        assert _resolve(_resolve(where)["items"])["pattern"]  # an estimator or a variant: checked by validate
+    assert _enum(props["variants"]["additionalProperties"]["properties"]["algorithm"]) == list(REGISTRY)
+    assert _enum(props["sweep"]["properties"]["history"]["properties"]["algorithm"]) == list(REGISTRY)
     evaluate = _keys(props["evaluate"])
     assert _enum(evaluate["benchmarks"]) == list(benchmark_specs())
     assert evaluate["samples"]["propertyNames"]["enum"] == list(benchmark_specs())
@@ -112,6 +115,29 @@ def test_allowed_values_are_the_registries_and_the_literal_types():
 
 def _valid_config():
     return yaml.safe_load((REPO / "config.yaml").read_text())
+
+
+def test_a_variant_is_an_estimator_with_train_settings_of_its_own():
+    """A variant's points run its estimator with its train settings merged over the section's;
+    its name stands where an estimator's may, and a wrong name or value is refused naming the key."""
+    config = _valid_config()
+    config["variants"] = {"gmc_tis": {"algorithm": "gmc", "train": {
+        "behaviour_logprobs": "trainer", "rollout_correction": {"preset": "decoupled_token_is"},
+        "sampling": {"dtype": "bfloat16"}}}}
+    config["sweep"]["algorithms"] = [*config["sweep"]["algorithms"], "gmc_tis"]
+    workflow.validate(config, HANDWRITTEN)
+    point = next(p for p in sweep_points(config) if p.algorithm == "gmc_tis")
+    cfg, plain = resolve.resolve_run(config, point), resolve.resolve_run(config, point._replace(algorithm="gmc"))
+    assert cfg.algorithm == "gmc" and cfg.rollout_correction.resolved()["rollout_is"] == "token"
+    assert cfg.sampling.dtype == "bfloat16" and cfg.sampling.max_new_tokens == plain.sampling.max_new_tokens
+    assert plain.rollout_correction is None and plain.sampling.dtype is None
+    for change, key in [({"sweep": {**config["sweep"], "algorithms": ["gmc_nope"]}}, "sweep.algorithms[0]"),
+                        ({"variants": {"grpo": {"algorithm": "gmc"}}}, "variants.grpo"),
+                        ({"variants": {"gmc_tis": {"algorithm": "gmc", "train": {
+                            "behaviour_logprobs": "trainer", "rollout_correction": {"rollout_rs": "x"}}}}},
+                         "variants.gmc_tis.train.rollout_correction.rollout_rs")]:
+        with pytest.raises(ConfigError, match=key.replace("[", r"\[").replace("]", r"\]")):
+            workflow.validate({**config, **change}, HANDWRITTEN)
 
 
 def test_a_key_added_to_trainconfig_needs_no_second_edit(monkeypatch):
@@ -157,6 +183,7 @@ def test_reading_and_validating_configs_imports_no_torch(tmp_path):
     code = f"""
 import json, sys, yaml
 from gmc.sweep import resolve
+from gmc.sweep.points import sweep_points
 from gmc import workflow
 from gmc.run.config import load_train_config
 from gmc.run.evaluate import EvalConfig

@@ -166,7 +166,8 @@ def league_figure(regimes: dict[str, str | Path], out: Path) -> list[Path]:
         G, frame = _largest_group(collect(results))
         score, score_label = _score_column(frame)
         numeric = _delay_axis(ax, _numeric_delays(frame))
-        algorithms = [a for a in REGISTRY if a in set(numeric["algorithm"])]
+        algorithms = list(dict.fromkeys([*(a for a in REGISTRY if a in set(numeric["algorithm"])),
+                                         *sorted(set(numeric["algorithm"]) - set(REGISTRY))]))
         # each estimator a little apart, so that the bars do not hide each other
         offset = {a: 0.3 * (i / max(len(algorithms) - 1, 1) - 0.5) for i, a in enumerate(algorithms)}
         numeric["x"] += numeric["algorithm"].map(offset)

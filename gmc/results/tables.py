@@ -17,6 +17,7 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import yaml
@@ -69,7 +70,7 @@ def collect(results: str | Path) -> pd.DataFrame:
         eval_dir = results / "eval" / run_dir.relative_to(results / "train")
         row.update(eval_scores(eval_dir))
         row.update({f"{k}{PROBLEMS}": v for k, v in problem_scores(eval_dir).items()})
-        row.update(temperatures(run_dir, eval_dir))
+        row.update(run_settings(run_dir, eval_dir))
         rows.append(row)
     if not rows:
         raise FileNotFoundError(f"{results}/train: no finished runs (summary.json) found")
@@ -81,15 +82,20 @@ PROBLEMS = ":problems"
 """Suffix of a run's per-problem scores of an evaluation (``(problems fingerprint, scores)``)."""
 
 
-def temperatures(run_dir: Path, eval_dir: Path) -> dict[str, float]:
-    """The sampling temperature of a run's training rollouts and of its evaluation's samples, as
-    their files record them (for the outcomes' labels)."""
-    out = {}
+def run_settings(run_dir: Path, eval_dir: Path) -> dict[str, Any]:
+    """What the files of a run and its evaluation record of their settings: the sampling
+    temperature of its training rollouts and of its evaluation's samples (for the outcomes'
+    labels), and the estimator it trained with (``estimator``: a variant's point is named apart
+    from its estimator, ``sweep`` ``variants``)."""
+    out: dict[str, Any] = {}
     config = run_dir / "config.yaml"
     if config.exists():
-        sampling = (yaml.safe_load(config.read_text()) or {}).get("sampling") or {}
+        saved = yaml.safe_load(config.read_text()) or {}
+        sampling = saved.get("sampling") or {}
         if "temperature" in sampling:
             out["train_temperature"] = float(sampling["temperature"])
+        if "algorithm" in saved:
+            out["estimator"] = saved["algorithm"]
     for f in sorted(eval_dir.glob("*.json")):
         ev = json.loads(f.read_text())
         if "temperature" in ev and "benchmark" in ev:
@@ -223,7 +229,8 @@ def paired_differences(frame: pd.DataFrame, pairs=PAIRS, margin: float = Analysi
     """Paired differences, one row per (comparison, delay, group, metric): mean difference, 95%
     interval, its standard error, seeds paired, seeds with the mean's sign, and whether the
     interval excludes zero; then each family's (the table's differences in one metric) tests
-    (:func:`judge`). Two kinds: ``a − b`` for each estimator pair at equal (delay, group, seed),
+    (:func:`judge`). Two kinds: ``a − b`` for each estimator pair (``pairs``, then each variant
+    and its estimator, :func:`variant_pairs`) at equal (delay, group, seed),
     and the cost of staleness, ``A: stale − on-policy``, each estimator at every other delay
     against itself at delay 0 at equal (group, seed). Points where either side is missing are
     skipped. An evaluated score is paired per problem within a seed (:func:`_problem_paired_se`).
@@ -235,7 +242,7 @@ def paired_differences(frame: pd.DataFrame, pairs=PAIRS, margin: float = Analysi
     frame = with_benchmark_means(frame)
     metrics = score_columns(frame)
     rows = []
-    for a, b in pairs:
+    for a, b in [*pairs, *variant_pairs(frame)]:
         fa, fb = frame[frame["algorithm"] == a], frame[frame["algorithm"] == b]
         both = fa.merge(fb, on=["delay", "group", "seed"], suffixes=(":a", ":b"))
         rows += _difference_rows(f"{a} − {b}", both, metrics)
@@ -268,6 +275,16 @@ def paired_differences(frame: pd.DataFrame, pairs=PAIRS, margin: float = Analysi
         out.loc[i, added] = out.loc[j, added]
     out.loc[out["same_test_as"] == ONE_RUN, "verdict"] = ONE_RUN
     return out
+
+
+def variant_pairs(frame: pd.DataFrame) -> list[tuple[str, str]]:
+    """``(variant, its estimator)`` for each variant in ``frame`` whose estimator ran too: a variant
+    is compared with the estimator it varies (``gmc_tis − gmc``)."""
+    if "estimator" not in frame.columns:
+        return []
+    present = set(frame["algorithm"])
+    return list(dict.fromkeys((a, e) for a, e in zip(frame["algorithm"], frame["estimator"])
+                              if isinstance(e, str) and a != e and e in present))
 
 
 def _difference_rows(comparison: str, both: pd.DataFrame, metrics: list[str]) -> list[dict]:

@@ -84,8 +84,22 @@ RUN_KEYS: dict[str, Callable[[dict, Point], Any]] = {
 
 
 def run_values(config: dict[str, Any], point: Point) -> dict[str, Any]:
-    """The values a run's TrainConfig is built from: the ``train`` section and :data:`RUN_KEYS`."""
-    return {**config["train"], **{key: value(config, point) for key, value in RUN_KEYS.items()}}
+    """The values a run's TrainConfig is built from: the ``train`` section and :data:`RUN_KEYS`; a
+    variant's point (``variants``) takes its estimator and its train settings over the section's."""
+    variant = config.get("variants", {}).get(point.algorithm)
+    train = _merged(config["train"], variant.get("train", {})) if variant else config["train"]
+    values = {**train, **{key: value(config, point) for key, value in RUN_KEYS.items()}}
+    if variant:
+        values["algorithm"] = variant["algorithm"]
+    return values
+
+
+def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``over``'s values, nested sections merged key by key."""
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
 
 
 def resolve_run(config: dict[str, Any], point: Point) -> TrainConfig:
@@ -95,7 +109,11 @@ def resolve_run(config: dict[str, Any], point: Point) -> TrainConfig:
     try:
         return from_dict(TrainConfig, run_values(config, point))
     except ConfigError as e:
-        raise ConfigError(f"{e.reason} (run {point.path})", _section_key(e.key, point)) from None
+        variant = config.get("variants", {}).get(point.algorithm, {})
+        key = e.key and e.key.split(".", 1)[0].split("[", 1)[0]
+        where = f"variants.{point.algorithm}.train.{e.key}" if key in variant.get("train", {}) \
+            else _section_key(e.key, point)
+        raise ConfigError(f"{e.reason} (run {point.path})", where) from None
 
 
 def _section_key(key: str | None, point: Point) -> str | None:

@@ -219,3 +219,19 @@ def test_a_tables_html_page_is_its_markdown():
                     "<ul><li>a &amp; b</li><li>c</li></ul>\n"
                     "<table><thead><tr><th>algorithm</th><th>score</th></tr></thead>"
                     "<tbody><tr><td>gmc</td><td>0.5 ± 0.1</td></tr></tbody></table>\n</body></html>\n")
+
+
+def test_a_variant_is_compared_with_its_estimator(tmp_path):
+    """A variant's runs (their config names the estimator it varies) are paired with that
+    estimator's at equal delay, group and seed: ``gmc_tis − gmc``."""
+    r = tmp_path / "results"
+    for seed, (g, v) in enumerate([(0.50, 0.60), (0.52, 0.66), (0.48, 0.62)]):
+        fake_run(r, "gmc", 16, 8, seed, 0.5, g)
+        fake_run(r, "gmc_tis", 16, 8, seed, 0.5, v)
+        (r / "train" / "algo~gmc_tis" / "delay~16" / "group~8" / f"seed~{seed}" / "config.yaml").write_text(
+            "algorithm: gmc\n")
+    frame = collect(r)
+    assert set(frame[frame.algorithm == "gmc_tis"]["estimator"]) == {"gmc"}
+    paired = write_tables(r)["paired"]
+    row = paired[(paired.comparison == "gmc_tis − gmc") & (paired.metric == "eval/synthetic/greedy")].iloc[0]
+    assert row["diff"] == pytest.approx(((0.60 - 0.50) + (0.66 - 0.52) + (0.62 - 0.48)) / 3)
