@@ -197,6 +197,10 @@ def _settings_arguments(p: argparse.ArgumentParser, what: str, example: str) -> 
                    help=f"override a config key, dotted for nested keys ({example}); repeatable")
 
 
+MASTERS = {True: " over float32 masters", "optimizer": " live, float32 masters in the optimizer", False: " in place"}
+"""How ``gmc plan-memory`` names a run's ``master_weights`` below float32."""
+
+
 def _plan_memory(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -223,7 +227,7 @@ def _plan_memory(args: argparse.Namespace) -> int:
     shape = ModelShape.of(cfg.model)
     p = plan(cfg, device_limit(cfg, args.gpu_gib), shape)
     print(f"memory plan of {cfg.model}: budget {cfg.micro_batch_tokens} tokens, {cfg.model_dtype}"
-          f"{' over float32 masters' if cfg.master_weights and cfg.model_dtype != 'float32' else ''}, "
+          f"{MASTERS[cfg.master_weights] if cfg.model_dtype != 'float32' else ''}, "
           f"{cfg.optimizer}, engine {cfg.engine}"
           + (f" (share {cfg.vllm.gpu_memory_utilization}, sleep {cfg.vllm.sleep})" if cfg.engine == "vllm" else ""))
     print(p.table())

@@ -11,11 +11,15 @@ on resume, the optimizer's states loaded; the checkpoint itself is read into hos
 :func:`checkpoint_host_bytes`, and its queued rollouts stay there). The limit is the device memory free when the run starts (or
 ``memory_limit_gib``). Items, in bytes:
 
-- parameters ``P x 4`` (float32, or float32 masters below it) or ``P x 2`` (in place);
-- gradients, as the parameters;
-- optimizer states: AdamW two moments in the parameters' dtype; 8-bit AdamW 2 bytes per parameter;
+- parameters ``P x 4`` (float32, or float32 masters below it) or ``P x 2`` (in place, or live
+  beside the optimizer's masters);
+- the optimizer's float32 masters (``master_weights: optimizer``): ``P x 4``;
+- gradients, as the parameters (the masters' float32 gradients are made one tensor at a time
+  after the backward pass, each live gradient freed as its copy is made);
+- optimizer states: AdamW two moments in the dtype of what it steps; 8-bit AdamW 2 bytes per parameter;
 - autocast copies of the weights in the compute dtype (masters below float32): ``P x 2``;
-- saved activations: with checkpointing each layer's float32 input and the final norm's,
+- saved activations (as under autocast over float32 masters: with bfloat16 live weights, whose
+  residual stream is bfloat16, an upper bound): with checkpointing each layer's float32 input and the final norm's,
   ``tokens x (12 + 4 H (L + 2))`` (exact: ``tests/policy/test_memory.py`` counts what autograd saves);
   without, ``L`` times the per-layer set below; with ``k`` of the ``L`` layers checkpointed,
   ``tokens x (12 + 4 H (k + 2) + (L - k) x`` the per-layer set``)``;
@@ -234,15 +238,23 @@ def plan(cfg, device_bytes: int | None = None, shape: ModelShape | None = None) 
     return _plan(cfg, device_bytes, shape, L if cfg.gradient_checkpointing else 0)
 
 
+def _bytes(cfg, P: int) -> tuple[int, int, int]:
+    """Bytes of the parameters, of the optimizer's float32 masters and of its states."""
+    below = cfg.model_dtype != "float32"
+    param_bytes = 4 if (not below or cfg.master_weights is True) else 2
+    masters = 4 * P if below and cfg.master_weights == "optimizer" else 0
+    optimizer = cfg.optimizer if cfg.optimizer != "auto" else "adamw8bit"  # auto on CUDA
+    optim = 2 * P if optimizer == "adamw8bit" else 2 * P * (4 if masters else param_bytes)
+    return P * param_bytes, masters, optim
+
+
 def _plan(cfg, device_bytes: int | None, shape: ModelShape, checkpointed: int) -> Plan:
     P = shape.parameters
-    param_bytes = 4 if (cfg.model_dtype == "float32" or cfg.master_weights) else 2
+    params, masters, optim = _bytes(cfg, P)
     below = cfg.model_dtype != "float32"
-    optimizer = cfg.optimizer if cfg.optimizer != "auto" else "adamw8bit"  # auto on CUDA
-    optim = 2 * P if optimizer == "adamw8bit" else 2 * P * param_bytes
     tokens = cfg.micro_batch_tokens or (cfg.prompts_per_step * cfg.group_size * (cfg.sampling.max_new_tokens + 512))
     saved = tokens * shape.saved_per_token(checkpointed)
-    masters_below = below and cfg.master_weights
+    masters_below = below and cfg.master_weights is True  # float32 live weights under autocast
     head_weight_grad = shape.vocab_size * shape.hidden_size * 6 if masters_below else 0
     transient = max(cfg.logprob_chunk_size * shape.vocab_size * 4 * 3 + head_weight_grad,
                     tokens * shape.recomputed_per_token if checkpointed else 0)
@@ -251,10 +263,11 @@ def _plan(cfg, device_bytes: int | None, shape: ModelShape, checkpointed: int) -
                  if cfg.behaviour_logprobs == "trainer" else 0)
     vllm_awake = int(cfg.vllm.gpu_memory_utilization * device_bytes) if cfg.engine == "vllm" and device_bytes else 0
     vllm_training = (VLLM_ASLEEP_BYTES if cfg.vllm.sleep else vllm_awake) if cfg.engine == "vllm" else 0
-    reference = P * param_bytes if cfg.estimator.kl_coef > 0 and cfg.reference_device == "auto" else 0
+    reference = params if cfg.estimator.kl_coef > 0 and cfg.reference_device == "auto" else 0
     items = {  # (training, generation, resume)
-        "parameters": (P * param_bytes,) * 3,
-        "gradients": (P * param_bytes, 0, 0),
+        "parameters": (params,) * 3,
+        "float32 masters": (masters,) * 3,
+        "gradients": (params, 0, 0),
         "optimizer states": (optim,) * 3,
         "autocast weight copies": (P * 2 if masters_below else 0, 0, 0),
         "saved activations": (saved, 0, 0),
@@ -270,6 +283,7 @@ def _plan(cfg, device_bytes: int | None, shape: ModelShape, checkpointed: int) -
     }
     keys = {
         "parameters": "master_weights, model_dtype",
+        "float32 masters": "master_weights: false",
         "gradients": "master_weights",
         "optimizer states": "optimizer: adamw8bit",
         "autocast weight copies": "model_dtype",
@@ -288,13 +302,10 @@ def checkpoint_host_bytes(cfg, shape: ModelShape | None = None) -> int:
     ``slots`` groups in the latency model, ``(max_staleness + 1) x prompts_per_step`` under Ray)
     of full-length answers: token ids, mask and two log-prob tensors, 17 bytes per padded token."""
     shape = shape or ModelShape.of(cfg.model)
-    P = shape.parameters
-    param_bytes = 4 if (cfg.model_dtype == "float32" or cfg.master_weights) else 2
-    optimizer = cfg.optimizer if cfg.optimizer != "auto" else "adamw8bit"
-    optim = 2 * P if optimizer == "adamw8bit" else 2 * P * param_bytes
+    params, masters, optim = _bytes(cfg, shape.parameters)
     groups = {"fixed": cfg.delay.d * cfg.prompts_per_step, "latency": cfg.delay.slots,
               "ray": (cfg.delay.max_staleness + 1) * cfg.prompts_per_step}.get(cfg.delay.mode, 0)
-    return P * param_bytes + optim + groups * cfg.group_size * cfg.sampling.max_new_tokens * 17
+    return params + masters + optim + groups * cfg.group_size * cfg.sampling.max_new_tokens * 17
 
 
 class MemoryPlanError(RuntimeError):

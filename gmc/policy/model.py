@@ -67,6 +67,15 @@ def checkpoint_layers(model, count: int | None = None) -> None:
         layer.gradient_checkpointing = False
 
 
+def compile_layers(model) -> None:
+    """``torch.compile`` each of ``model``'s decoder layers in place, with dynamic shapes (the
+    micro-batches' canonical lengths vary): a layer's many small kernels fused into few on a GPU,
+    its numerics those of the eager layer up to the fused kernels' rounding; the first passes of a
+    run pay the compilation. The HF engine's decoder calls the layers' weights, not the layers."""
+    for layer in model.get_decoder().layers:
+        layer.compile(dynamic=True)
+
+
 def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
     """Positions that start at 0 on the first real token of each left-padded row."""
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)

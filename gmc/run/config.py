@@ -51,11 +51,15 @@ class TrainConfig:
     model_dtype: Dtype = "float32"
     """Compute dtype: ``float32``, ``bfloat16`` or ``float16``. Below float32, forwards run under
     autocast to this dtype while the parameters stay float32 (``master_weights``)."""
-    master_weights: bool = True
+    master_weights: bool | Literal["optimizer"] = True
     """Below float32: keep float32 parameters, so the optimizer updates float32 masters and an
     update of 1e-6 on a weight of 0.02 is not rounded away (bfloat16 keeps 8 mantissa bits);
-    checkpoints hold the masters. False: parameters in ``model_dtype``, updated in place (half
-    the parameter memory; small updates round away)."""
+    checkpoints hold the masters. ``optimizer``: parameters in ``model_dtype`` (forward and
+    backward without autocast: no weight cast per use, the residual stream in ``model_dtype``)
+    and float32 masters held for the optimizer, written back after every step
+    (:mod:`gmc.policy.masters`; the usual mixed precision of large trainers); checkpoints hold
+    both. False: parameters in ``model_dtype``, updated in place (half the parameter memory;
+    small updates round away)."""
     device: str = "auto"
     """``auto`` (CUDA when available), ``cpu`` or ``cuda[:i]``."""
     gradient_checkpointing: bool | Literal["auto"] = False
@@ -143,6 +147,9 @@ class TrainConfig:
     docs/reference/run.md, "Disk"."""
     max_nonfinite_steps: PositiveInt = 3
     """Stop after this many consecutive steps with a non-finite loss or gradient."""
+    compile_layers: bool = False
+    """``torch.compile`` each decoder layer (dynamic shapes; :func:`gmc.policy.model.compile_layers`):
+    fewer, fused kernels on a GPU; the first steps pay the compilation."""
     fp32_lm_head: bool = False
     """The LM head's matmul in float32 on both sides, the trainer's log-probs and the rollout
     engine's (the HF engine's decoding, vLLM's ``head_dtype``), whatever the compute dtype: TRL's
@@ -197,6 +204,10 @@ class TrainConfig:
             raise ConfigError(f"the {self.engine} engine samples in its own {self.engine}.dtype "
                               f"({getattr(self, self.engine).dtype}); set that, or leave sampling.dtype unset",
                               "sampling.dtype")
+        if self.sampling.dtype == "float32" and self.model_dtype != "float32" and self.master_weights is not True \
+                and ENGINES[self.engine].shares_model:
+            raise ConfigError(f"the {self.engine} engine samples with the trainer's {self.model_dtype} parameters "
+                              f"(master_weights: {self.master_weights}): it cannot sample in float32", "sampling.dtype")
         if self.zero_variance_filter and self.delay.mode in ("ray", "trace"):
             raise ConfigError(f"the {self.delay.mode} mode does not generate its groups in process, where the filter "
                               "refills a batch (sync, fixed, latency)", "zero_variance_filter")

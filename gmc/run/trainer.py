@@ -30,7 +30,8 @@ from tqdm import tqdm
 
 from gmc.estimators import diagnostic_names
 from gmc.io import atomic_dir, atomic_path, flatten, read_jsonl, write_json, write_text
-from gmc.policy.model import DTYPES, load_policy, parameter_bytes
+from gmc.policy.masters import MasterWeights
+from gmc.policy.model import DTYPES, compile_layers, load_policy, parameter_bytes
 from gmc.policy.update import Update
 from gmc.rollouts.collect import (
     PromptCursor,
@@ -139,11 +140,16 @@ class Trainer:
         torch.manual_seed(cfg.seed)
 
         # below float32, the parameters (and the optimizer's view of them) stay float32 masters
-        # and every forward runs under autocast to model_dtype (method.md section 7)
-        params_dtype = "float32" if cfg.master_weights else cfg.model_dtype
+        # and every forward runs under autocast to model_dtype; or (master_weights: optimizer) the
+        # parameters are in model_dtype and the optimizer steps float32 masters (method.md section 7)
+        params_dtype = "float32" if cfg.master_weights is True else cfg.model_dtype
         self.compute_dtype = DTYPES[cfg.model_dtype]
         checkpointing = self.memory_plan.checkpointed_layers if self.memory_plan else cfg.gradient_checkpointing is True
         self.model, self.tokenizer = load_policy(cfg.model, params_dtype, cfg.device, checkpointing)
+        if cfg.compile_layers:
+            compile_layers(self.model)
+        self.masters = MasterWeights(p for p in self.model.parameters() if p.requires_grad) \
+            if cfg.master_weights == "optimizer" and cfg.model_dtype != "float32" else None
         self.device = next(self.model.parameters()).device
         reference = None
         if cfg.estimator.kl_coef > 0:  # the frozen starting policy, loaded like the policy
@@ -180,7 +186,7 @@ class Trainer:
     # -- setup ------------------------------------------------------------------------------
 
     def _make_optimizer(self):
-        params = [p for p in self.model.parameters() if p.requires_grad]
+        params = self.masters.masters if self.masters else [p for p in self.model.parameters() if p.requires_grad]
         kind = self.cfg.optimizer
         if kind == "auto":
             kind = "adamw8bit" if self.device.type == "cuda" else "adamw"
@@ -224,7 +230,10 @@ class Trainer:
             self.engine.release_memory()
         with out_of_memory(self.memory_plan, "training", self.device):
             loss, stats, rewards = self.update.backward(batch.groups, self.on_policy)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
+        if self.masters:
+            self.masters.grads_in()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.masters.masters if self.masters else self.model.parameters(),
+                                                   self.cfg.max_grad_norm)
         finite = self._optimizer_step(bool(torch.isfinite(loss)) and bool(torch.isfinite(grad_norm)))
         if self.engine is not None:
             self.engine.sync_weights(self.model)
@@ -256,6 +265,8 @@ class Trainer:
         too many non-finite steps in a row stop the run."""
         if finite:
             self.optimizer.step()
+            if self.masters:
+                self.masters.weights_out()
             self.scheduler.step()
             self.consecutive_nonfinite = 0
         else:
@@ -301,6 +312,7 @@ class Trainer:
             "source": self.source.state_dict(), "skipped": self.skipped,
             "consecutive_nonfinite": self.consecutive_nonfinite, "run_info": self.run_info,
             "kept_batches": list(self.kept), "history": self.history,
+            "masters": self.masters.state() if self.masters else None,
         }
         self.rundir.write_checkpoint(state)
 
@@ -340,6 +352,8 @@ class Trainer:
                 f"{type(self.optimizer).__name__} (optimizer: auto is adamw8bit on CUDA, adamw elsewhere); resume on "
                 "the kind of device that wrote it, or start a run that moves between devices with optimizer: adamw")
         self.model.load_state_dict(state["model"])
+        if self.masters:
+            self.masters.load(state.get("masters"))
         self.optimizer.load_state_dict(state["optimizer"])
 
     # -- a history: the on-policy run every point of a seed starts from ---------------------------

@@ -100,6 +100,21 @@ def test_the_behaviour_pass_and_the_lm_heads_weight_gradient_are_planned():
     assert in_place.items["LM-head chunk or recomputed layer"][0] == max(1024 * V * 12, recomputed) == recomputed
 
 
+def test_bfloat16_live_weights_with_optimizer_masters_are_planned_by_hand():
+    """``master_weights: optimizer`` at 4B: bfloat16 parameters and gradients (2 B each), float32
+    masters (4 B) resident in every phase, 8-bit moments, no autocast copies and no weight cast in
+    the behaviour pass; the checkpoint holds both weights."""
+    P, H, q, kv, inter = 4_022_468_096, 2560, 32 * 128, 8 * 128, 9728
+    p = plan(paper("vllm.sleep=true", "vllm.gpu_memory_utilization=0.45", "master_weights=optimizer"), None)
+    assert p.items["parameters"] == (2 * P,) * 3 and p.items["float32 masters"] == (4 * P,) * 3
+    assert p.items["gradients"] == (2 * P, 0, 0) and p.items["optimizer states"] == (2 * P,) * 3
+    assert p.items["autocast weight copies"] == (0, 0, 0)
+    assert p.items["behaviour pass"][1] == 16384 * (12 * H + 4 * q + 4 * kv + 6 * inter)
+    adamw = plan(paper("master_weights=optimizer", "optimizer=adamw"), None)
+    assert adamw.items["optimizer states"][0] == 2 * 4 * P  # float32 moments of the masters
+    assert checkpoint_host_bytes(paper("master_weights=optimizer")) == 2 * P + 4 * P + 2 * P
+
+
 def test_the_plan_has_the_resume_phase_and_the_allocators_reserve():
     """A resume holds what generation holds but its behaviour pass (vLLM awake as built,
     weights and optimizer states loaded; the checkpoint itself in host memory); every phase

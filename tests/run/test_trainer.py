@@ -392,3 +392,32 @@ def test_the_zero_variance_filter_refills_a_batch_with_the_next_prompts(tmp_path
     assert "rollout/refill_calls" not in plain[0] and plain[0]["rollout/samples"] == 12
     with pytest.raises(ConfigError, match="zero_variance_filter"):
         load_train_config(None, ["zero_variance_filter=true", "delay.mode=trace", "delay.trace=x.jsonl"])
+
+
+def test_bfloat16_live_weights_with_optimizer_masters_agree_with_the_autocast_update(tmp_path, train_small):
+    """``master_weights: optimizer`` (bfloat16 parameters, float32 masters in the optimizer) against
+    today's bfloat16 autocast over float32 parameters, three steps of one run: the losses agree
+    within bfloat16's tolerance (2e-2), and the weights' moves point the same way (cosine > 0.9);
+    the checkpoint holds the masters, and the live weights are them rounded."""
+    runs = {}
+    for mode in ("true", "optimizer"):
+        out = train(tmp_path, mode, train_small, model_dtype="bfloat16", master_weights=mode, checkpoint_every=3,
+                    keep_checkpoints="last")
+        runs[mode] = (read_jsonl(out / "metrics.jsonl"), torch.load(out / "checkpoint.pt", weights_only=False))
+    (autocast, a_state), (masters, m_state) = runs["true"], runs["optimizer"]
+    for a, m in zip(autocast, masters):
+        assert abs(a["train/loss"] - m["train/loss"]) < 2e-2 and abs(a["train/reward_mean"] - m["train/reward_mean"]) < 0.3
+    from gmc.policy.model import load_policy
+
+    model_dir = yaml.safe_load((tmp_path / "true" / "config.yaml").read_text())["model"]
+    start = dict(load_policy(model_dir, "float32", "cpu")[0].named_parameters())  # tied weights once
+    assert a_state["masters"] is None and len(m_state["masters"]) == len(start)
+    live = m_state["model"]
+    moved_a, moved_m = [], []
+    for (name, w0), m in zip(start.items(), m_state["masters"]):
+        w0 = w0.detach()
+        assert live[name].dtype == torch.bfloat16 and torch.equal(live[name], m.to(torch.bfloat16))
+        moved_a.append((a_state["model"][name] - w0).flatten())
+        moved_m.append((m - w0.to(torch.bfloat16).float()).flatten())  # its masters start from the bf16 weights
+    cos = torch.nn.functional.cosine_similarity(torch.cat(moved_a), torch.cat(moved_m), dim=0)
+    assert cos > 0.9, float(cos)

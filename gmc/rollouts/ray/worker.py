@@ -31,7 +31,7 @@ class RolloutWorker:
         torch.set_num_threads(cfg.delay.worker_threads)
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         torch.manual_seed(cfg.seed)
-        params = "float32" if cfg.master_weights else cfg.model_dtype
+        params = "float32" if cfg.master_weights is True else cfg.model_dtype  # the trainer's live weights
         self.model, self.tokenizer = load_policy(cfg.model, params, cfg.delay.worker_device)
         update = Update.from_config(cfg, self.model, self.tokenizer.pad_token_id)
         self.collector = rollout_side(cfg, update, self.tokenizer, cfg.behaviour_logprobs, grader_workers=1)
