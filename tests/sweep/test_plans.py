@@ -305,6 +305,18 @@ def test_small_jobs_run_on_the_submitting_machine(tmp_path, load_rules):
     assert not {"build_tiny_model", "train", "evaluate", "evaluate_base"} & local
 
 
+def test_what_starts_a_seed_goes_first_with_the_small_jobs_it_waits_on(tmp_path, load_rules):
+    """Warm starts, then histories and prefills, before the training runs; Snakemake passes a
+    job's priority to none of its inputs, so the small jobs they wait on (the model's config, the
+    run configs, the data) carry it themselves: a seed's warm start cannot wait behind the other
+    seeds' training for its config."""
+    rules = load_rules(tmp_path)
+    build, start = rules["build_tiny_model"].priority, rules["history"].priority
+    assert build > start > rules["train"].priority and rules["prefill"].priority == start
+    assert rules["model_config"].priority >= build
+    assert rules["train_config"].priority >= start and rules["prepare_data"].priority >= start
+
+
 def test_conda_env_per_rule_follows_the_gpus_the_profile_gives(tmp_path, load_rules):
     cpu_only = load_rules(tmp_path / "cpu")
     assert {r.conda_env for r in cpu_only.values() if r.conda_env} == {"../../envs/cpu.yaml"}

@@ -43,7 +43,9 @@ RESULTS = config["results"]
 os.environ.setdefault("GMC_REPO", workflow.basedir)
 CONDA_ENV = "../../envs/cpu.yaml"
 # what starts a seed's runs goes first: its base model's warm start, then its history or
-# prefill, so that no seed's chain of long jobs is left for the end while the other cores idle
+# prefill, so that no seed's chain of long jobs is left for the end while the other cores idle;
+# the small jobs they wait on (the model's config, the run configs, the data) as early (Snakemake
+# gives a job's priority to none of its inputs)
 BUILD_PRIORITY = 20
 START_PRIORITY = 10
 

@@ -4,6 +4,7 @@ rule prepare_data:
         f"{RESULTS}/data/manifest.json",
     log:
         f"{RESULTS}/logs/prepare_data.log",
+    priority: START_PRIORITY
     localrule: True
     conda:
         CONDA_ENV

@@ -7,6 +7,7 @@ if MODEL_NAME in BUILT_MODELS:
             per_seed(f"{RESULTS}/configs/model", ".yaml"),
         log:
             per_seed(f"{RESULTS}/logs/model_config", ".log"),
+        priority: BUILD_PRIORITY
         localrule: True
         conda:
             CONDA_ENV
@@ -68,6 +69,7 @@ elif not LOCAL_MODEL:
             directory(MODEL_DIR),
         log:
             f"{RESULTS}/logs/fetch_model.log",
+        priority: BUILD_PRIORITY
         localrule: True
         conda:
             CONDA_ENV

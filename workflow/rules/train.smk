@@ -7,6 +7,7 @@ rule train_config:
         f"{RESULTS}/configs/train/{POINT}.yaml",
     log:
         f"{RESULTS}/logs/train_config/{POINT}.log",
+    priority: START_PRIORITY
     localrule: True
     conda:
         CONDA_ENV
