@@ -100,10 +100,13 @@ def coerce(value: Any, node: dict[str, Any], defs: dict[str, Any]) -> Any:
     if isinstance(value, str):
         types = set()
         for b in branches:
+            named = b["enum"] if "enum" in b else [b["const"]] if "const" in b else None
+            if named is not None:  # a branch of named values takes this string only as one of them
+                if any(isinstance(v, str) and v == value for v in named):
+                    return value
+                continue
             t = b.get("type", [])
             types |= {t} if isinstance(t, str) else set(t)
-            if "enum" in b and any(isinstance(v, str) and v == value for v in b["enum"]):
-                return value
         if "string" in types or not types:
             return value
         try:

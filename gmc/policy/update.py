@@ -239,8 +239,9 @@ class Update:
         if est_cfg.kl_coef > 0 and reference is None:
             raise ValueError("kl_coef > 0 needs a reference model")
         self.model, self.loss_fn, self.cfg, self.per_row = model, loss_fn, est_cfg, per_row
-        # gmc's losses can leave their statistics on the device (estimator_loss): a micro-batch of
-        # the per-row path, which discards them, then never makes the host wait on the device
+        # gmc's losses can leave their statistics on the device (estimator_loss): a step reads them,
+        # with the mismatch's, in one transfer at its end, and never waits on the device between
+        # micro-batches
         self.quiet = {"floats": False} if "floats" in inspect.signature(loss_fn, follow_wrapped=False).parameters else {}
         self.max_new_tokens = max_new_tokens
         self.budget, self.pad_id, self.temperature, self.chunk_size = budget, pad_id, temperature, chunk_size
@@ -315,7 +316,7 @@ class Update:
             if weights is not None:
                 logp.register_hook(lambda grad: grad * weights)
             loss, stats = self.loss_fn(logp, current if on_policy else behaviour, keep, adv, self.cfg,
-                                       ref_logp=ref, max_new_tokens=self.max_new_tokens)
+                                       ref_logp=ref, max_new_tokens=self.max_new_tokens, **self.quiet)
             loss.backward()
             loss = loss.detach()
         elif self.per_row and not reads_current and not (on_policy and ref is None):
@@ -329,7 +330,7 @@ class Update:
                     weights, keep, extra = correct(values - sampler, mask, corr)
             leaf = values.clone().requires_grad_(True)
             loss, stats = self.loss_fn(leaf, values if on_policy else behaviour, keep, adv, self.cfg, ref_logp=ref,
-                                       max_new_tokens=self.max_new_tokens)
+                                       max_new_tokens=self.max_new_tokens, **self.quiet)
             (coef,) = torch.autograd.grad(loss, leaf)
             if weights is not None:
                 coef = coef * weights
@@ -346,10 +347,10 @@ class Update:
         generating = current if behaviour is None or self.sampler_behaviour else behaviour
         extra.update(offpolicy_metrics(generating, sampler, mask))
         self.tokens = TokenLogprobs(mask, sampler, generating, current)
-        return loss, {**stats, **as_floats(extra)}, rewards
+        return loss, as_floats({**stats, **extra}), rewards  # every statistic read from the device at once
 
     def _row_by_row(self, rows: Rows, behaviour: Tensor | None, mask: Tensor, adv: Tensor, ref: Tensor | None,
-                    weights: Tensor | None = None) -> tuple[Tensor, dict[str, float], Tensor]:
+                    weights: Tensor | None = None) -> tuple[Tensor, dict, Tensor]:
         """The micro-batched step of a loss that splits per row (``behaviour`` None: on-policy,
         the rows' own log-probs are their behaviour; ``weights``: each token's gradient is
         multiplied by its weight); returns the loss, statistics and every row's log-probs."""
@@ -371,7 +372,7 @@ class Update:
         logp = values.view(B, G, T)
         with torch.no_grad():
             loss, stats = self.loss_fn(logp, logp if behaviour is None else behaviour, mask, adv, self.cfg,
-                                       ref_logp=ref, max_new_tokens=self.max_new_tokens)
+                                       ref_logp=ref, max_new_tokens=self.max_new_tokens, **self.quiet)
         return loss, stats, logp
 
     def _forward(self, rows: Rows, idx: list[int]) -> Tensor:

@@ -71,6 +71,8 @@ def collect(results: str | Path) -> pd.DataFrame:
         row.update(eval_scores(eval_dir))
         row.update({f"{k}{PROBLEMS}": v for k, v in problem_scores(eval_dir).items()})
         row.update(run_settings(run_dir, eval_dir))
+        if marker.name == SHARED:  # the run is another point's: its estimator is that point's
+            row.pop("estimator", None)
         rows.append(row)
     if not rows:
         raise FileNotFoundError(f"{results}/train: no finished runs (summary.json) found")
@@ -86,7 +88,7 @@ def run_settings(run_dir: Path, eval_dir: Path) -> dict[str, Any]:
     """What the files of a run and its evaluation record of their settings: the sampling
     temperature of its training rollouts and of its evaluation's samples (for the outcomes'
     labels), and the estimator it trained with (``estimator``: a variant's point is named apart
-    from its estimator, ``sweep`` ``variants``)."""
+    from its estimator, ``variants`` in the workflow's config)."""
     out: dict[str, Any] = {}
     config = run_dir / "config.yaml"
     if config.exists():
