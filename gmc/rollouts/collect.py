@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -94,40 +94,40 @@ class RolloutStats:
     """Generation calls the filter made to refill the batch."""
 
 
-def merged(stats: Sequence[RolloutStats], zero_variance: int, refills: int) -> RolloutStats:
-    """The measurements of several collector calls as one, with the filter's counts."""
+def merged(stats: Sequence[RolloutStats]) -> RolloutStats:
+    """The measurements of several collector calls as one: their sums, the longest response and
+    the largest mismatch, and the filter's counts (None where no call filtered)."""
     mismatches = [s.mismatch for s in stats if s.mismatch is not None]
+    zero_variance = [s.zero_variance for s in stats if s.zero_variance is not None]
     return RolloutStats(samples=sum(s.samples for s in stats), tokens=sum(s.tokens for s in stats),
                         seconds=sum(s.seconds for s in stats), behaviour_seconds=sum(s.behaviour_seconds for s in stats),
                         reward_sum=sum(s.reward_sum for s in stats), length_max=max(s.length_max for s in stats),
                         truncated=sum(s.truncated for s in stats), mismatch=max(mismatches) if mismatches else None,
-                        zero_variance=zero_variance, refills=refills)
+                        zero_variance=sum(zero_variance) if zero_variance else None,
+                        refills=sum(s.refills for s in stats))
 
 
 def rollout_metrics(stats: Sequence[RolloutStats]) -> dict[str, float]:
     """The ``rollout/`` and generation ``time/`` metrics of one step's collector calls (none: {})."""
     if not stats:
         return {}
-    n = sum(s.samples for s in stats)
-    tokens = sum(s.tokens for s in stats)
-    seconds = sum(s.seconds for s in stats)
+    m = merged(stats)
     out = {
-        "rollout/reward_mean": sum(s.reward_sum for s in stats) / n,
-        "rollout/response_length_mean": tokens / n,
-        "rollout/response_length_max": float(max(s.length_max for s in stats)),
-        "rollout/frac_truncated": sum(s.truncated for s in stats) / n,
-        "rollout/samples": float(n),
-        "time/rollout_seconds": seconds,
-        "time/rollout_tokens_per_second": tokens / max(seconds, 1e-9),
-        "time/behaviour_seconds": sum(s.behaviour_seconds for s in stats),
-        "rollout/generate_calls": float(len(stats)),
+        "rollout/reward_mean": m.reward_sum / m.samples,
+        "rollout/response_length_mean": m.tokens / m.samples,
+        "rollout/response_length_max": float(m.length_max),
+        "rollout/frac_truncated": m.truncated / m.samples,
+        "rollout/samples": float(m.samples),
+        "time/rollout_seconds": m.seconds,
+        "time/rollout_tokens_per_second": m.tokens / max(m.seconds, 1e-9),
+        "time/behaviour_seconds": m.behaviour_seconds,
+        "rollout/generate_calls": float(len(stats) + m.refills),
     }
-    mismatches = [s.mismatch for s in stats if s.mismatch is not None]
-    if mismatches:
-        out["rollout/logp_mismatch_max"] = max(mismatches)
-    if any(s.zero_variance is not None for s in stats):
-        out["rollout/groups_zero_variance"] = float(sum(s.zero_variance or 0 for s in stats))
-        out["rollout/refill_calls"] = float(sum(s.refills for s in stats))
+    if m.mismatch is not None:
+        out["rollout/logp_mismatch_max"] = m.mismatch
+    if m.zero_variance is not None:
+        out["rollout/groups_zero_variance"] = float(m.zero_variance)
+        out["rollout/refill_calls"] = float(m.refills)
     return out
 
 
@@ -261,4 +261,4 @@ class RunRollouts:
             for g in more.groups:
                 (dropped if bool((g.rewards == g.rewards[0]).all()) else kept).append(g)
         groups = kept + dropped[: len(prompts) - len(kept)]
-        return Collected(groups, merged(stats, len(dropped), calls))
+        return Collected(groups, replace(merged(stats), zero_variance=len(dropped), refills=calls))
