@@ -368,14 +368,31 @@ def tis_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_l
 
 
 # ---------------------------------------------------------------------------------------------
-# Corrections the field's RL systems ship (each with its peers' config keys). This trainer makes
-# one update per batch from the policy that scores it, so a proximal policy equals the current
-# one: decoupled PPO's proximal ratio is 1 and only the behaviour ratio ``r`` remains.
+# Corrections the field's RL systems ship (each with its peers' config keys). Their ratio is the
+# current policy's over the behaviour's, on every update of a batch (verl's bypass mode), except
+# for AReaL's decoupled losses (``m2po``, ``kpop``), which also see a proximal policy: the policy
+# at the batch's first update (:func:`_decoupled_weight`).
 
 
 def _token_ratio(l_tok: Tensor) -> Tensor:
     """``r = exp(l)`` with ``l`` clamped to ``[-20, 20]`` as verl does, so ratios stay finite."""
     return torch.exp(l_tok.clamp(-20.0, 20.0))
+
+
+def _decoupled_weight(logp, logp_behaviour, prox_logp, mask, advantages, cfg: EstimatorConfig
+                      ) -> tuple[Tensor, Tensor]:
+    """AReaL's decoupled PPO (``use_decoupled_loss``) per token, before the advantage: the
+    behaviour weight ``exp(l_b)``, ``l_b = log pi_prox - log mu`` (clamped as :func:`_token_ratio`),
+    times the proximal ratio ``pi / pi_prox``, or 0 where PPO's clip (:func:`_ppo_clip`, ``eps_low``,
+    ``eps_high``) switches that ratio off. ``prox_logp`` None: the proximal policy is the current
+    one (the batch's first update), whose ratio is exactly 1 and never clipped. Returns the weight
+    and ``l_b``, what AReaL's masks measure."""
+    prox = logp.detach() if prox_logp is None else prox_logp
+    l_behaviour = token_log_ratios(prox, logp_behaviour, mask)
+    l_prox = token_log_ratios(logp, prox, mask)
+    _, clipped = _ppo_clip(l_prox, advantages, cfg)
+    proximal = torch.where(clipped, torch.zeros_like(l_prox), torch.exp(l_prox.clamp(max=50.0)))
+    return _token_ratio(l_behaviour) * proximal, l_behaviour
 
 
 def _token_mask_loss(weight: Tensor, kept: Tensor, l_tok: Tensor, logp, mask, advantages, cfg: EstimatorConfig,
@@ -522,19 +539,20 @@ def m2po_keep_mask(l_tok: Tensor, mask: Tensor, tau: float) -> Tensor:
 
 @estimator_loss
 def m2po_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *,
-              max_new_tokens: int | None = None):
-    """M2PO (arXiv 2510.01161): ``r A`` on the tokens :func:`m2po_keep_mask` keeps (threshold
-    ``m2po_tau``, AReaL ``actor.m2_threshold``), no clip. AReaL measures ``(log r)^2`` between the
-    behaviour and the proximal policy; with one update per batch the proximal policy is the current
-    one. Denominator ``kept`` by default, as AReaL: its ``grpo_loss_fn`` narrows ``loss_mask`` to the
-    kept tokens before the loss divides by that mask's count."""
+              max_new_tokens: int | None = None, prox_logp=None):
+    """M2PO (arXiv 2510.01161) in AReaL's decoupled loss: the tokens :func:`m2po_keep_mask` keeps
+    (threshold ``m2po_tau``, AReaL ``actor.m2_threshold``) by ``(log r)^2`` between the behaviour and
+    the proximal policy ``prox_logp`` (the policy at the batch's first update; None: the current
+    one), weighted by :func:`_decoupled_weight`. At a batch's first update that is ``r A`` on the
+    kept tokens, no clip. Denominator ``kept`` by default, as AReaL: its ``grpo_loss_fn`` narrows
+    ``loss_mask`` to the kept tokens before the loss divides by that mask's count."""
     _check_shapes(logp, logp_behaviour, mask, advantages)
-    l_tok = token_log_ratios(logp, logp_behaviour, mask)
-    kept = m2po_keep_mask(l_tok, mask, cfg.m2po_tau)
-    loss, stats = _token_mask_loss(_token_ratio(l_tok), kept, l_tok, logp, mask, advantages, cfg, ref_logp,
-                                   max_new_tokens)
+    weight, l_behaviour = _decoupled_weight(logp, logp_behaviour, prox_logp, mask, advantages, cfg)
+    kept = m2po_keep_mask(l_behaviour, mask, cfg.m2po_tau)
+    loss, stats = _token_mask_loss(weight, kept, token_log_ratios(logp, logp_behaviour, mask), logp, mask,
+                                   advantages, cfg, ref_logp, max_new_tokens)
     m = mask.bool()
-    stats["ratio/m2"] = torch.where(m, l_tok.float().pow(2), 0.0).sum() / m.sum().clamp(min=1)
+    stats["ratio/m2"] = torch.where(m, l_behaviour.float().pow(2), 0.0).sum() / m.sum().clamp(min=1)
     return loss, stats
 
 
@@ -639,20 +657,21 @@ def prime_dppo_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig
 
 @estimator_loss
 def kpop_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *,
-              max_new_tokens: int | None = None):
+              max_new_tokens: int | None = None, prox_logp=None):
     """KPop (AReaL ``actor.rejection_sampling`` with ``metric=binary_kl``, ``level=token``,
-    ``action=mask``): each token's current and behaviour probabilities as two Bernoulli
+    ``action=mask``) in AReaL's decoupled loss: each token's proximal (``prox_logp``, the policy at
+    the batch's first update; None: the current one) and behaviour probabilities as two Bernoulli
     distributions (clamped to ``[1e-8, 1 - 1e-8]``), a token masked where the larger of the forward
-    and reverse binary KL exceeds ``kpop_threshold``; the rest get ``r A``. AReaL's decoupled loss
-    with one update per batch: its proximal policy is the current one, so its PPO ratio is 1 and
-    the behaviour weight ``r`` remains. Denominator ``all``: AReaL divides by the loss mask's count
-    before the rejection."""
+    and reverse binary KL exceeds ``kpop_threshold``; the rest weighted by
+    :func:`_decoupled_weight`, which at a batch's first update is ``r A``. Denominator ``all``: AReaL
+    divides by the loss mask's count before the rejection."""
     _check_shapes(logp, logp_behaviour, mask, advantages)
-    l_tok = token_log_ratios(logp, logp_behaviour, mask)
-    lp, lb = logp.detach(), logp_behaviour
+    weight, _ = _decoupled_weight(logp, logp_behaviour, prox_logp, mask, advantages, cfg)
+    lp, lb = (logp.detach() if prox_logp is None else prox_logp), logp_behaviour
     divergence = torch.maximum(_binary_kl(lp, lb, 1e-8), _binary_kl(lb, lp, 1e-8))
     kept = mask.bool() & (divergence <= cfg.kpop_threshold)
-    return _token_mask_loss(_token_ratio(l_tok), kept, l_tok, logp, mask, advantages, cfg, ref_logp, max_new_tokens)
+    return _token_mask_loss(weight, kept, token_log_ratios(logp, logp_behaviour, mask), logp, mask, advantages,
+                            cfg, ref_logp, max_new_tokens)
 
 
 @estimator_loss

@@ -162,8 +162,9 @@ class Estimator:
 
     loss: str
     """``module:function`` of its loss ``fn(logp, logp_behaviour, mask, advantages, cfg,
-    ref_logp=None, *, max_new_tokens=None) -> (loss, stats)``, with ``cfg`` the settings
-    :meth:`resolved` gives; imported when the loss is needed (:meth:`loss_function`)."""
+    ref_logp=None, *, max_new_tokens=None) -> (loss, stats)`` (and ``prox_logp=None`` for a
+    :attr:`proximal` one), with ``cfg`` the settings :meth:`resolved` gives; imported when the loss
+    is needed (:meth:`loss_function`)."""
     label: str
     """Name in figure legends and reports."""
     color: str
@@ -184,6 +185,11 @@ class Estimator:
     mask_denominator: MaskDenominator | None = None
     """For an estimator that drops tokens or responses, its default ``EstimatorConfig.mask_denominator``:
     that of the peer it follows; None: it drops nothing (both denominators are then the same)."""
+    proximal: bool = False
+    """Its loss also sees a proximal policy, the policy at the first update of the batch
+    (``prox_logp``, AReaL's decoupled PPO): with several updates per batch the trainer computes it
+    with one no-grad pass before the batch's first update; False: its ratios are the current
+    policy's over the behaviour's on every update."""
 
     def resolved(self, cfg: EstimatorConfig) -> EstimatorConfig:
         """``cfg`` with this estimator's defaults where it leaves them None: its
@@ -241,7 +247,7 @@ REGISTRY: dict[str, Estimator] = {
                           mask_denominator="all"),
     "m2po": Estimator("gmc.estimators.losses:m2po_loss", "M2PO", "goldenrod", ("ratio/frac_tokens_masked",),
                       aggregation="token_mean", on_policy=PG_TOKEN_MEAN, needs_batch_stats=True,
-                      mask_denominator="kept"),
+                      mask_denominator="kept", proximal=True),
     "gmpo": Estimator("gmc.estimators.losses:gmpo_loss", "GMPO", "black", ("ratio/frac_tokens_clipped",),
                       aggregation="seq_mean", on_policy=PG_SEQ_MEAN, needs_batch_stats=False),
     "dppo": Estimator("gmc.estimators.losses:dppo_loss", "DPPO (TV)", "teal", ("ratio/frac_tokens_masked",),
@@ -251,7 +257,7 @@ REGISTRY: dict[str, Estimator] = {
                       aggregation="seq_mean", on_policy=PG_SEQ_MEAN, needs_batch_stats=False),
     "kpop": Estimator("gmc.estimators.losses:kpop_loss", "KPop (binary-KL token mask)", "slateblue",
                       ("ratio/frac_tokens_masked",), aggregation="token_mean", on_policy=PG_TOKEN_MEAN,
-                      needs_batch_stats=False, mask_denominator="all"),
+                      needs_batch_stats=False, mask_denominator="all", proximal=True),
     "dppo_kl": Estimator("gmc.estimators.losses:dppo_kl_loss", "DPPO (binary KL)", "darkcyan",
                          ("ratio/frac_tokens_masked",), aggregation="token_mean", on_policy=PG_TOKEN_MEAN,
                          needs_batch_stats=False, mask_denominator="all"),

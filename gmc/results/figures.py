@@ -125,7 +125,7 @@ def _delay_axis(ax, frame: pd.DataFrame) -> pd.DataFrame:
         ax.set_xscale("symlog", linthresh=1)
         ax.set_xticks(delays, [str(d) for d in delays])
         ax.set_xlim(-0.5, 1.5 * max(max(delays), 1))
-    ax.set_xlabel("delay d (optimizer steps)")
+    ax.set_xlabel("delay d (steps)")
     return frame
 
 
@@ -308,7 +308,7 @@ def staleness_vs_length(frame: pd.DataFrame, out: Path) -> list[Path]:
     else:
         ax.legend()
     ax.set_xlabel("longest response in the group (tokens)")
-    ax.set_ylabel("mean staleness (optimizer steps)")
+    ax.set_ylabel("mean staleness (optimizer updates)")
     modes = ", ".join(delay_title(d) for d in sorted(named["delay"].unique(), key=delay_order))
     ax.set_title(f"{modes[:1].upper() + modes[1:]}: staleness by answer length" if modes else "Staleness by answer length")
     return save_both(fig, out, "staleness_vs_length")
@@ -336,7 +336,7 @@ def staleness_distribution(frame: pd.DataFrame, out: Path) -> list[Path]:
                 transform=ax.transAxes)
     else:
         ax.legend(fontsize=8)
-    ax.set_xlabel("staleness of a consumed group (optimizer steps)")
+    ax.set_xlabel("staleness of a consumed group (optimizer updates)")
     ax.set_ylabel("fraction of consumed groups")
     ax.set_title("Staleness distribution: simulated and real asynchrony")
     return save_both(fig, out, "staleness_distribution")

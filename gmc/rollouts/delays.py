@@ -35,7 +35,7 @@ class DelayConfig:
     """A name of :data:`DELAY_MODES`: ``sync`` (generate then train, no queue), ``fixed`` (FIFO
     of delay ``d``) or ``latency`` (the length-dependent latency model)."""
     d: NonNegativeInt = 0
-    """Fixed delay in optimizer steps."""
+    """Fixed delay in steps (batches; ``updates_per_batch`` updates each)."""
     warmup: Literal["history", "prefill", "ramp"] = "prefill"
     """How the run starts [choice]. ``history``: from the end of an on-policy run of
     ``history_steps`` updates of the same settings (trained by ``history_algorithm``), its weights,

@@ -146,7 +146,7 @@ class FixedDelaySource(SyncSource):
         self.queue = deque([Group.from_state(s) for s in b] for b in state["queue"])
 
 
-PREFILL_FREE = ("algorithm", "estimator")
+PREFILL_FREE = ("algorithm", "estimator", "updates_per_batch")
 """The settings a fixed-delay prefill does not depend on: its ``d`` batches are generated with
 the starting weights before the first update, so runs that differ only in these generate the
 same prefill (same prompts, same streams, same grades) and may share one (:func:`prefill_settings`)."""

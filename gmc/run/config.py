@@ -86,13 +86,23 @@ class TrainConfig:
     prompts_per_step: PositiveInt = 8
     """Prompts (groups) per optimizer step; the paper's [choice] is 32."""
     steps: PositiveInt = 200
-    """Optimizer steps."""
+    """Training steps: batches taken from the rollout source, each trained with
+    ``updates_per_batch`` optimizer updates."""
+    updates_per_batch: PositiveInt = 1
+    """Optimizer updates per batch [choice]: the batch's groups split, in order, into this many
+    mini-batches of ``prompts_per_step / updates_per_batch`` groups (one pass, no epochs), each
+    one update (verl's ``ppo_mini_batch_size``, AReaL's ``ppo_n_minibatches``). The policy version
+    counts updates, so a group's staleness is counted in updates (a batch's mini-batch ``k`` is
+    ``k`` updates staler than its first); the rollout engine takes the weights once per batch and
+    the learning-rate schedule steps once per batch. A decoupled loss's proximal policy is the
+    policy at the batch's first update (:attr:`gmc.estimators.registry.Estimator.proximal`). 1:
+    one update per batch."""
     lr: Positive = 2e-4
     """Peak learning rate (paper [choice]: 1e-6 for Qwen3)."""
     lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
     """Learning-rate schedule after warm-up."""
     warmup_steps: NonNegativeInt = 0
-    """Linear learning-rate warm-up, in optimizer steps."""
+    """Linear learning-rate warm-up, in training steps (batches)."""
     optimizer: Literal["auto", "adamw", "adamw8bit"] = "auto"
     """``auto``: 8-bit AdamW (bitsandbytes) on CUDA, torch AdamW on CPU."""
     weight_decay: NonNegative = 0.0
@@ -146,7 +156,7 @@ class TrainConfig:
     ``all``, the previous one too; ``none``, neither (the run can then only be run again).
     docs/reference/run.md, "Disk"."""
     max_nonfinite_steps: PositiveInt = 3
-    """Stop after this many consecutive steps with a non-finite loss or gradient."""
+    """Stop after this many consecutive optimizer updates with a non-finite loss or gradient."""
     compile_layers: bool = False
     """``torch.compile`` each decoder layer (dynamic shapes; :func:`gmc.policy.model.compile_layers`):
     fewer, fused kernels on a GPU; the first steps pay the compilation."""
@@ -208,6 +218,9 @@ class TrainConfig:
                 and ENGINES[self.engine].shares_model:
             raise ConfigError(f"the {self.engine} engine samples with the trainer's {self.model_dtype} parameters "
                               f"(master_weights: {self.master_weights}): it cannot sample in float32", "sampling.dtype")
+        if self.prompts_per_step % self.updates_per_batch:
+            raise ConfigError(f"prompts_per_step ({self.prompts_per_step}) must split into updates_per_batch "
+                              f"({self.updates_per_batch}) mini-batches of whole groups", "updates_per_batch")
         if self.zero_variance_filter and self.delay.mode in ("ray", "trace"):
             raise ConfigError(f"the {self.delay.mode} mode does not generate its groups in process, where the filter "
                               "refills a batch (sync, fixed, latency)", "zero_variance_filter")

@@ -253,11 +253,12 @@ class RunDir:
     # -- the step logs -------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def logs(self):
-        """The run's step logs opened for appending, as a :class:`StepLogs`."""
+    def logs(self, updates_per_batch: int = 1):
+        """The run's step logs opened for appending, as a :class:`StepLogs` (of a run making
+        ``updates_per_batch`` updates per step)."""
         with (self.path / METRICS).open("a") as metrics, (self.path / GROUPS).open("a") as groups, \
                 (self.path / TRACE).open("a") as trace:
-            yield StepLogs(metrics, groups, trace)
+            yield StepLogs(metrics, groups, trace, updates_per_batch)
 
     def truncate_logs(self, step: int) -> None:
         """Cut the step logs back to the steps before ``step`` (a resume from its checkpoint)."""
@@ -359,24 +360,28 @@ class RunDir:
 class StepLogs:
     """The step logs of a run being trained (:meth:`RunDir.logs`)."""
 
-    def __init__(self, metrics, groups, trace):
+    def __init__(self, metrics, groups, trace, updates_per_batch: int = 1):
         self.files = (metrics, groups, trace)
+        self.updates_per_batch = updates_per_batch
 
     def write(self, record: dict, groups: list[dict]) -> None:
-        """One step: its metrics line and its consumed groups (:func:`group_record` lines), each
-        file flushed."""
+        """One step: its metrics line and its consumed groups (:func:`group_record` lines, versions
+        in updates), each file flushed. The trace counts versions in steps, the weights the rollout
+        source takes once per step, which is what a replay generates with (update ``v K`` is step ``v``)."""
         metrics, group_file, trace = self.files
         metrics.write(json.dumps(record) + "\n")
         group_file.write("".join(json.dumps(g) + "\n" for g in groups))
-        trace.write("".join(json.dumps({k: g[k] for k in TRACE_FIELDS}) + "\n" for g in groups))
+        K = self.updates_per_batch
+        trace.write("".join(json.dumps({**{k: g[k] for k in TRACE_FIELDS}, "version": g["version"] // K,
+                                        "consumed_version": g["consumed_version"] // K}) + "\n" for g in groups))
         for f in self.files:
             f.flush()
 
 
 def group_record(step: int, g) -> dict:
-    """A consumed :class:`~gmc.rollouts.groups.Group`'s line in ``groups.jsonl``: its prompt, the
-    worker that made it (null when simulated), the version that generated it, the step that
-    consumed it and their difference, its length and reward, the latency model's virtual times
+    """A consumed :class:`~gmc.rollouts.groups.Group`'s line in ``groups.jsonl``: the step, its
+    prompt, the worker that made it (null when simulated), the version that generated it, the
+    version (optimizer update) that consumed it and their difference, its length and reward, the latency model's virtual times
     and, under real asynchrony, its wall clock times and ``versions``, the sorted versions its
     tokens came from (more than one under partial rollouts; ``version`` is the oldest)."""
     record = {"step": step, "prompt_index": g.prompt_index, "worker": g.worker, "version": g.version,

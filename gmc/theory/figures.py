@@ -98,7 +98,7 @@ def theory_figures(tables: dict[str, pd.DataFrame], out: Path) -> list[Path]:
             ax.errorbar(g["delay"], g["final_reward"], yerr=yerr, color=ALGORITHM_COLORS[algorithm],
                         marker="o", ms=3, capsize=2, label=algorithm)
         ax.set_xscale("symlog", linthresh=1)
-        ax.set_xlabel("delay d (optimizer steps)")
+        ax.set_xlabel("delay d (steps)")
         ax.set_title(f"eps = {eps:g}, G = {G}")
     axes[0].set_ylabel("final expected reward")
     axes[-1].legend(fontsize=8)

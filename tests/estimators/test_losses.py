@@ -725,3 +725,34 @@ def test_stats_diagnostics_hand_computed():
     assert s["ratio/shortfall"] == pytest.approx(0.0, abs=1e-6)
     _, s = call_loss("none", logp, logp_b, mask, adv, EstimatorConfig(eps=0.2))
     assert "ratio/shortfall" not in s and s["ratio/ess_frac"] == 1.0
+
+
+@pytest.mark.parametrize("name", ["m2po", "kpop"])
+def test_decoupled_losses_weight_by_the_behaviour_and_clip_the_proximal_ratio_hand_computed(name):
+    """AReaL's decoupled loss: ``exp(log pi_prox - log mu)`` times the proximal ratio
+    ``pi / pi_prox``, which PPO's clip switches off (here the second token of the positive
+    response, ratio ``e^0.3 > 1.2``, and the third of the negative one, ``e^-0.3 < 0.8``). Without a
+    proximal policy (the batch's first update) the proximal ratio is 1 and the weight is ``r``."""
+    logp_b = torch.full((1, 2, 3), -1.0)
+    l_b = torch.tensor([[[0.1, 0.0, -0.05], [0.02, -0.1, 0.0]]])
+    l_p = torch.tensor([[[0.0, 0.3, -0.1], [0.05, 0.1, -0.3]]])
+    prox = logp_b + l_b
+    mask = torch.ones(1, 2, 3, dtype=torch.bool)
+    adv = torch.tensor([[1.0, -1.0]])
+    cfg = EstimatorConfig(m2po_tau=10.0, kpop_threshold=10.0)  # nothing masked: the weights alone
+    x = (prox + l_p).requires_grad_(True)
+    loss, stats = call_loss(name, x, logp_b, mask, adv, cfg, prox_logp=prox)
+    loss.backward()
+    gate = torch.tensor([[[1.0, 0.0, 1.0], [1.0, 1.0, 0.0]]])
+    expected = -torch.exp(l_b) * gate * torch.exp(l_p) * adv.unsqueeze(-1) / 6  # token_mean over 6 tokens
+    torch.testing.assert_close(x.grad, expected, rtol=1e-6, atol=1e-9)
+    assert stats["ratio/frac_tokens_masked"] == 0.0
+
+    y = (prox + l_p).requires_grad_(True)
+    loss_none, _ = call_loss(name, y, logp_b, mask, adv, cfg)
+    loss_none.backward()
+    z = (prox + l_p).requires_grad_(True)
+    loss_self, _ = call_loss(name, z, logp_b, mask, adv, cfg, prox_logp=z.detach())
+    loss_self.backward()
+    assert float(loss_none.detach()) == float(loss_self.detach()) and torch.equal(y.grad, z.grad)
+    torch.testing.assert_close(y.grad, -torch.exp(l_b + l_p) * adv.unsqueeze(-1) / 6, rtol=1e-6, atol=1e-9)
