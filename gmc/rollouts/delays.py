@@ -97,11 +97,20 @@ class DelayConfig:
     recorded; a group is labelled with its oldest version and ``groups.jsonl`` lists them all
     (``versions``). The trajectory ratios then span versions. Needs ``behaviour_logprobs:
     sampler`` (a recomputed behaviour pass would use one version) and the HF engine."""
+    publish_every: PositiveInt = 1
+    """Real asynchrony: the trainer sends its weights to the workers after every this many steps
+    (TRL's ``weight_sync_steps``, verl's ``trigger_parameter_sync_step``), and at its start; the
+    workers generate with the weights last sent, whose version labels their groups, while the
+    bound's capacity counts the trainer's own steps. Counted as ``async/weights_version`` and
+    ``async/publishes``."""
     trace: str | None = None
     """Replay (``trace``): a ``staleness_trace.jsonl`` whose groups are generated and consumed at the
     recorded versions."""
 
     def __post_init__(self) -> None:
+        if self.publish_every > 1 and self.mode != "ray":
+            raise ConfigError(f"the {self.mode!r} mode generates with the trainer's own weights at every step; a "
+                              "publish interval is real asynchrony's (delay.mode: ray)", "publish_every")
         if self.warmup == "history" and self.mode == "fixed" and self.history_steps is not None \
                 and self.history_steps < self.d:
             raise ConfigError(f"a history of {self.history_steps} updates cannot fill a queue of d = {self.d} "
@@ -157,7 +166,7 @@ class DelayMode:
 
 LATENCY_KEYS = ("slots", "alpha", "beta", "noise_scale", "noise_sigma", "step_time")
 RAY_KEYS = ("workers", "max_staleness", "transport", "ray_address", "worker_device", "worker_gpus", "worker_threads",
-            "groups_per_task", "tasks_per_worker", "partial_rollouts")
+            "groups_per_task", "tasks_per_worker", "partial_rollouts", "publish_every")
 
 DELAY_MODES: dict[str, DelayMode] = {
     "sync": DelayMode("gmc.rollouts.sources:sync_source", "synchronous", (), named_point=False,

@@ -78,6 +78,26 @@ def test_two_workers_train_within_the_bound_and_the_trace_replays(tmp_path, trai
         train_small(tmp_path / "wrong", steps=5, prompts_per_step=3, **{"delay.mode": "trace", "delay.trace": str(trace)})
 
 
+def test_weights_sent_every_second_step_label_the_groups_and_are_counted(tmp_path, train_small, small_config):
+    """``delay.publish_every: 2``: the workers get the weights of versions 0, 2 and 4 only, so every
+    group is labelled with one of them, and the steps in between send nothing; an interval the
+    bound cannot wait out, or one outside real asynchrony, is refused naming the key."""
+    from gmc.settings import ConfigError
+
+    metrics = train_small(tmp_path / "ray", steps=5, prompts_per_step=4, **REAL,
+                          **{"delay.workers": 2, "delay.max_staleness": 2, "delay.publish_every": 2})
+    groups = check_records(tmp_path / "ray", 5, 4, bound=2)
+    assert {g["version"] for g in groups} <= {0, 2, 4}
+    assert [(r["async/weights_version"], r["async/publishes"]) for r in metrics] == \
+        [(0.0, 1.0), (2.0, 2.0), (2.0, 2.0), (4.0, 3.0), (4.0, 3.0)]
+    assert [r["async/weight_sync_bytes"] > 0 for r in metrics] == [False, True, False, True, False]
+    with pytest.raises(ConfigError, match="delay.publish_every"):
+        Trainer(small_config(**REAL, **{"delay.max_staleness": 1, "delay.publish_every": 3}), tmp_path / "long",
+                progress=False)
+    with pytest.raises(ConfigError, match="publish_every"):
+        small_config(**{"delay.d": 2, "delay.publish_every": 2})
+
+
 def test_generation_runs_ahead_as_far_as_the_bound_admits(tmp_path, train_small):
     """Generation-bound (decoding slowed to 0.01 s a token): each worker keeps a task queued behind
     the one it generates, so more than a step's groups are in flight and the lags spread past 1,

@@ -133,7 +133,9 @@ class WorkerPool:
         self.workers: list = []
         self.transport = None
         self.model = None  # the trainer's model, as last published
-        self.version = -1
+        self.version = -1  # of the weights last sent to the workers
+        self.trainer_version = -1  # the trainer's newest (the bound's capacity counts it)
+        self.publishes = 0
         self.started_ray = False
         self.reservation = None  # the actor holding the trainer's GPU in Ray's pool
         self.sync_stats: dict[str, float] = {}
@@ -174,6 +176,15 @@ class WorkerPool:
         self.transport.start(self.workers)
 
     def publish(self, model, version: int) -> None:
+        """The trainer is at ``version``: its weights go to the workers at the start and after every
+        ``publish_every`` versions (:attr:`gmc.rollouts.delays.DelayConfig.publish_every`)."""
+        with self.lock:
+            self.trainer_version = version
+            self.lock.notify_all()  # the bound has room for the new version's groups
+        if self.workers and version % self.cfg.publish_every:
+            with self.lock:
+                self.sync_stats = {k: 0.0 for k in self.sync_stats}  # nothing sent this step
+            return
         if not self.workers:
             try:
                 self._start()
@@ -192,6 +203,7 @@ class WorkerPool:
                 w.offer.remote(version, self.transport.task_weights(k))
         with self.lock:
             self.sync_stats, self.version = sync_stats, version
+            self.publishes += 1
             for k in self.transport.found_dead:
                 self._watch_restart(k)
             self.lock.notify_all()  # the bound has room for the new version's groups
@@ -252,7 +264,7 @@ class WorkerPool:
         idle = {k for k, _ in self.restarting.values()}
         for k in range(len(self.workers)):
             while k not in idle and self.transport.ready(k) and load[k] < self.cfg.tasks_per_worker:
-                n = min(self.per_task, self.bound.capacity(self.version))
+                n = min(self.per_task, self.bound.capacity(self.trainer_version))
                 if n <= 0:
                     return
                 if self.retry and len(self.retry[0][0]) <= n:
@@ -319,13 +331,14 @@ class WorkerPool:
             self.restarting[self.workers[k].pid.options(max_task_retries=-1).remote()] = (k, time.time() + RESTART_SECONDS)
 
     def regroup(self) -> bool:
-        """Publish the current weights again if a worker is back that only a publish gives weights
-        to (the collective transport); the caller holds the lock, which is released meanwhile."""
+        """Publish the trainer's current weights (its version) if a worker is back that only a
+        publish gives weights to (the collective transport); the caller holds the lock, which is
+        released meanwhile."""
         if not self.transport.regroup_due():
             return False
         self.lock.release()
         try:
-            self._send(self.version)
+            self._send(self.trainer_version)
         finally:
             self.lock.acquire()
         return True
@@ -337,8 +350,9 @@ class WorkerPool:
         task order) and the counters; the caller holds the lock."""
         in_flight = [(prompts, task) for _, prompts, _, task, _ in self.pending.values()]
         return {"retry": self.retry + sorted(in_flight, key=lambda p: p[1]), "tasks": self.tasks,
-                "lost_tasks": self.lost_tasks}
+                "lost_tasks": self.lost_tasks, "publishes": self.publishes}
 
     def load_state_dict(self, state: dict) -> None:
         self.retry = [(list(p), t) for p, t in state["retry"]]
         self.tasks, self.lost_tasks = state["tasks"], state["lost_tasks"]
+        self.publishes = state.get("publishes", 0)

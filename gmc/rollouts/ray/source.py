@@ -73,7 +73,7 @@ class RaySource(SyncSource):
             g = Group.from_state(state)
             g.worker, g.submit_wall, g.finish_wall = k, submitted, out["finish_wall"]
             g.generation_seconds = out["seconds"]
-            if self.bound.finished(made_at, self.pool.version):
+            if self.bound.finished(made_at, self.pool.trainer_version):
                 self.buffer.append((g, group_stats(g, out["stats"], self.run.sampling.max_new_tokens)))
 
     # -- the trainer's side ------------------------------------------------------------------
@@ -119,7 +119,8 @@ class RaySource(SyncSource):
             return [g for g, _ in self.buffer]
 
     def stats(self) -> dict[str, float]:
-        return {**super().stats(), **self.step_stats, **self.pool.sync_stats}
+        return {**super().stats(), **self.step_stats, **self.pool.sync_stats,
+                "async/weights_version": float(self.pool.version), "async/publishes": float(self.pool.publishes)}
 
     # -- checkpoints -------------------------------------------------------------------------
 
