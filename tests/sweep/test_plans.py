@@ -66,8 +66,9 @@ def test_paper_preset_dry_run_plans_the_full_sweep(tmp_path, snakemake):
 
 
 @pytest.mark.parametrize("preset,n_train,corrections", [
-    # at delay 0 the 14 estimators train three runs per seed, one per on-policy class
-    ("corrections.yaml", (3 + 14) * 7, ["cispo", "icepop", "seq_mask", "m2po", "gmpo", "dppo", "sapo"]),
+    # at delay 0 the 18 estimators train three runs per seed, one per on-policy class
+    ("corrections.yaml", (3 + 18) * 7, ["cispo", "icepop", "seq_mask", "m2po", "gmpo", "dppo", "sapo", "kpop",
+                                         "dppo_kl", "prime_dppo", "opsm"]),
     ("corrections_long.yaml", 3 * 2 * 5 + 2 * 2 * 5 - 2 * 5, ["is", "cispo"]),
 ])
 def test_the_league_presets_plan_every_correction_and_their_table(tmp_path, snakemake, load_workflow, preset, n_train,
