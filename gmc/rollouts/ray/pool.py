@@ -177,13 +177,14 @@ class WorkerPool:
 
     def publish(self, model, version: int) -> None:
         """The trainer is at ``version``: its weights go to the workers at the start and after every
-        ``publish_every`` versions (:attr:`gmc.rollouts.delays.DelayConfig.publish_every`)."""
-        with self.lock:
-            self.trainer_version = version
-            self.lock.notify_all()  # the bound has room for the new version's groups
+        ``publish_every`` versions (:attr:`gmc.rollouts.delays.DelayConfig.publish_every`). The bound
+        opens for the new version only as its weights are sent, or at once when none are due (then
+        the new groups are made with the weights the workers have)."""
         if self.workers and version % self.cfg.publish_every:
             with self.lock:
+                self.trainer_version = version
                 self.sync_stats = {k: 0.0 for k in self.sync_stats}  # nothing sent this step
+                self.lock.notify_all()  # the bound has room for the new version's groups
             return
         if not self.workers:
             try:
@@ -203,6 +204,7 @@ class WorkerPool:
                 w.offer.remote(version, self.transport.task_weights(k))
         with self.lock:
             self.sync_stats, self.version = sync_stats, version
+            self.trainer_version = max(self.trainer_version, version)
             self.publishes += 1
             for k in self.transport.found_dead:
                 self._watch_restart(k)
