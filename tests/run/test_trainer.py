@@ -206,7 +206,7 @@ def test_nonfinite_steps_are_skipped_then_stop(tmp_path, small_config, monkeypat
     cfg = small_config(steps=10, checkpoint_every=1, max_nonfinite_steps=3)
     out = tmp_path / "nan"
     trainer = Trainer(cfg, out, progress=False)
-    with pytest.raises(NonFiniteError, match="3 consecutive steps"):
+    with pytest.raises(NonFiniteError, match="3 consecutive updates"):
         trainer.run()
     rows = read_jsonl(out / "metrics.jsonl")
     assert [r["train/skipped_steps"] for r in rows] == [0, 0, 1, 2]
