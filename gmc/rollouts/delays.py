@@ -101,8 +101,8 @@ class DelayConfig:
     """Real asynchrony: the trainer sends its weights to the workers after every this many steps
     (TRL's ``weight_sync_steps``, verl's ``trigger_parameter_sync_step``), and at its start; the
     workers generate with the weights last sent, whose version labels their groups, while the
-    bound's capacity counts the trainer's own steps. Counted as ``async/weights_version`` and
-    ``async/publishes``."""
+    bound's capacity counts the trainer's own steps; a resumed run sends its weights at once.
+    ``async/weights_version`` is the version the workers have."""
     trace: str | None = None
     """Replay (``trace``): a ``staleness_trace.jsonl`` whose groups are generated and consumed at the
     recorded versions."""

@@ -88,8 +88,7 @@ def test_weights_sent_every_second_step_label_the_groups_and_are_counted(tmp_pat
                           **{"delay.workers": 2, "delay.max_staleness": 2, "delay.publish_every": 2})
     groups = check_records(tmp_path / "ray", 5, 4, bound=2)
     assert {g["version"] for g in groups} <= {0, 2, 4}
-    assert [(r["async/weights_version"], r["async/publishes"]) for r in metrics] == \
-        [(0.0, 1.0), (2.0, 2.0), (2.0, 2.0), (4.0, 3.0), (4.0, 3.0)]
+    assert [r["async/weights_version"] for r in metrics] == [0.0, 2.0, 2.0, 4.0, 4.0]
     assert [r["async/weight_sync_bytes"] > 0 for r in metrics] == [False, True, False, True, False]
     with pytest.raises(ConfigError, match="delay.publish_every"):
         Trainer(small_config(**REAL, **{"delay.max_staleness": 1, "delay.publish_every": 3}), tmp_path / "long",

@@ -135,7 +135,6 @@ class WorkerPool:
         self.model = None  # the trainer's model, as last published
         self.version = -1  # of the weights last sent to the workers
         self.trainer_version = -1  # the trainer's newest (the bound's capacity counts it)
-        self.publishes = 0
         self.started_ray = False
         self.reservation = None  # the actor holding the trainer's GPU in Ray's pool
         self.sync_stats: dict[str, float] = {}
@@ -205,7 +204,6 @@ class WorkerPool:
         with self.lock:
             self.sync_stats, self.version = sync_stats, version
             self.trainer_version = max(self.trainer_version, version)
-            self.publishes += 1
             for k in self.transport.found_dead:
                 self._watch_restart(k)
             self.lock.notify_all()  # the bound has room for the new version's groups
@@ -352,9 +350,8 @@ class WorkerPool:
         task order) and the counters; the caller holds the lock."""
         in_flight = [(prompts, task) for _, prompts, _, task, _ in self.pending.values()]
         return {"retry": self.retry + sorted(in_flight, key=lambda p: p[1]), "tasks": self.tasks,
-                "lost_tasks": self.lost_tasks, "publishes": self.publishes}
+                "lost_tasks": self.lost_tasks}
 
     def load_state_dict(self, state: dict) -> None:
         self.retry = [(list(p), t) for p, t in state["retry"]]
         self.tasks, self.lost_tasks = state["tasks"], state["lost_tasks"]
-        self.publishes = state.get("publishes", 0)

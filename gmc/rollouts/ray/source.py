@@ -120,7 +120,7 @@ class RaySource(SyncSource):
 
     def stats(self) -> dict[str, float]:
         return {**super().stats(), **self.step_stats, **self.pool.sync_stats,
-                "async/weights_version": float(self.pool.version), "async/publishes": float(self.pool.publishes)}
+                "async/weights_version": float(self.pool.version)}
 
     # -- checkpoints -------------------------------------------------------------------------
 
