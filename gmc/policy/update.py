@@ -391,30 +391,18 @@ class Update:
         return self._stack([getattr(g, name) for g in groups], T, device)
 
     @staticmethod
-    def _stack(per_group: list[Tensor], T: int, device) -> Tensor:
+    def _stack(tensors: list[Tensor], T: int, device) -> Tensor:
         """Per-group ``[G, T_k]`` tensors as one ``[B, G, T]`` on ``device``, cut or zero-padded to ``T``."""
-        out = torch.zeros(len(per_group), per_group[0].shape[0], T, device=device)
-        for k, lp in enumerate(per_group):
+        out = torch.zeros(len(tensors), tensors[0].shape[0], T, device=device)
+        for k, lp in enumerate(tensors):
             out[k, :, : lp.shape[1]] = lp[:, :T].to(device)
         return out
 
     def group_logprobs(self, groups) -> list[Tensor]:
-        """No-grad log-probs of the current policy for each group, ``[G, T]`` as its
-        ``response_ids`` (zero past each end), in canonical micro-batches: what a batch's later
-        updates take as its first update's policy (the behaviour of an on-policy batch, the
-        proximal policy of a decoupled loss)."""
-        if not groups:
-            return []
-        lp = self.logprobs(self.model, Rows.from_groups(groups))
-        out, at = [], 0
-        for g in groups:
-            G, T = g.response_ids.shape
-            block = torch.zeros(G, T, device=lp.device)
-            width = min(T, lp.shape[1])
-            block[:, :width] = lp[at : at + G, :width]
-            out.append(block)
-            at += G
-        return out
+        """No-grad log-probs of the current policy for each group (:func:`per_group`), in canonical
+        micro-batches: what a batch's later updates take as its first update's policy (the
+        behaviour of an on-policy batch, the proximal policy of a decoupled loss)."""
+        return per_group(self.logprobs(self.model, Rows.from_groups(groups)), groups) if groups else []
 
     def _whole_batch_logprobs(self, rows: Rows, T: int) -> Tensor:
         """``[N, T]`` with the graph of every canonical bucket kept (no budget)."""
@@ -428,6 +416,17 @@ class Update:
         inverse = torch.empty(len(order), dtype=torch.long, device=device)
         inverse[torch.tensor(order, device=device)] = torch.arange(len(order), device=device)
         return torch.cat(pieces).index_select(0, inverse)
+
+
+def per_group(values: Tensor, groups) -> list[Tensor]:
+    """Per-row values ``[N, T]`` of :meth:`Rows.from_groups` ``(groups)`` as each group's own
+    ``[G, T']`` (copies, cut to the group's ``response_ids`` width; zero past each end)."""
+    out, at = [], 0
+    for g in groups:
+        G, T = g.response_ids.shape
+        out.append(values[at : at + G, :T].clone())
+        at += G
+    return out
 
 
 def padded_tokens(rows: Rows, budget: int) -> list[int]:

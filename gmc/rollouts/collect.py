@@ -24,7 +24,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from gmc.policy.update import Rows, Update, precision
+from gmc.policy.update import Rows, Update, per_group, precision
 from gmc.rollouts.engines import ENGINES, SamplingConfig
 from gmc.rollouts.groups import Collected, Group
 from gmc.tasks.datasets import Record, format_prompt, load_dataset, load_file
@@ -169,8 +169,8 @@ class Collector:
         t1, mismatch = time.perf_counter(), None
         if self.behaviour == "trainer":
             behaviour = self.logprobs(Rows.from_groups(groups)).cpu()
-            for k, g in enumerate(groups):
-                g.behaviour_logp = behaviour[k * G : (k + 1) * G, : g.response_ids.shape[1]].clone()
+            for g, lp in zip(groups, per_group(behaviour, groups)):
+                g.behaviour_logp = lp
             mismatch = max(float((torch.tensor(s.logprobs) - behaviour[i, : s.length]).abs().max()) if s.length else 0.0
                            for i, s in enumerate(flat))
         t2 = time.perf_counter()
