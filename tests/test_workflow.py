@@ -140,6 +140,22 @@ def test_a_variant_is_an_estimator_with_train_settings_of_its_own():
             workflow.validate({**config, **change}, HANDWRITTEN)
 
 
+def test_a_fixed_sampling_budget_sets_the_prompts_per_step_of_every_group_size():
+    """``sweep.samples_per_step``: every run draws that many rollouts a step, ``samples / G`` prompts
+    of ``G`` answers; a budget that does not split into a group size is refused naming the key."""
+    config = _valid_config()
+    config["sweep"] = {**config["sweep"], "group_sizes": [4, 8, 32], "samples_per_step": 64}
+    workflow.validate(config, HANDWRITTEN)
+    per_g = {p.group: resolve.resolve_run(config, p).prompts_per_step for p in sweep_points(config)}
+    assert per_g == {4: 16, 8: 8, 32: 2}
+    config["sweep"]["group_sizes"] = [4, 24]
+    with pytest.raises(ConfigError, match=r"sweep.samples_per_step: 64 rollouts per step do not split into groups of 24"):
+        workflow.validate(config, HANDWRITTEN)
+    config["sweep"]["group_sizes"], config["train"]["updates_per_batch"] = [32], 4  # 2 prompts in 4 updates
+    with pytest.raises(ConfigError, match=r"train.updates_per_batch: prompts_per_step \(2\) must split"):
+        workflow.validate(config, HANDWRITTEN)
+
+
 def test_a_key_added_to_trainconfig_needs_no_second_edit(monkeypatch):
     """A new TrainConfig field is in the generated schema, described by its docstring, accepted in the
     workflow's train section and loaded, with nothing else edited."""

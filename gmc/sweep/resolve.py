@@ -85,10 +85,18 @@ RUN_KEYS: dict[str, Callable[[dict, Point], Any]] = {
 
 def run_values(config: dict[str, Any], point: Point) -> dict[str, Any]:
     """The values a run's TrainConfig is built from: the ``train`` section and :data:`RUN_KEYS`; a
-    variant's point (``variants``) takes its estimator and its train settings over the section's."""
+    variant's point (``variants``) takes its estimator and its train settings over the section's;
+    ``sweep.samples_per_step`` sets ``prompts_per_step`` to that many rollouts over the point's
+    group size."""
     variant = config.get("variants", {}).get(point.algorithm)
     train = _merged(config["train"], variant.get("train", {})) if variant else config["train"]
     values = {**train, **{key: value(config, point) for key, value in RUN_KEYS.items()}}
+    samples = config["sweep"].get("samples_per_step")
+    if samples is not None:
+        if samples % point.group:
+            raise ConfigError(f"{samples} rollouts per step do not split into groups of {point.group} "
+                              f"(run {point.path})", "sweep.samples_per_step")
+        values["prompts_per_step"] = samples // point.group
     if variant:
         values["algorithm"] = variant["algorithm"]
     return values
@@ -106,8 +114,9 @@ def resolve_run(config: dict[str, Any], point: Point) -> TrainConfig:
     """The whole TrainConfig of the run at ``point`` of the sweep ``config``; a bad value is a
     :class:`ConfigError` naming the key where the workflow's configuration holds it
     (``train.lr``, ``latency.delay.slots``, ``model.name``)."""
+    values = run_values(config, point)
     try:
-        return from_dict(TrainConfig, run_values(config, point))
+        return from_dict(TrainConfig, values)
     except ConfigError as e:
         variant = config.get("variants", {}).get(point.algorithm, {})
         key = e.key and e.key.split(".", 1)[0].split("[", 1)[0]

@@ -108,6 +108,24 @@ def test_the_real_asynchrony_preset_plans_ray_points_beside_the_simulated_ones(t
     assert int(train_jobs[0].split()[-1]) == (3 * 2 + 3 + 3) * 3 - 3  # gmc at delay 0: tic's run
 
 
+def test_the_group_size_preset_plans_four_group_sizes_at_one_sampling_budget(tmp_path, snakemake, load_workflow):
+    preset = REPO / "workflow/presets/group_size.yaml"
+    out = snakemake(["-n", "-p", "--cores", "2", "--configfile", str(preset)], cwd=workdir(tmp_path, REPO / "config.yaml"))
+    assert out.returncode == 0, out.stderr
+    text = out.stdout + out.stderr
+    train_jobs = [line for line in text.splitlines() if line.strip().startswith("train ")]
+    assert int(train_jobs[0].split()[-1]) == (3 * 2 - 1) * 4 * 5  # gmc at delay 0: tic's run
+    for g in (4, 8, 16, 32):
+        assert f"algo~gmc/delay~64/group~{g}/seed~4/summary.json" in text
+    from gmc.sweep.points import sweep_points
+    from gmc.sweep.resolve import resolve_run
+
+    config = load_workflow(tmp_path / "wf", configfiles=[preset]).config
+    runs = [resolve_run(config, p) for p in sweep_points(config)]
+    assert {cfg.group_size * cfg.prompts_per_step for cfg in runs} == {64}
+    assert sorted({cfg.seed for cfg in runs}) == [0, 1, 2, 3, 4]
+
+
 def test_a_trace_is_a_sweep_point(tmp_path, snakemake):
     trace = tmp_path / "staleness_trace.jsonl"
     trace.write_text('{"prompt_index": 1, "version": 0, "consumed_version": 0}\n')
