@@ -48,6 +48,7 @@ rule all:
         FIGURE_FILES,
         MLFLOW_DONE,
         THEORY,
+        GRADIENT_LAB if config["gradient_lab"]["enabled"] else [],
     localrule: True
 
 

@@ -11,6 +11,7 @@ import argparse
 import json
 import logging
 import sys
+from pathlib import Path
 
 from gmc import __version__
 
@@ -25,6 +26,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="small sizes (seconds)")
     p.add_argument("--seed", type=int, default=0, help="seed of the simulations' randomness (default 0)")
     p.set_defaults(func=_theory)
+
+    p = sub.add_parser("gradient-lab", help="the estimators' bias, second moment and caps measured on a language "
+                                            "model's gradients at pairs of weights from a history (CSV + figures)")
+    p.add_argument("--history", required=True, help="run directory of a finished history (gmc history)")
+    p.add_argument("--out", required=True, help="output folder for CSVs, Markdown and figures")
+    _settings_arguments(p, "GradientLabConfig (gmc/theory/config.py): delays, group sizes, batches", "batches=8")
+    p.set_defaults(func=_gradient_lab)
 
     p = sub.add_parser("build-tiny-model", help="build and warm-start the tiny CPU policy")
     p.add_argument("--out", required=True, help="folder for the saved model and tokenizer")
@@ -284,6 +292,7 @@ def _league_figure(args: argparse.Namespace) -> None:
 def _report(args: argparse.Namespace) -> None:
     from gmc.results.bundles import write_stages
     from gmc.results.figures import run_figures
+    from gmc.results.outputs import LAB_FOLDER
     from gmc.results.tables import write_tables
 
     if args.what in ("tables", "report"):
@@ -293,6 +302,11 @@ def _report(args: argparse.Namespace) -> None:
     if args.what in ("figures", "report"):
         paths = run_figures(args.results)
         print(f"figures: {len(paths)} files -> {args.results}/figures")
+        lab = Path(args.results) / LAB_FOLDER
+        if (lab / "gradients.csv").exists():  # the gradient lab's, where the sweep ran it
+            from gmc.theory.figures import lab_report
+
+            print(f"gradient lab: {len(lab_report(lab))} files -> {lab}")
 
 
 def _export(args: argparse.Namespace) -> None:
@@ -336,6 +350,12 @@ def _compare_results(args: argparse.Namespace) -> None:
 
 def _theory(args: argparse.Namespace) -> None:
     from gmc.theory.lab import run_from_args  # scipy and pandas: only this command needs them
+
+    run_from_args(args)
+
+
+def _gradient_lab(args: argparse.Namespace) -> None:
+    from gmc.theory.gradients import run_from_args
 
     run_from_args(args)
 

@@ -35,9 +35,10 @@ from gmc.run.random_model import RandomModelConfig
 from gmc.run.tiny_model import TinyModelConfig
 from gmc.settings import ConfigError, from_dict, json_schema, load_yaml
 from gmc.sweep.points import sweep_points
-from gmc.sweep.resolve import RUN_KEYS, resolve_eval, resolve_run
+from gmc.sweep.resolve import RUN_KEYS, lab_history, resolve_eval, resolve_run
 from gmc.tasks.datasets import benchmark_specs
 from gmc.tasks.synthetic import SyntheticTask
+from gmc.theory.config import GradientLabConfig
 
 EVAL_SET_PER_JOB = ("data_source", "data_root", "synthetic")
 """EvalConfig keys that come from the ``data`` and ``synthetic`` sections."""
@@ -77,7 +78,18 @@ def schema(handwritten: dict[str, Any]) -> dict[str, Any]:
             "type": "object", "additionalProperties": False, "default": {},
             "properties": {k: delay_keys[k] for k in DELAY_MODES[mode].keys}}
         out["properties"].setdefault(mode, section)
+    lab = out["properties"]["gradient_lab"]
+    lab["properties"] = {**json_schema(GradientLabConfig)["properties"], **lab["properties"]}
     return out
+
+
+LAB_WORKFLOW_KEYS = ("enabled", "history_seed", "history_group_size")
+"""The ``gradient_lab`` section's keys that place the lab in the workflow; the others are GradientLabConfig's."""
+
+
+def lab_values(config: dict[str, Any]) -> dict[str, Any]:
+    """The GradientLabConfig keys of the ``gradient_lab`` section."""
+    return {k: v for k, v in config["gradient_lab"].items() if k not in LAB_WORKFLOW_KEYS}
 
 
 def fill_defaults(config: dict[str, Any], node: dict[str, Any]) -> None:
@@ -187,4 +199,10 @@ def validate(config: dict[str, Any], handwritten: dict[str, Any] | None = None) 
         from_dict(AnalysisConfig, config["analysis"])
     except ConfigError as e:
         raise ConfigError(e.reason, f"analysis.{e.key}" if e.key else "analysis") from None
+    if config["gradient_lab"]["enabled"]:
+        lab_history(config, sweep_points(config))
+    try:
+        from_dict(GradientLabConfig, lab_values(config))
+    except ConfigError as e:
+        raise ConfigError(e.reason, f"gradient_lab.{e.key}" if e.key else "gradient_lab") from None
     return full

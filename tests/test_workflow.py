@@ -156,6 +156,25 @@ def test_a_fixed_sampling_budget_sets_the_prompts_per_step_of_every_group_size()
         workflow.validate(config, HANDWRITTEN)
 
 
+def test_the_gradient_lab_section_is_its_settings_and_needs_a_history_of_the_sweep():
+    """``gradient_lab`` takes GradientLabConfig's keys beside where it sits in the workflow; a bad
+    value or a sweep without the history it names is refused naming the key."""
+    config = _valid_config()
+    config["gradient_lab"] = {"enabled": True, "batches": 8, "delays": [2, 4]}
+    config["sweep"] = {**config["sweep"], "warmup": "history"}
+    workflow.validate(config, HANDWRITTEN)
+    values = workflow.lab_values(config)
+    assert values["batches"] == 8 and values["delays"] == [2, 4] and "enabled" not in values
+    name = resolve.lab_history(config, sweep_points(config))
+    assert name in {n for n, _ in resolve.shared_histories(config, sweep_points(config)).values()}
+    for change, key in [({"batches": 2}, "gradient_lab.batches"), ({"algorithms": ["gmcc"]}, "gradient_lab.algorithms"),
+                        ({"history_seed": 99}, "gradient_lab.history_seed")]:
+        with pytest.raises(ConfigError, match=key):
+            workflow.validate({**config, "gradient_lab": {**config["gradient_lab"], **change}}, HANDWRITTEN)
+    with pytest.raises(ConfigError, match="gradient_lab.history_seed: the gradient lab measures a history"):
+        workflow.validate({**config, "sweep": {**config["sweep"], "warmup": "ramp"}}, HANDWRITTEN)
+
+
 def test_a_key_added_to_trainconfig_needs_no_second_edit(monkeypatch):
     """A new TrainConfig field is in the generated schema, described by its docstring, accepted in the
     workflow's train section and loaded, with nothing else edited."""

@@ -6,7 +6,7 @@ models or completions: per run its ``summary.json``, ``config.yaml``, ``run.json
 ``shared.json``), its per-step curves reduced to what the figures read
 (:data:`FIGURE_FIELDS`), every evaluation's scores, the resolved configuration (the runs'
 ``config.yaml``, ``configs/`` of the evaluation and the base models), the tables and figures,
-and :data:`PROVENANCE` (the commit, the machine, the thread counts the runs recorded).
+the gradient lab's tables where the sweep ran it, and :data:`PROVENANCE` (the commit, the machine, the thread counts the runs recorded).
 ``gmc report --results <bundle>`` redraws its tables and figures from it alone.
 :func:`export_results` packs the same bundle into one ``.tar.gz`` to carry it elsewhere, and
 :func:`import_results` unpacks it into a results folder.
@@ -26,6 +26,7 @@ import tempfile
 from pathlib import Path
 
 from gmc.io import atomic_dir, atomic_path, read_jsonl, write_json, write_text
+from gmc.results.outputs import LAB_FOLDER
 from gmc.results.stages import stage_times, stages_markdown
 from gmc.results.tables import write_tables
 from gmc.run.provenance import git_revision, package_versions
@@ -122,6 +123,12 @@ def publish(results: str | Path, bundle: str | Path, logs: list[str | Path] = ()
         for path in sorted((results / "eval").glob("**/*.json")):
             (tmp / path.relative_to(results)).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(path, tmp / path.relative_to(results))
+        lab = results / LAB_FOLDER
+        if (lab / "gradients.csv").exists():
+            (tmp / LAB_FOLDER).mkdir()
+            for path in lab.iterdir():
+                if path.suffix in (".csv", ".md", ".json"):
+                    shutil.copy2(path, tmp / LAB_FOLDER / path.name)
         if (results / "configs").is_dir():  # the runs' own config.yaml are their resolved train configs
             shutil.copytree(results / "configs", tmp / "configs", ignore=shutil.ignore_patterns("train"))
         commits = sorted({json.loads(p.read_text()).get("git_revision", "unknown")

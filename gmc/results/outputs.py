@@ -116,6 +116,32 @@ THEORY_FILES: tuple[str, ...] = (
 """What the workflow asks of the theory lab (``gmc theory``; it writes more, see :mod:`gmc.theory.lab`)."""
 
 
+GRADIENT_LAB_TABLES: dict[str, str] = {
+    "gradients": "one row per delay, group size, cap and estimator: bias against the on-policy target, excess "
+                 "over uncapped IS, cosine, second moment, variance and the estimator's own statistics",
+    "pairs": "the divergence of each pair of weights on the behaviour samples (trajectory log-ratio, k3 KL, "
+             "IS's ESS / G)",
+    "claims": "the paper's claims fitted on the rows: exponents in G and eps, GMC's second moment over TIC's",
+    "prompts": "the lab's prompts and the mean reward of the group that screened each at the behaviour weights",
+}
+"""The gradient lab's tables (``<name>.csv``, :mod:`gmc.theory.gradients`)."""
+
+GRADIENT_LAB_FIGURES: dict[str, str] = {
+    "gradient_bias_vs_G": "each estimator's bias against its on-policy target vs G, one panel per delay",
+    "gradient_excess_vs_G": "the cap's bias over uncapped IS vs G (tic, gmc, none), with the fitted exponents",
+    "gradient_excess_vs_eps": "the cap's bias over uncapped IS vs eps at the largest delay",
+}
+"""The gradient lab's figures, drawn from its tables alone (``gmc report`` redraws them)."""
+
+LAB_FOLDER = "gradient_lab"
+"""Where a results folder (or a bundle) keeps the gradient lab's files."""
+
+GRADIENT_LAB_FILES: tuple[str, ...] = (*(f"{t}.csv" for t in GRADIENT_LAB_TABLES), "gradient_lab.md",
+                                       *(f"{f}.{ext}" for f in GRADIENT_LAB_FIGURES for ext in ("png", "pdf")))
+"""What the workflow asks of the gradient lab (``gmc gradient-lab``), under ``<results>/gradient_lab/``;
+a bundle keeps its tables, Markdown and settings (``gmc report`` redraws the figures)."""
+
+
 def table_files(name: str) -> list[str]:
     return [f"{name}.{ext}" for ext in TABLE_FORMATS]
 

@@ -247,3 +247,18 @@ def shared_histories(config: dict[str, Any], points: list[Point]) -> dict[Point,
         if name is not None:
             members.setdefault(name, []).append((point, cfg.delay.d if cfg.delay.mode == "fixed" else 0))
     return {p: (name, max(d for _, d in ms)) for name, ms in members.items() for p, _ in ms}
+
+
+def lab_history(config: dict[str, Any], points: list[Point]) -> str:
+    """The name of the history the gradient lab measures (``gradient_lab.history_seed`` and
+    ``history_group_size``, else the sweep's first seed and group size): the history of the runs
+    at that seed and group size (:func:`shared_histories`); a sweep without one is refused."""
+    lab = config["gradient_lab"]
+    seed = config["sweep"]["seeds"][0] if lab["history_seed"] is None else lab["history_seed"]
+    group = config["sweep"]["group_sizes"][0] if lab["history_group_size"] is None else lab["history_group_size"]
+    histories = shared_histories(config, [p for p in points if p.seed == seed and p.group == group])
+    if not histories:
+        raise ConfigError(f"the gradient lab measures a history of the sweep, and no run at seed {seed} and group "
+                          f"size {group} starts from one (sweep.warmup: history, a seed and group size of the sweep)",
+                          "gradient_lab.history_seed")
+    return next(iter(histories.values()))[0]

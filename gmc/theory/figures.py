@@ -1,15 +1,20 @@
 """The theory lab's figures (:mod:`gmc.theory.lab`, method.md section 1): bias against the group
-size and the cap, shortfall, and delayed gradient ascent, from the lab's tidy tables.
+size and the cap, shortfall, and delayed gradient ascent, from the lab's tidy tables; and the
+gradient lab's (:mod:`gmc.theory.gradients`) Markdown and figures, redrawn from its tables alone.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import matplotlib.collections
 import matplotlib.ticker
+import numpy as np
 import pandas as pd
 
-from gmc.results.figures import ALGORITHM_COLORS, panel_row, save_both, spread
+from gmc.io import write_text
+from gmc.results.figures import ALGORITHM_COLORS, LEGEND_INSIDE, panel_row, save_both, spread
+from gmc.results.outputs import GRADIENT_LAB_TABLES
 
 
 def theory_figures(tables: dict[str, pd.DataFrame], out: Path) -> list[Path]:
@@ -105,3 +110,146 @@ def theory_figures(tables: dict[str, pd.DataFrame], out: Path) -> list[Path]:
     fig.suptitle("Delayed gradient ascent in the tabular world; bars: 95% interval over seeds")
     written += save_both(fig, out, "theory_reward_vs_delay")
     return written
+
+
+# ---------------------------------------------------------------------------------------------
+# the gradient lab
+
+LAB_SUMMARY = "gradient_lab.md"
+"""The lab's tables in Markdown (:func:`lab_report`)."""
+LAB_CONFIG = "gradient_lab_config.json"
+"""The lab's settings, the history it measured and its time."""
+
+
+def _errorbar(ax, grp, x: str, y: str, **kwargs) -> None:
+    """``y`` against ``x`` where resolved (interval above 0), with its interval; a triangle at the
+    upper bound where not."""
+    ok = grp[grp[f"{y}_lo"] > 0]
+    ax.errorbar(ok[x], ok[y], yerr=[ok[y] - ok[f"{y}_lo"], ok[f"{y}_hi"] - ok[y]], marker="o", ms=3, capsize=2,
+                **kwargs)
+    upper = grp[(grp[f"{y}_lo"] <= 0) & (grp[f"{y}_hi"] > 0)]
+    ax.scatter(upper[x], upper[f"{y}_hi"], marker="v", s=14, color=kwargs.get("color"))
+
+
+def _log_axes(ax, x_base: int = 10) -> None:
+    """Log axes where something positive is drawn; else a note that nothing is (a cap that never
+    binds has no excess to draw)."""
+    drawn = [*(line.get_ydata() for line in ax.get_lines()),
+             *(c.get_offsets()[:, 1] for c in ax.collections if isinstance(c, matplotlib.collections.PathCollection))]
+    if any(len(y) and (np.asarray(y, dtype=float) > 0).any() for y in drawn):
+        ax.set_xscale("log", base=x_base)
+        ax.set_yscale("log")
+    else:
+        ax.text(0.5, 0.5, "nothing above 0", transform=ax.transAxes, ha="center", fontsize=8)
+
+
+def lab_figures(tables: dict[str, pd.DataFrame], out: Path) -> list[Path]:
+    """Bias against G per delay (every estimator), the excess over ``is`` against G (``tic``,
+    ``gmc``, ``none``) and against eps."""
+    rows, claims = tables["gradients"], tables["claims"]
+    main = rows[~rows["eps_row"]]
+    written = []
+    delays = sorted(main["delay"].unique())
+    fig, axes = panel_row(len(delays), 3.8, sharey=True)
+    for ax, d in zip(axes, delays):
+        for algorithm, grp in main[main["delay"] == d].groupby("algorithm", sort=False):
+            _errorbar(ax, grp.sort_values("G"), "G", "bias", color=ALGORITHM_COLORS[algorithm], label=algorithm,
+                      lw=2 if algorithm in ("tic", "gmc") else 0.8)
+        _log_axes(ax, 2)
+        ax.set_xlabel("group size G")
+        ax.set_title(f"d = {d}", fontsize=9)
+    axes[0].set_ylabel("bias ||E g - E g_on-policy||")
+    many = main["algorithm"].nunique() > LEGEND_INSIDE
+    axes[-1].legend(fontsize=6, **({"loc": "center left", "bbox_to_anchor": (1.02, 0.5)} if many else {}))
+    fig.suptitle("Bias of each estimator against its on-policy target, tiny model; bars: 95% intervals over "
+                 "batches, triangles: upper bounds where unresolved", fontsize=9)
+    written += save_both(fig, out, "gradient_bias_vs_G")
+
+    def fitted(claim: str, d, algorithm: str, at: str) -> str:
+        k = claims[(claims["claim"] == claim) & (claims["delay"] == d) & (claims["algorithm"] == algorithm)
+                   & (claims["at"] == at)]
+        return f": {k.iloc[0].exponent:.2f} [{k.iloc[0].lo:.2f}, {k.iloc[0].hi:.2f}]" \
+            if len(k) and pd.notna(k.iloc[0].exponent) else ""
+
+    fig, axes = panel_row(len(delays), 3.8, sharey=True)
+    for ax, d in zip(axes, delays):
+        for algorithm in ("tic", "gmc", "none"):
+            grp = main[(main["delay"] == d) & (main["algorithm"] == algorithm)].sort_values("G")
+            if len(grp):
+                at = f"eps={grp['eps'].iloc[0]:g}"
+                _errorbar(ax, grp, "G", "excess", color=ALGORITHM_COLORS[algorithm],
+                          label=algorithm + fitted("2/3", d, algorithm, at))
+        _log_axes(ax, 2)
+        ax.set_xlabel("group size G")
+        ax.set_title(f"d = {d}", fontsize=9)
+        ax.legend(fontsize=6)
+    axes[0].set_ylabel("excess over IS ||E (g - g_is)||")
+    fig.suptitle("Claims 2-3: the cap's bias over uncapped IS against G (paired batches); legend: fitted "
+                 "exponent, 95% interval", fontsize=9)
+    written += save_both(fig, out, "gradient_excess_vs_G")
+
+    eps_rows = rows[rows["eps_row"]]
+    fig, axes = panel_row(1, 4.5)
+    for algorithm, grp in eps_rows.groupby("algorithm"):
+        grp = grp.sort_values("eps")
+        at = f"G={grp['G'].iloc[0]:g}"
+        _errorbar(axes[0], grp, "eps", "excess", color=ALGORITHM_COLORS[algorithm],
+                  label=algorithm + fitted("1", grp["delay"].iloc[0], algorithm, at))
+    if len(eps_rows):
+        axes[0].set_title(f"d = {eps_rows['delay'].iloc[0]}, G = {eps_rows['G'].iloc[0]}", fontsize=9)
+    _log_axes(axes[0])
+    axes[0].set_xlabel("eps (cap 1+eps)")
+    axes[0].set_ylabel("excess over IS ||E (g - g_is)||")
+    axes[0].legend(fontsize=7)
+    fig.suptitle("Claim 1: the cap's bias against eps", fontsize=9)
+    written += save_both(fig, out, "gradient_excess_vs_eps")
+    return written
+
+
+def _fmt(v, lo, hi) -> str:
+    return "n/a" if pd.isna(v) else f"{v:.3g} [{lo:.3g}, {hi:.3g}]"
+
+
+def lab_markdown(tables: dict[str, pd.DataFrame]) -> str:
+    """The lab's tables in Markdown: the pairs, the claims, and per delay the bias, excess, cosine
+    and second moment of every estimator by G."""
+    rows, pairs, claims, prompts = tables["gradients"], tables["pairs"], tables["claims"], tables["prompts"]
+    out = ["# Gradient lab", "", f"{len(prompts)} prompts, each answered right by a share of a screening group "
+           f"at the behaviour weights between {prompts['screened_reward'].min():.3g} and "
+           f"{prompts['screened_reward'].max():.3g}; {int(rows['n'].iloc[0])} batches per cell.", "", "## Pairs (behaviour: the history's end; current: d on-policy updates later)", "",
+           "| d | G | mean L | min L | max L | k3 KL / token | IS ESS / G |", "|---|---|---|---|---|---|---|"]
+    out += [f"| {r.delay} | {r.G} | {r.log_ratio_mean:.3g} | {r.log_ratio_min:.3g} | {r.log_ratio_max:.3g} | "
+            f"{r.approx_kl:.3g} | {r.ess_frac:.3g} |" for r in pairs.itertuples()]
+    out += ["", "## Claims", "", "| claim | d | at | algorithm | value | 95% interval | points | reference | covers |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    out += [f"| {r.claim} | {r.delay} | {r.at} | {r.algorithm} | {r.exponent:.3g} | [{r.lo:.3g}, {r.hi:.3g}] | "
+            f"{r.n_points} | {r.reference:g} | {'yes' if r.covers_reference else 'no'} |" for r in claims.itertuples()]
+    main = rows[~rows["eps_row"]]
+    for d, grp_d in main.groupby("delay"):
+        out += ["", f"## d = {d}", "", "| algorithm | G | bias | excess over IS | cosine | second moment | variance |",
+                "|---|---|---|---|---|---|---|"]
+        for r in grp_d.sort_values(["algorithm", "G"]).itertuples():
+            out.append(f"| {r.algorithm} | {r.G} | {_fmt(r.bias, r.bias_lo, r.bias_hi)} | "
+                       f"{_fmt(r.excess, r.excess_lo, r.excess_hi)} | {r.cosine:.3f} | {r.second_moment:.3g} | "
+                       f"{r.variance:.3g} |")
+    eps_rows = rows[rows["eps_row"]]
+    if len(eps_rows):
+        out += ["", f"## eps (d = {eps_rows['delay'].iloc[0]}, G = {eps_rows['G'].iloc[0]})", "",
+                "| algorithm | eps | bias | excess over IS | second moment |", "|---|---|---|---|---|"]
+        out += [f"| {r.algorithm} | {r.eps:g} | {_fmt(r.bias, r.bias_lo, r.bias_hi)} | "
+                f"{_fmt(r.excess, r.excess_lo, r.excess_hi)} | {r.second_moment:.3g} |"
+                for r in eps_rows.sort_values(["algorithm", "eps"]).itertuples()]
+    return "\n".join(out) + "\n"
+
+
+def read_lab(folder: str | Path) -> dict[str, pd.DataFrame]:
+    """The lab's tables from ``folder``."""
+    return {name: pd.read_csv(Path(folder) / f"{name}.csv") for name in GRADIENT_LAB_TABLES}
+
+
+def lab_report(folder: str | Path) -> list[Path]:
+    """Redraw the lab's Markdown and figures in ``folder`` from its tables alone."""
+    folder = Path(folder)
+    tables = read_lab(folder)
+    write_text(folder / LAB_SUMMARY, lab_markdown(tables))
+    return [folder / LAB_SUMMARY, *lab_figures(tables, folder)]

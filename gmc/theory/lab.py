@@ -258,22 +258,25 @@ dependence on the cap, eps^-4 for tic against eps^-2 for gmc. Claim 2: tic's bia
 fall with G (exponent 0); gmc's does. Claim 3: gmc's delay-dependent term falls like G^(-2/5)."""
 
 
-def claim_fits(fixed: pd.DataFrame) -> pd.DataFrame:
+def claim_fits(fixed: pd.DataFrame, pair: str = "drift", claims: tuple[str, ...] = ("1", "2/3")) -> pd.DataFrame:
     """Fitted exponents of the cap's bias (the excess over uncapped IS; with the exact baseline,
-    the bias itself) in eps per G (claim 1) and in G per eps (claims 2-3), per variant, drift
-    and algorithm, with 95% intervals and whether they cover the claim's exponent."""
+    the bias itself) in eps per G (claim 1) and in G per eps (claims 2-3), per variant, pair of
+    policies (column ``pair``: the tabular drift, or the gradient lab's delay) and algorithm, with
+    95% intervals and whether they cover the claim's exponent."""
     rows = []
     capped = fixed[fixed["algorithm"] != "is"]
     for claim, x, fixed_axis in (("1", "eps", "G"), ("2/3", "G", "eps")):
-        for (variant, drift, at, algorithm), grp in capped.groupby(["variant", "drift", fixed_axis, "algorithm"]):
+        if claim not in claims:
+            continue
+        for (variant, at_pair, at, algorithm), grp in capped.groupby(["variant", pair, fixed_axis, "algorithm"]):
             fit = _fit(grp.sort_values(x), x, "excess")
             ref = CLAIM_EXPONENTS[(claim, algorithm)]
-            rows.append(dict(claim=claim, x=x, variant=variant, drift=drift,
-                             rho_max_dev=float(grp["rho_max_dev"].iloc[0]), at=f"{fixed_axis}={at:g}",
-                             algorithm=algorithm, exponent=fit.exponent, lo=fit.lo, hi=fit.hi, n_points=fit.n,
-                             chi2_dof=fit.chi2_dof, x_min=float(grp[x].min()), x_max=float(grp[x].max()),
-                             reference=ref, covers_reference=fit.covers(ref),
-                             excludes_zero=bool(fit.lo > 0 or fit.hi < 0)))
+            rows.append({"claim": claim, "x": x, "variant": variant, pair: at_pair,
+                         "rho_max_dev": float(grp["rho_max_dev"].iloc[0]), "at": f"{fixed_axis}={at:g}",
+                         "algorithm": algorithm, "exponent": fit.exponent, "lo": fit.lo, "hi": fit.hi,
+                         "n_points": fit.n, "chi2_dof": fit.chi2_dof, "x_min": float(grp[x].min()),
+                         "x_max": float(grp[x].max()), "reference": ref, "covers_reference": fit.covers(ref),
+                         "excludes_zero": bool(fit.lo > 0 or fit.hi < 0)})
     return pd.DataFrame(rows)
 
 

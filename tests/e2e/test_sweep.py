@@ -8,6 +8,7 @@ import sys
 
 import pandas as pd
 import pytest
+import yaml
 from helpers import REPO, WORKFLOW_TIMEOUT, workdir
 
 from gmc.results import outputs
@@ -86,6 +87,42 @@ def test_end_to_end_tiny_sweep(tmp_path, snakemake):
     # the report's results (the files it shows): every table as HTML, shown inline, none as Markdown
     shown = json.loads(re.search(r"var results = (\{.*\});\n", html)[1])
     assert "results/tables/conclusions.html" in shown and not [f for f in shown if f.endswith(".md")]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(WORKFLOW_TIMEOUT)
+def test_two_group_sizes_at_one_budget_and_the_gradient_lab_end_to_end(tmp_path, snakemake):
+    """The G axis on a model that answers some problems right: two group sizes at 8 rollouts a step
+    (4 prompts of 2, 2 of 4), each from its own history, in the tables and score_vs_group; the
+    gradient lab on the first history, in the bundle, redrawn from it by gmc report."""
+    wd = workdir(tmp_path, REPO / "tests" / "data" / "group_size_config.yaml")
+    out = snakemake(["--cores", "2"], cwd=wd, timeout=900)
+    assert out.returncode == 0, out.stderr[-5000:]
+    results = wd / "results"
+    for G, prompts in ((2, 4), (4, 2)):
+        run = results / f"train/algo~grpo/delay~2/group~{G}/seed~0"
+        steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        assert {s["rollout/samples"] for s in steps} == {8.0} and len({s["async/staleness_mean"] for s in steps}) == 1
+        assert yaml.safe_load((run / "config.yaml").read_text())["prompts_per_step"] == prompts
+        # the warm-started model answers some problems: rewards to learn from at either G
+        assert max(s["train/reward_mean"] for s in steps) > 0
+    assert len(list((results / "history").glob("*/summary.json"))) == 2
+    main = pd.read_csv(results / "tables" / "main.csv")
+    assert set(main.loc[main["algorithm"] != "base", "group"]) == {2, 4}
+    assert (results / "figures" / "score_vs_group.png").stat().st_size > 5000
+    lab = results / outputs.LAB_FOLDER
+    assert all((lab / f).exists() for f in outputs.GRADIENT_LAB_FILES)
+    rows = pd.read_csv(lab / "gradients.csv")
+    assert set(rows["G"]) == {2, 4} and set(rows["delay"]) == {2} and "cispo" in set(rows["algorithm"])
+
+    gmc = [sys.executable, "-m", "gmc"]
+    bundle = tmp_path / "published"
+    subprocess.run([*gmc, "publish", "--results", str(results), "--out", str(bundle)], check=True, capture_output=True)
+    assert not (bundle / outputs.LAB_FOLDER / "gradient_bias_vs_G.png").exists()
+    subprocess.run([*gmc, "report", "--results", str(bundle)], check=True, capture_output=True)
+    assert (bundle / outputs.LAB_FOLDER / "gradient_bias_vs_G.png").stat().st_size > 5000
+    assert (bundle / outputs.LAB_FOLDER / "gradient_lab.md").read_text() == (lab / "gradient_lab.md").read_text()
+
 
 
 @pytest.mark.slow

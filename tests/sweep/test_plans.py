@@ -126,6 +126,22 @@ def test_the_group_size_preset_plans_four_group_sizes_at_one_sampling_budget(tmp
     assert sorted({cfg.seed for cfg in runs}) == [0, 1, 2, 3, 4]
 
 
+def test_the_gradient_lab_preset_plans_the_lab_on_its_seeds_history(tmp_path, snakemake):
+    out = snakemake(["-n", "-p", "--cores", "2", "--configfile", str(REPO / "workflow/presets/gradient_lab.yaml")],
+                    cwd=workdir(tmp_path, REPO / "config.yaml"))
+    assert out.returncode == 0, out.stderr
+    text = out.stdout + out.stderr
+    history = next(line.split("--out results/gradient_lab/history/")[1].split()[0] for line in text.splitlines()
+                   if " history --config " in line)
+    assert f"gmc gradient-lab --history results/gradient_lab/history/{history} " \
+           "--config results/gradient_lab/configs/gradient_lab.yaml --out results/gradient_lab/gradient_lab" in text
+    for name in ("gradients.csv", "claims.csv", "gradient_excess_vs_G.png"):
+        assert f"results/gradient_lab/gradient_lab/{name}" in text
+    (tmp_path / "plain").mkdir()
+    plain = snakemake(["-n", "-p", "--cores", "2"], cwd=workdir(tmp_path / "plain", REPO / "config.yaml"))
+    assert plain.returncode == 0 and "gradient-lab" not in plain.stdout + plain.stderr  # off by default
+
+
 def test_a_trace_is_a_sweep_point(tmp_path, snakemake):
     trace = tmp_path / "staleness_trace.jsonl"
     trace.write_text('{"prompt_index": 1, "version": 0, "consumed_version": 0}\n')

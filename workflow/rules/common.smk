@@ -6,6 +6,8 @@ from pathlib import Path
 from gmc.results.outputs import (
     ANALYSIS,
     FIGURES,
+    GRADIENT_LAB_FILES,
+    LAB_FOLDER,
     TABLES,
     THEORY_FILES,
     figure_files,
@@ -14,6 +16,7 @@ from gmc.results.outputs import (
 from gmc.policy.preflight import check_model_dir
 from gmc.run.rundir import SHARED as SHARED_FILE
 from gmc.settings import to_dict
+from gmc.workflow import lab_values
 from gmc.sweep.points import (
     ALGO_WILDCARD,
     base_eval_dirs,
@@ -29,6 +32,7 @@ from gmc.sweep.points import (
 )
 from gmc.sweep.resolve import (
     eval_values,
+    lab_history,
     resolve_eval,
     resolve_run,
     shared_histories,
@@ -127,6 +131,8 @@ FIGURE_FILES = [
     f"{RESULTS}/figures/{f}" for name in FIGURES for f in figure_files(name)
 ]
 THEORY = [f"{RESULTS}/theory/{f}" for f in THEORY_FILES]
+GRADIENT_LAB = [f"{RESULTS}/{LAB_FOLDER}/{f}" for f in GRADIENT_LAB_FILES]
+LAB_HISTORY = lab_history(config, POINTS) if config["gradient_lab"]["enabled"] else None
 
 
 def folder(side, key=0, up=1):
