@@ -209,7 +209,7 @@ SETTINGS_OF = {"build-tiny-model": "gmc.run.tiny_model:TinyModelConfig",
                "build-random-model": "gmc.run.random_model:RandomModelConfig",
                "train": "gmc.run.config:TrainConfig", "history": "gmc.run.config:TrainConfig",
                "prefill": "gmc.run.config:TrainConfig", "plan-memory": "gmc.run.config:TrainConfig",
-               "evaluate": "gmc.run.evaluate:EvalConfig"}
+               "evaluate": "gmc.run.evaluate:EvalConfig", "gradient-lab": "gmc.theory.config:GradientLabConfig"}
 """The settings class of each command that takes --set."""
 
 

@@ -215,6 +215,7 @@ NOT_RUN = {
     r"^gmc (league-figure|publish|mlflow-sync|export-results|report --results published/<)": "names a sweep's results",
     r"^gmc (import-results|report --results elsewhere)": "needs the archive of the export before it",
     r"^gmc theory --out results/theory$": "the full lab, minutes (its --quick form runs)",
+    r"^gmc gradient-lab --history": "needs a finished history (tests/theory/test_gradients.py runs the lab on one)",
     r"^gmc train ": "needs the default model (make run builds it)",
     r"^gmc prepare-data": "downloads, or reads a data root a test does not have",
     r"^gmc/ ": "not a command (a folder listing)",
