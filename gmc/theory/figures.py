@@ -211,22 +211,23 @@ def _fmt(v, lo, hi) -> str:
 
 
 def lab_markdown(tables: dict[str, pd.DataFrame]) -> str:
-    """The lab's tables in Markdown: the pairs, the claims, and per delay the bias, excess, cosine
-    and second moment of every estimator by G."""
+    """The lab's tables in Markdown, under third-level headings (a page includes them): the
+    pairs, the claims, and per delay the bias, excess, cosine and second moment of every
+    estimator by G."""
     rows, pairs, claims, prompts = tables["gradients"], tables["pairs"], tables["claims"], tables["prompts"]
-    out = ["# Gradient lab", "", f"{len(prompts)} prompts, each answered right by a share of a screening group "
+    out = [f"{len(prompts)} prompts, each answered right by a share of a screening group "
            f"at the behaviour weights between {prompts['screened_reward'].min():.3g} and "
-           f"{prompts['screened_reward'].max():.3g}; {int(rows['n'].iloc[0])} batches per cell.", "", "## Pairs (behaviour: the history's end; current: d on-policy updates later)", "",
+           f"{prompts['screened_reward'].max():.3g}; {int(rows['n'].iloc[0])} batches per cell.", "", "### Pairs (behaviour: the history's end; current: d on-policy updates later)", "",
            "| d | G | mean L | min L | max L | k3 KL / token | IS ESS / G |", "|---|---|---|---|---|---|---|"]
     out += [f"| {r.delay} | {r.G} | {r.log_ratio_mean:.3g} | {r.log_ratio_min:.3g} | {r.log_ratio_max:.3g} | "
             f"{r.approx_kl:.3g} | {r.ess_frac:.3g} |" for r in pairs.itertuples()]
-    out += ["", "## Claims", "", "| claim | d | at | algorithm | value | 95% interval | points | reference | covers |",
+    out += ["", "### Claims", "", "| claim | d | at | algorithm | value | 95% interval | points | reference | covers |",
             "|---|---|---|---|---|---|---|---|---|"]
     out += [f"| {r.claim} | {r.delay} | {r.at} | {r.algorithm} | {r.exponent:.3g} | [{r.lo:.3g}, {r.hi:.3g}] | "
             f"{r.n_points} | {r.reference:g} | {'yes' if r.covers_reference else 'no'} |" for r in claims.itertuples()]
     main = rows[~rows["eps_row"]]
     for d, grp_d in main.groupby("delay"):
-        out += ["", f"## d = {d}", "", "| algorithm | G | bias | excess over IS | cosine | second moment | variance |",
+        out += ["", f"### d = {d}", "", "| algorithm | G | bias | excess over IS | cosine | second moment | variance |",
                 "|---|---|---|---|---|---|---|"]
         for r in grp_d.sort_values(["algorithm", "G"]).itertuples():
             out.append(f"| {r.algorithm} | {r.G} | {_fmt(r.bias, r.bias_lo, r.bias_hi)} | "
@@ -234,7 +235,7 @@ def lab_markdown(tables: dict[str, pd.DataFrame]) -> str:
                        f"{r.variance:.3g} |")
     eps_rows = rows[rows["eps_row"]]
     if len(eps_rows):
-        out += ["", f"## eps (d = {eps_rows['delay'].iloc[0]}, G = {eps_rows['G'].iloc[0]})", "",
+        out += ["", f"### eps (d = {eps_rows['delay'].iloc[0]}, G = {eps_rows['G'].iloc[0]})", "",
                 "| algorithm | eps | bias | excess over IS | second moment |", "|---|---|---|---|---|"]
         out += [f"| {r.algorithm} | {r.eps:g} | {_fmt(r.bias, r.bias_lo, r.bias_hi)} | "
                 f"{_fmt(r.excess, r.excess_lo, r.excess_hi)} | {r.second_moment:.3g} |"

@@ -252,6 +252,8 @@ PAIR_STATS = ("log_ratio_mean", "log_ratio_min", "log_ratio_max", "approx_kl", "
 def paired_ratio(x: np.ndarray, y: np.ndarray, level: float = 0.95) -> tuple[float, float, float]:
     """``mean(x) / mean(y)`` of paired samples with its delta-method interval
     (``se = sd(x - R y) / (sqrt(n) mean(y))``)."""
+    if y.mean() == 0:  # no gradient in any batch (every group's rewards equal)
+        return math.nan, math.nan, math.nan
     R = float(x.mean() / y.mean())
     se = float((x - R * y).std(ddof=1) / (math.sqrt(len(x)) * y.mean()))
     half = t_quantile(len(x) - 1, level) * se

@@ -131,7 +131,7 @@ def test_the_lab_writes_its_files_and_the_known_truths_hold(lab):
     claims = tables["claims"]
     assert set(claims["claim"]) == {"2/3", "1", "second moment"}
     sm = claims[(claims["claim"] == "second moment") & (claims["delay"] == 0)]
-    assert np.allclose(sm["exponent"], 1.0)
+    assert sm["exponent"].notna().any() and np.allclose(sm["exponent"].dropna(), 1.0)  # NaN: no gradient at all
 
 
 def test_the_report_redraws_the_labs_markdown_and_figures_from_its_tables(lab, tmp_path):
