@@ -6,7 +6,8 @@ models or completions: per run its ``summary.json``, ``config.yaml``, ``run.json
 ``shared.json``), its per-step curves reduced to what the figures read
 (:data:`FIGURE_FIELDS`), every evaluation's scores, the resolved configuration (the runs'
 ``config.yaml``, ``configs/`` of the evaluation and the base models), the tables and figures,
-the gradient lab's tables where the sweep ran it, and :data:`PROVENANCE` (the commit, the machine, the thread counts the runs recorded).
+the gradient lab's tables where the sweep ran it, and :data:`PROVENANCE` (the commit, the
+machine, the thread counts the runs recorded).
 ``gmc report --results <bundle>`` redraws its tables and figures from it alone.
 :func:`export_results` packs the same bundle into one ``.tar.gz`` to carry it elsewhere, and
 :func:`import_results` unpacks it into a results folder.
