@@ -182,11 +182,12 @@ def _row(g: np.ndarray, target: np.ndarray, reference: np.ndarray | None, stats:
     bias = _bias_norm(g, target)
     excess = _bias_norm(g - reference) if reference is not None else (math.nan,) * 4
     target_mean = target.mean(0)
+    target_norm = float(np.linalg.norm(target_mean))  # 0 where no on-policy group had two rewards
     keys = sorted({k for s in stats for k in s if k.startswith("ratio/")})
     return dict(bias=bias[0], bias_lo=bias[1], bias_hi=bias[2], bias_se=bias[3],
                 excess=excess[0], excess_lo=excess[1], excess_hi=excess[2], excess_se=excess[3],
-                rel_bias=bias[0] / float(np.linalg.norm(target_mean)), cosine=_cosine(g.mean(0), target_mean),
-                **_moments(g), target_norm=float(np.linalg.norm(target_mean)),
+                rel_bias=bias[0] / target_norm if target_norm > 0 else math.nan, cosine=_cosine(g.mean(0), target_mean),
+                **_moments(g), target_norm=target_norm,
                 target_second_moment=_moments(target)["second_moment"],
                 **{k: float(np.mean([s[k] for s in stats if k in s])) for k in keys})
 

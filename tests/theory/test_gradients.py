@@ -99,6 +99,8 @@ def test_a_cells_statistics_are_the_direct_formulas_and_cover_a_known_bias():
                                           / np.linalg.norm(g.mean(0)) / np.linalg.norm(target.mean(0)))
     assert row["bias_lo"] <= 1.0 <= row["bias_hi"] and row["bias"] == pytest.approx(1.0, abs=0.2)
     assert row["ratio/weight_max"] == 3.0 and math.isnan(row["excess"])
+    flat = _row(g, np.zeros((n, D)), None, [])  # a target without gradient: no relative bias, no cosine
+    assert math.isnan(flat["rel_bias"]) and math.isnan(flat["cosine"]) and flat["target_norm"] == 0
     x, y = sq, (target**2).sum(1)
     R, lo, hi = paired_ratio(x, y)
     assert R == pytest.approx(x.mean() / y.mean()) and lo < R < hi
