@@ -44,7 +44,6 @@ if LAB_HISTORY is not None:
         script:
             "../scripts/write_config.py"
 
-
     rule gradient_lab:
         """The estimators measured on the policy's gradients at pairs of weights from one history of
         the sweep (gmc gradient-lab): tables, their Markdown and figures."""
