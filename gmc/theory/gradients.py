@@ -90,6 +90,7 @@ class _Lab:
         self.prompts: list = []
         torch.manual_seed(cfg.seed)
         self.progress, self.loaded = progress, None
+        self.bar: tqdm | None = None  # the gradients' progress, where measure counts them
 
     def weights(self) -> dict[int, dict[str, torch.Tensor]]:
         """The weights at the history's end (0) and after each of the lab's delays, on-policy."""
@@ -152,7 +153,8 @@ class _Lab:
             _, st, _ = update.backward(groups, on_policy)
             grads.append(_flat_gradient(self.params))
             stats.append(st)
-            self.bar.update(1)
+            if self.bar is not None:
+                self.bar.update(1)
         return np.stack(grads), stats
 
     def close(self) -> None:

@@ -51,7 +51,6 @@ def test_a_batch_gradient_is_the_per_sample_sum_of_each_estimators_weighted_scor
         assert len(lab.prompts) == 2 and all(0 < r < 1 for r in rates)
         groups = lab.sample(4, "trainer")
         lab.load(2, weights)
-        lab.bar = type("Bar", (), {"update": lambda self, k: None})()
         cfg = lab.run
         for algorithm in ("tic", "gmc"):
             got, _ = lab.gradients(lab.update(algorithm), [groups], False)
