@@ -17,6 +17,16 @@ from gmc.results.figures import ALGORITHM_COLORS, LEGEND_INSIDE, panel_row, save
 from gmc.results.outputs import GRADIENT_LAB_TABLES
 
 
+def _errorbar(ax, grp, x: str, y: str, **kwargs) -> None:
+    """``y`` against ``x`` where resolved (its 95% interval excludes 0), with its interval; a
+    triangle at the upper bound where not (both labs' bias figures)."""
+    ok = grp[grp[f"{y}_lo"] > 0]
+    ax.errorbar(ok[x], ok[y], yerr=[ok[y] - ok[f"{y}_lo"], ok[f"{y}_hi"] - ok[y]], marker="o", ms=3, capsize=2,
+                **kwargs)
+    upper = grp[(grp[f"{y}_lo"] <= 0) & (grp[f"{y}_hi"] > 0)]
+    ax.scatter(upper[x], upper[f"{y}_hi"], marker="v", s=14, color=kwargs.get("color"))
+
+
 def theory_figures(tables: dict[str, pd.DataFrame], out: Path) -> list[Path]:
     """Bias vs G (log-log, one panel per eps), the cap's bias vs eps, shortfall vs eps, final
     reward vs delay."""
@@ -32,13 +42,8 @@ def theory_figures(tables: dict[str, pd.DataFrame], out: Path) -> list[Path]:
         styles = ["-", "--", ":", "-."]
         for ax, eps in zip(axes, eps_values):
             for (algorithm, drift), grp in sub[sub["eps"] == eps].groupby(["algorithm", "drift"]):
-                grp = grp.sort_values("G")
-                ok = grp[grp["bias_lo"] > 0]  # resolved: the 95% interval excludes 0
-                color, ls = ALGORITHM_COLORS[algorithm], styles[drifts.index(drift) % 4]
-                ax.errorbar(ok["G"], ok["bias"], yerr=[ok["bias"] - ok["bias_lo"], ok["bias_hi"] - ok["bias"]],
-                            color=color, ls=ls, marker="o", ms=3, capsize=2, label=f"{algorithm}, drift {drift:g}")
-                upper = grp[(grp["bias_lo"] <= 0) & (grp["bias_hi"] > 0)]
-                ax.scatter(upper["G"], upper["bias_hi"], color=color, marker="v", s=14)
+                _errorbar(ax, grp.sort_values("G"), "G", "bias", color=ALGORITHM_COLORS[algorithm],
+                          ls=styles[drifts.index(drift) % 4], label=f"{algorithm}, drift {drift:g}")
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
             ax.set_title(f"eps = {eps:g}")
@@ -119,16 +124,6 @@ LAB_SUMMARY = "gradient_lab.md"
 """The lab's tables in Markdown (:func:`lab_report`)."""
 LAB_CONFIG = "gradient_lab_config.json"
 """The lab's settings, the history it measured and its time."""
-
-
-def _errorbar(ax, grp, x: str, y: str, **kwargs) -> None:
-    """``y`` against ``x`` where resolved (interval above 0), with its interval; a triangle at the
-    upper bound where not."""
-    ok = grp[grp[f"{y}_lo"] > 0]
-    ax.errorbar(ok[x], ok[y], yerr=[ok[y] - ok[f"{y}_lo"], ok[f"{y}_hi"] - ok[y]], marker="o", ms=3, capsize=2,
-                **kwargs)
-    upper = grp[(grp[f"{y}_lo"] <= 0) & (grp[f"{y}_hi"] > 0)]
-    ax.scatter(upper[x], upper[f"{y}_hi"], marker="v", s=14, color=kwargs.get("color"))
 
 
 def _log_axes(ax, x_base: int = 10) -> None:

@@ -235,7 +235,8 @@ def measure(history: Path, cfg: GradientLabConfig, progress: bool = True) -> dic
                         lab.gradients(lab.update(a, e), behaviour[G], False)
                     same = classes[a] == classes["is"]
                     eps = lab.run.estimator.eps if e is None else e
-                    squares[(d, G, eps, a, e is not None)] = np.einsum("ij,ij->i", g, g)
+                    if e is None:
+                        squares[(d, G, a)] = np.einsum("ij,ij->i", g, g)
                     rows.append(dict(delay=d, G=G, eps=eps, algorithm=a, eps_row=e is not None, n=n,
                                      **_row(g, targets[classes[a]], g_is if same else None, stats)))
             lab.bar.close()
@@ -267,19 +268,19 @@ def lab_claims(gradients: pd.DataFrame, squares: dict[tuple, np.ndarray]) -> pd.
     """The paper's claims on the lab's rows, per delay, for ``tic`` and ``gmc``: the exponent of
     the excess over ``is`` in G at the history's eps (claims 2-3) and in eps over the eps rows
     (claim 1), fitted as the theory lab fits them (:func:`gmc.theory.lab.claim_fits`); and
-    ``gmc``'s second moment over ``tic``'s on the same batches per delay and G (:func:`paired_ratio`
-    of the batches' squared norms ``squares``, keyed ``(d, G, eps, algorithm, eps_row)``): the
-    second-moment guarantee the class shares holds where it stays near 1."""
+    ``gmc``'s second moment over ``tic``'s on the same batches per delay and G at the history's eps
+    (:func:`paired_ratio` of the batches' squared norms ``squares``, keyed ``(d, G, algorithm)``):
+    the second-moment guarantee the class shares holds where it stays near 1."""
     capped = gradients[gradients["algorithm"].isin(["tic", "gmc"])].assign(variant="language_model")
     fits = [claim_fits(capped[~capped["eps_row"]], pair="delay", claims=("2/3",))]
     if capped["eps_row"].any():
         fits.append(claim_fits(capped[capped["eps_row"]], pair="delay", claims=("1",)))
     moments = []
-    for (d, G, eps), grp in gradients[~gradients["eps_row"]].groupby(["delay", "G", "eps"]):
-        if {"tic", "gmc"} <= set(grp["algorithm"]):
-            R, lo, hi = paired_ratio(squares[(d, G, eps, "gmc", False)], squares[(d, G, eps, "tic", False)])
+    for d, G in sorted({(d, G) for d, G, _ in squares}):
+        if (d, G, "tic") in squares and (d, G, "gmc") in squares:
+            R, lo, hi = paired_ratio(squares[(d, G, "gmc")], squares[(d, G, "tic")])
             moments.append(dict(claim="second moment", x="G", variant="language_model", delay=d, at=f"G={G:g}",
-                                algorithm="gmc / tic", exponent=R, lo=lo, hi=hi, n_points=len(squares[(d, G, eps, "gmc", False)]),
+                                algorithm="gmc / tic", exponent=R, lo=lo, hi=hi, n_points=len(squares[(d, G, "gmc")]),
                                 reference=1.0, covers_reference=bool(lo <= 1 <= hi)))
     return pd.concat([*fits, pd.DataFrame(moments)], ignore_index=True)
 
