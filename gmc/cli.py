@@ -176,7 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("quote-bundles", help="rewrite the blocks a document includes from a bundle "
                        "(<!-- include PATH -->) and check that every number of its prose marked <!-- numbers from "
-                       "BUNDLE --> is printed in that bundle (exit 1, naming each line, where one is not)")
+                       "BUNDLE --> is printed in that bundle and every verdict word there is the one its tables/conclusions.md "
+                       "gives (exit 1, naming each line, where one is not)")
     p.add_argument("docs", nargs="*", help="the documents (default: README.md and every page under docs/)")
     p.add_argument("--check", action="store_true", help="change nothing: an included block that differs from its "
                    "file fails too")
@@ -322,7 +323,7 @@ def _publish(args: argparse.Namespace) -> None:
 
 
 def _quote_bundles(args: argparse.Namespace) -> None:
-    from gmc.results.quotes import documents, refresh, stale_includes, unquoted
+    from gmc.results.quotes import documents, misjudged, refresh, stale_includes, unquoted
 
     problems = []
     for doc in args.docs or documents():
@@ -330,7 +331,7 @@ def _quote_bundles(args: argparse.Namespace) -> None:
             problems += stale_includes(doc)
         else:
             print(f"{doc}: {refresh(doc)} included blocks rewritten")
-        problems += unquoted(doc)
+        problems += unquoted(doc) + misjudged(doc)
     for problem in problems:
         print(problem, file=sys.stderr)
     raise SystemExit(1 if problems else 0)

@@ -160,6 +160,15 @@ def test_every_number_a_page_quotes_from_a_bundle_is_the_bundles():
     assert problems == []
 
 
+def test_every_verdict_a_page_gives_a_bundles_difference_is_its_conclusions():
+    """Where a page's prose about a bundle calls a quoted difference "resolved", "equivalent", "no
+    cost", "inconclusive" or "not resolved", that is the verdict the bundle's
+    ``tables/conclusions.md`` gives it (after Holm's adjustment within its family)."""
+    from gmc.results.quotes import misjudged
+
+    assert [problem for doc in quoting_docs() for problem in misjudged(doc)] == []
+
+
 def test_every_published_bundle_is_quoted():
     """Each bundle's numbers are quoted by some page, and its tables included in one."""
     from gmc.results.quotes import quoted_bundles

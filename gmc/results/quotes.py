@@ -21,6 +21,11 @@ three-decimal values, so quote estimates with their intervals. Integers without 
 steps, jobs) are the sweep's configuration, not its results, and are not checked. The bundle's
 printed numbers are those of its Markdown files (tables, ``stages.md``) and of its
 configuration (``configs/``).
+
+A verdict in a ``numbers from`` region is the bundle's too (:func:`misjudged`): a word
+"resolved", "equivalent", "no cost", "inconclusive", "not resolved" or "unresolved" judges the
+difference quoted with its interval nearest before it in its clause (else the first after it),
+and where ``tables/conclusions.md`` judges that difference, the word must be its verdict.
 """
 
 from __future__ import annotations
@@ -74,6 +79,62 @@ def bundle_numbers(bundle: Path) -> set[str]:
     texts = [path.read_text() for path in files]
     # every estimate with its interval, and each of its numbers alone
     return {n for text in texts for n, _ in numbers(text)} | {m[1] for t in texts for m in DECIMAL.finditer(t)}
+
+
+VERDICT_WORD = re.compile(r"\b(not\s+resolved|none\s+resolved|unresolved|resolved|inconclusive|equivalent|no cost)\b",
+                          re.I)
+CLAUSE_END = re.compile(r"[;|]|\.(?=\s)|\n\s*\n")
+CONCLUSION = re.compile(rf"^- .*?: ({_SIGNED}) \[({_SIGNED}), ({_SIGNED})\], .*?\*\*(\w+)[^*]*\*\*", re.M)
+AGREES = {"resolved": {"resolved"}, "not resolved": {"equivalent", "inconclusive"},
+          "none resolved": {"equivalent", "inconclusive"}, "unresolved": {"equivalent", "inconclusive"},
+          "inconclusive": {"inconclusive"}, "equivalent": {"equivalent"}, "no cost": {"equivalent"}}
+"""The verdicts of ``conclusions.md`` each word of prose may stand for."""
+
+
+def verdicts(bundle: Path) -> list[tuple[float, float, float, str]]:
+    """Each difference ``tables/conclusions.md`` judges: (estimate, low, high, verdict) as printed."""
+    path = bundle / "tables" / "conclusions.md"
+    if not path.exists():
+        return []
+    return [(float(d), float(lo), float(hi), verdict) for d, lo, hi, verdict in CONCLUSION.findall(path.read_text())]
+
+
+def _judged(estimate: str, judged: list[tuple[float, float, float, str]]) -> set[str]:
+    """The verdicts ``conclusions.md`` gives the difference quoted as ``estimate`` (normal form,
+    with its interval in brackets or as ``± half``; the half may differ from the bracket's by the
+    rounding of its ends)."""
+    values = [float(x) for x in re.findall(r"-?\d+\.\d+", estimate)]
+    if "±" in estimate:
+        return {v for d, lo, hi, v in judged if d == values[0] and abs((hi - lo) / 2 - values[1]) < 1.5e-3}
+    return {v for d, lo, hi, v in judged if (d, lo, hi) == tuple(values)}
+
+
+def misjudged(doc: str | Path) -> list[str]:
+    """Each verdict word in a ``numbers from`` region of ``doc`` that is not the verdict its
+    bundle's ``conclusions.md`` gives the difference it judges (module docstring), named by its
+    line; a word that judges no difference ``conclusions.md`` lists is not checked."""
+    doc = Path(doc)
+    text = doc.read_text()
+    out = []
+    for m in NUMBERS.finditer(text):
+        judged = verdicts(doc.parent / m["path"])
+        body = INCLUDE.sub(lambda b: " " * len(b[0]), m["body"])
+        estimates = [(n, at) for n, at in numbers(body) if "[" in n or "±" in n]
+        ends = [0, *(c.end() for c in CLAUSE_END.finditer(body)), len(body)]
+        for word in VERDICT_WORD.finditer(body):
+            lo = max(e for e in ends if e <= word.start())
+            hi = min(e for e in ends if e >= word.end())
+            before = [n for n, at in estimates if lo <= at < word.start()]
+            after = [n for n, at in estimates if word.end() <= at < hi]
+            if not before + after:
+                continue
+            estimate = (before[-1:] or after)[0]
+            given = _judged(estimate, judged)
+            said = " ".join(word[1].lower().split())
+            if given and not given & AGREES[said]:
+                out.append(f"{doc}:{_line(text, m.start('body') + word.start())}: \"{word[1]}\" judges {estimate}, "
+                           f"which {m['path']}/tables/conclusions.md finds {' or '.join(sorted(given))}")
+    return out
 
 
 def _line(text: str, offset: int) -> int:

@@ -61,3 +61,39 @@ def test_a_document_quotes_a_bundle_only_through_its_files(bundle, tmp_path, cap
     assert f"README.md:{line}: {diff.lstrip('+')} ± {other:.3f} is not a number of published" in err
     assert f"README.md:{line}: {lead.lstrip('+').replace(lead_half, '0.999')} is not a number" in err
     assert err.count("is not a number") == 4  # the lone difference and the temperature are the bundle's
+
+
+VERDICTS = """# Results
+
+<!-- numbers from published -->
+GMC leads GRPO by +0.200 [+0.157, +0.243], resolved; staleness costs grpo −0.050 ± 0.035 in
+Pass@1, {word}; gmc has no cost in training reward (+0.000 [+0.000, +0.000]). Not
+resolved: −0.050 [−0.085, −0.015]. A gradient's bias of 0.125 [0.102, 0.143] is resolved.
+<!-- end numbers -->
+"""
+
+
+def test_a_verdict_word_in_prose_is_the_one_the_bundles_conclusions_give(bundle, tmp_path, capsys):
+    """"resolved", "not resolved", "inconclusive", "equivalent" and "no cost" in a region that
+    quotes a bundle judge the difference quoted beside them (its interval in brackets or as
+    ± half): where conclusions.md judges that difference otherwise, ``gmc quote-bundles --check``
+    fails naming the line; a difference conclusions.md does not judge is not checked."""
+    from gmc.results.quotes import misjudged
+
+    main(["tables", "--results", str(bundle)])
+    assert "-0.050 [-0.085, -0.015], 3 seeds, p_holm 0.051: **inconclusive**" in (
+        bundle / "tables" / "conclusions.md").read_text()
+    doc = tmp_path / "results.md"
+    doc.write_text(VERDICTS.format(word="inconclusive"))
+    assert misjudged(doc) == []
+    doc.write_text(VERDICTS.format(word="resolved"))
+    assert misjudged(doc) == [f'{doc}:5: "resolved" judges -0.050 ± 0.035, which published/tables/conclusions.md '
+                              "finds inconclusive"]
+    with pytest.raises(SystemExit) as stop:
+        main(["quote-bundles", "--check", str(doc)])
+    assert stop.value.code == 1 and f'{doc}:5: "resolved" judges' in capsys.readouterr().err
+    doc.write_text(VERDICTS.format(word="inconclusive").replace("has no cost", "has a resolved cost")
+                   .replace("A gradient's", "Inconclusive: +0.200 [+0.157, +0.243]. A gradient's"))
+    assert [p.split(": ", 1)[1] for p in misjudged(doc)] == [
+        '"resolved" judges 0.000 [0.000, 0.000], which published/tables/conclusions.md finds equivalent',
+        '"Inconclusive" judges 0.200 [0.157, 0.243], which published/tables/conclusions.md finds resolved']
