@@ -26,6 +26,8 @@ from gmc.run.rundir import GROUPS, METRICS  # noqa: E402
 from gmc.sweep.points import delay_order, delay_title  # noqa: E402
 
 ALGORITHM_COLORS = {name: e.color for name, e in REGISTRY.items()}
+ALGORITHM_MARKERS = {name: "osD^vP*Xph"[i % 10] for i, name in enumerate(REGISTRY)}
+"""Each estimator's marker, so that a league's lines of similar colour stay apart."""
 
 
 def algorithm_label(name: str) -> str:
@@ -129,9 +131,10 @@ def _delay_axis(ax, frame: pd.DataFrame) -> pd.DataFrame:
     return frame
 
 
-def _line_by_algorithm(ax, frame, x, y, se=None):
+def _line_by_algorithm(ax, frame, x, y, se=None, seeds_in_label=True):
     """Mean over seeds per ``x``, one line per algorithm, error bars = 95% interval
-    (:func:`gmc.results.stats.mean_interval`, evaluation noise ``se`` folded in; none with one seed)."""
+    (:func:`gmc.results.stats.mean_interval`, evaluation noise ``se`` folded in; none with one seed);
+    each label carries its seed count unless ``seeds_in_label`` is false (a title gives it)."""
     for algo, grp in frame.groupby("algorithm"):
         points = []
         for xv, g in grp.groupby(x):
@@ -140,8 +143,9 @@ def _line_by_algorithm(ax, frame, x, y, se=None):
         xs, ms, hs = zip(*sorted(points))
         seeds = grp.groupby(x)["seed"].nunique()
         n = f"n = {seeds.min()}" if seeds.min() == seeds.max() else f"n = {seeds.min()}-{seeds.max()}"
-        ax.errorbar(xs, ms, yerr=hs, marker="o", ms=4, capsize=2, color=ALGORITHM_COLORS.get(algo),
-                    label=f"{algorithm_label(algo)} ({n})")
+        ax.errorbar(xs, ms, yerr=hs, marker=ALGORITHM_MARKERS.get(algo, "o"), ms=4, capsize=2,
+                    color=ALGORITHM_COLORS.get(algo),
+                    label=f"{algorithm_label(algo)} ({n})" if seeds_in_label else algorithm_label(algo))
 
 
 def run_figures(results: str | Path, out: str | Path | None = None) -> list[Path]:
@@ -158,7 +162,8 @@ def run_figures(results: str | Path, out: str | Path | None = None) -> list[Path
 def league_figure(regimes: dict[str, str | Path], out: Path) -> list[Path]:
     """Final score against the fixed delay per estimator, one panel per regime: ``regimes`` maps a
     panel's title to its results folder (largest group size of each; delays as :func:`_delay_axis`
-    places them; bars: 95% interval over seeds). Written to ``out/league.{png,pdf}``."""
+    places them; bars: 95% interval over seeds; each panel's title gives its seeds, and a league
+    of estimators shares one legend beside the panels). Written to ``out/league.{png,pdf}``."""
     from gmc.results.tables import collect
 
     fig, axes = panel_row(len(regimes), 5.5)
@@ -171,12 +176,13 @@ def league_figure(regimes: dict[str, str | Path], out: Path) -> list[Path]:
         # each estimator a little apart, so that the bars do not hide each other
         offset = {a: 0.3 * (i / max(len(algorithms) - 1, 1) - 0.5) for i, a in enumerate(algorithms)}
         numeric["x"] += numeric["algorithm"].map(offset)
-        _line_by_algorithm(ax, numeric, "x", score, "score_se")
-        seeds = int(numeric.groupby(["algorithm", "delay"])["seed"].nunique().min())
-        ax.set_title(f"{name}: G = {G}, {seeds} seeds")
+        _line_by_algorithm(ax, numeric, "x", score, "score_se", seeds_in_label=False)
+        seeds = numeric.groupby(["algorithm", "delay"])["seed"].nunique()
+        n = f"{seeds.min()}" if seeds.min() == seeds.max() else f"{seeds.min()}-{seeds.max()}"
+        ax.set_title(f"{name}: G = {G}, {n} seeds")
         ax.set_ylabel(score_label)
         ax.set_ylim(*SCORE_RANGE)
-        ax.legend(fontsize=7, ncol=2)  # per panel: its estimators and seeds
+    legend(fig, axes)
     fig.suptitle("Final score vs delay per estimator; bars: 95% interval over seeds")
     return save_both(fig, Path(out), "league")
 

@@ -1,7 +1,7 @@
 """The figures of a sweep: intervals over seeds, labels and axes."""
 
 import pytest
-from helpers import fake_run
+from helpers import fake_run, sweep
 
 from gmc.results.stats import mean_interval
 from gmc.results.tables import (
@@ -32,3 +32,29 @@ def test_figures_show_intervals_over_seeds(tmp_path):
     expected = mean_interval([0.35, 0.36, 0.37], [0.02] * 3).half
     assert half[0] == 0 and half[16] == pytest.approx(expected)  # one seed at delay 0: no bar
     plt.close(fig)
+
+
+def test_the_league_figure_draws_a_panel_per_regime_and_one_legend_for_a_league(tmp_path, monkeypatch):
+    """One panel per regime titled with its group size and seeds; a league too large for a panel's
+    legend shares one beside the panels, each estimator once by its label, and estimators of
+    similar colour differ by marker."""
+    from gmc.estimators import REGISTRY
+    from gmc.results import figures
+
+    league = list(REGISTRY)[:8]
+    short = sweep(tmp_path / "short", scores={a: [0.5 + 0.02 * i] * 3 for i, a in enumerate(league)})
+    long = sweep(tmp_path / "long", scores={a: [0.4, 0.5, 0.6] for a in league[:3]})
+    drawn = {}
+
+    def keep(fig, out, stem):
+        drawn[stem] = fig
+        return []
+
+    monkeypatch.setattr(figures, "save_both", keep)
+    figures.league_figure({"short": short, "long": long}, tmp_path / "league")
+    fig = drawn["league"]
+    assert [ax.get_title() for ax in fig.axes] == ["short: G = 8, 3 seeds", "long: G = 8, 3 seeds"]
+    assert all(ax.get_legend() is None for ax in fig.axes) and len(fig.legends) == 1
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert sorted(labels) == sorted(REGISTRY[a].label for a in league)
+    assert len({bars.lines[0].get_marker() for bars in fig.axes[0].containers}) == len(league)
