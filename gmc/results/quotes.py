@@ -109,6 +109,13 @@ def _judged(estimate: str, judged: list[tuple[float, float, float, str]]) -> set
     return {v for d, lo, hi, v in judged if (d, lo, hi) == tuple(values)}
 
 
+def _regions(text: str):
+    """Each ``numbers from`` region of ``text``: the bundle it names, its prose with included
+    blocks blanked (offsets kept; :func:`stale_includes` checks those) and the prose's offset."""
+    for m in NUMBERS.finditer(text):
+        yield m["path"], INCLUDE.sub(lambda b: " " * len(b[0]), m["body"]), m.start("body")
+
+
 def misjudged(doc: str | Path) -> list[str]:
     """Each verdict word in a ``numbers from`` region of ``doc`` that is not the verdict its
     bundle's ``conclusions.md`` gives the difference it judges (module docstring), named by its
@@ -116,9 +123,10 @@ def misjudged(doc: str | Path) -> list[str]:
     doc = Path(doc)
     text = doc.read_text()
     out = []
-    for m in NUMBERS.finditer(text):
-        judged = verdicts(doc.parent / m["path"])
-        body = INCLUDE.sub(lambda b: " " * len(b[0]), m["body"])
+    judged: dict[str, list[tuple[float, float, float, str]]] = {}
+    for path, body, start in _regions(text):
+        if path not in judged:
+            judged[path] = verdicts(doc.parent / path)
         estimates = [(n, at) for n, at in numbers(body) if "[" in n or "±" in n]
         ends = [0, *(c.end() for c in CLAUSE_END.finditer(body)), len(body)]
         for word in VERDICT_WORD.finditer(body):
@@ -129,11 +137,11 @@ def misjudged(doc: str | Path) -> list[str]:
             if not before + after:
                 continue
             estimate = (before[-1:] or after)[0]
-            given = _judged(estimate, judged)
+            given = _judged(estimate, judged[path])
             said = " ".join(word[1].lower().split())
             if given and not given & AGREES[said]:
-                out.append(f"{doc}:{_line(text, m.start('body') + word.start())}: \"{word[1]}\" judges {estimate}, "
-                           f"which {m['path']}/tables/conclusions.md finds {' or '.join(sorted(given))}")
+                out.append(f"{doc}:{_line(text, start + word.start())}: \"{word[1]}\" judges {estimate}, "
+                           f"which {path}/tables/conclusions.md finds {' or '.join(sorted(given))}")
     return out
 
 
@@ -195,16 +203,13 @@ def unquoted(doc: str | Path) -> list[str]:
     text = doc.read_text()
     out = []
     known: dict[str, set[str]] = {}
-    for m in NUMBERS.finditer(text):
-        if m["path"] not in known:
-            known[m["path"]] = bundle_numbers(root / m["path"])
-        body = INCLUDE.sub(lambda b: " " * len(b[0]), m["body"])
-        start = m.start("body")
+    for path, body, start in _regions(text):
+        if path not in known:
+            known[path] = bundle_numbers(root / path)
         for number, offset in numbers(body):
             value = number.split(" ")[0]  # a decimal duration may be printed without its unit
-            if number not in known[m["path"]] and not (DURATION.fullmatch(number) and "." in value
-                                                       and value in known[m["path"]]):
-                out.append(f"{doc}:{_line(text, start + offset)}: {number} is not a number of {m['path']}")
+            if number not in known[path] and not (DURATION.fullmatch(number) and "." in value and value in known[path]):
+                out.append(f"{doc}:{_line(text, start + offset)}: {number} is not a number of {path}")
     return out
 
 
