@@ -30,6 +30,25 @@ ALGORITHM_MARKERS = {name: "osD^vP*Xph"[i % 10] for i, name in enumerate(REGISTR
 """Each estimator's marker, so that a league's lines of similar colour stay apart."""
 
 
+def algorithm_styles(frame: pd.DataFrame) -> dict[str, dict]:
+    """Each algorithm of ``frame`` as its lines draw it (``color``, ``marker``, ``ls``, ``mfc``): a
+    registered estimator in its colour and marker, solid; a variant (a point named apart from the
+    estimator it trains with, ``variants`` in the workflow's config: the frame's ``estimator``)
+    in its estimator's colour and marker, dashed and open, so that it reads as its estimator's
+    kin and apart from every other line."""
+    bases = dict(zip(frame["algorithm"], frame["estimator"])) if "estimator" in frame.columns else {}
+    styles = {}
+    for algo in frame["algorithm"].unique():
+        base = bases.get(algo)
+        if algo not in REGISTRY and isinstance(base, str) and base in REGISTRY:
+            styles[algo] = {"color": ALGORITHM_COLORS[base], "marker": ALGORITHM_MARKERS[base], "ls": "--",
+                            "mfc": "white"}
+        else:
+            styles[algo] = {"color": ALGORITHM_COLORS.get(algo), "marker": ALGORITHM_MARKERS.get(algo, "o"),
+                            "ls": "-", "mfc": None}
+    return styles
+
+
 def algorithm_label(name: str) -> str:
     """An estimator's legend label (its registry label; the name itself if unregistered)."""
     return REGISTRY[name].label if name in REGISTRY else name
@@ -135,6 +154,7 @@ def _line_by_algorithm(ax, frame, x, y, se=None, seeds_in_label=True):
     """Mean over seeds per ``x``, one line per algorithm, error bars = 95% interval
     (:func:`gmc.results.stats.mean_interval`, evaluation noise ``se`` folded in; none with one seed);
     each label carries its seed count unless ``seeds_in_label`` is false (a title gives it)."""
+    styles = algorithm_styles(frame)
     for algo, grp in frame.groupby("algorithm"):
         points = []
         for xv, g in grp.groupby(x):
@@ -143,8 +163,7 @@ def _line_by_algorithm(ax, frame, x, y, se=None, seeds_in_label=True):
         xs, ms, hs = zip(*sorted(points))
         seeds = grp.groupby(x)["seed"].nunique()
         n = f"n = {seeds.min()}" if seeds.min() == seeds.max() else f"n = {seeds.min()}-{seeds.max()}"
-        ax.errorbar(xs, ms, yerr=hs, marker=ALGORITHM_MARKERS.get(algo, "o"), ms=4, capsize=2,
-                    color=ALGORITHM_COLORS.get(algo),
+        ax.errorbar(xs, ms, yerr=hs, ms=4, capsize=2, **styles[algo],
                     label=f"{algorithm_label(algo)} ({n})" if seeds_in_label else algorithm_label(algo))
 
 
@@ -201,6 +220,7 @@ def reward_vs_step(frame: pd.DataFrame, out: Path) -> list[Path]:
     G, sub = _largest_group(frame)
     delays = sorted(sub["delay"].unique(), key=delay_order)
     fig, axes = panel_row(len(delays), 4, sharey=True)
+    styles = algorithm_styles(sub)
     for ax, delay in zip(axes, delays):
         for algo, grp in sub[sub["delay"] == delay].groupby("algorithm"):
             curves = pd.concat([pd.Series([r.get("rollout/reward_mean", np.nan)
@@ -208,10 +228,11 @@ def reward_vs_step(frame: pd.DataFrame, out: Path) -> list[Path]:
                                 for d in grp["run_dir"]], axis=1)  # [step, seed]
             band = [mean_interval(row) for row in curves.to_numpy()]
             mean = np.array([iv.mean for iv in band])
-            ax.plot(curves.index, mean, color=ALGORITHM_COLORS.get(algo), label=f"{algorithm_label(algo)} (n = {curves.shape[1]})")
+            ax.plot(curves.index, mean, color=styles[algo]["color"], ls=styles[algo]["ls"],
+                    label=f"{algorithm_label(algo)} (n = {curves.shape[1]})")
             if curves.shape[1] > 1:
                 ax.fill_between(curves.index, [iv.lo for iv in band], [iv.hi for iv in band],
-                                color=ALGORITHM_COLORS.get(algo), alpha=0.2, lw=0)
+                                color=styles[algo]["color"], alpha=0.2, lw=0)
         ax.set_title(delay_title(delay))
         ax.set_xlabel("optimizer step")
     legend(fig, axes)
@@ -229,12 +250,13 @@ def score_vs_delay(frame: pd.DataFrame, out: Path) -> list[Path]:
     groups = sorted(frame["group"].unique())
     fig, axes = panel_row(len(groups), 4, sharey=True)
     styles = [":", "--", "-.", (0, (1, 3)), (0, (5, 1))]
+    colors = {a: style["color"] for a, style in algorithm_styles(frame).items()}
     for ax, g in zip(axes, groups):
         _line_by_algorithm(ax, _delay_axis(ax, numeric[numeric["group"] == g]), "x", score, "score_se")
         lat = frame[~frame["delay"].str.isdigit() & (frame["group"] == g)]
         modes = sorted(lat["delay"].unique(), key=delay_order)
         for (algo, delay), grp in lat.groupby(["algorithm", "delay"]):
-            ax.axhline(grp[score].mean(), color=ALGORITHM_COLORS.get(algo), lw=1,
+            ax.axhline(grp[score].mean(), color=colors[algo], lw=1,
                        ls=styles[modes.index(delay) % len(styles)])
         for i, delay in enumerate(modes):  # one legend entry per line style
             ax.plot([], [], color="gray", lw=1, ls=styles[i % len(styles)], label=delay_title(delay))
@@ -300,13 +322,14 @@ def staleness_vs_length(frame: pd.DataFrame, out: Path) -> list[Path]:
 
     fig, ax = plt.subplots(figsize=(5, 3.6), layout="constrained")
     named = frame[~frame["delay"].str.isdigit()]
+    styles = algorithm_styles(named)
     for (delay, algo), grp in named.groupby(["delay", "algorithm"]):
         rows = [r for d in grp["run_dir"] for r in read_jsonl(Path(d) / GROUPS)]
         gdf = pd.DataFrame(rows)
         bins = pd.cut(gdf["length_max"], bins=8)
         stats = gdf.groupby(bins, observed=True)["staleness"].mean()
         centers = [b.mid for b in stats.index]
-        ax.plot(centers, stats.values, marker="o", color=ALGORITHM_COLORS.get(algo),
+        ax.plot(centers, stats.values, marker="o", color=styles[algo]["color"],
                 label=f"{algorithm_label(algo)}, {delay_title(delay)}")
     if named.empty:
         ax.text(0.5, 0.5, "no runs of a named delay mode in this sweep", ha="center", va="center",

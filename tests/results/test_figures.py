@@ -58,3 +58,38 @@ def test_the_league_figure_draws_a_panel_per_regime_and_one_legend_for_a_league(
     labels = [t.get_text() for t in fig.legends[0].get_texts()]
     assert sorted(labels) == sorted(REGISTRY[a].label for a in league)
     assert len({bars.lines[0].get_marker() for bars in fig.axes[0].containers}) == len(league)
+
+
+def test_a_variant_is_drawn_in_its_estimators_colour_and_marker_dashed_and_open(tmp_path, monkeypatch):
+    """A variant (its config names the estimator it varies) shares that estimator's colour and
+    marker, drawn dashed with open markers, in every line figure; no other line takes its colour."""
+    from matplotlib.colors import to_hex
+
+    from gmc.estimators import REGISTRY
+    from gmc.results import figures
+
+    r = tmp_path / "results"
+    for seed in range(3):
+        for algo in ("gmc", "grpo", "gmc_seq_is"):
+            fake_run(r, algo, 16, 8, seed, 0.5, 0.6 + 0.01 * seed)
+        (r / "train" / "algo~gmc_seq_is" / "delay~16" / "group~8" / f"seed~{seed}" / "config.yaml").write_text(
+            "algorithm: gmc\n")
+    drawn = {}
+    monkeypatch.setattr(figures, "save_both", lambda fig, out, stem: drawn.setdefault(stem, fig) and [])
+    figures.run_figures(r)
+
+    def lines(stem):
+        ax = drawn[stem].axes[0]
+        return {line.get_label().split(" (")[0]: line for line in ax.get_lines() if not line.get_label().startswith("_")}
+
+    gmc, grpo = REGISTRY["gmc"], REGISTRY["grpo"]
+    for stem in ("reward_vs_step",):
+        drawn_lines = lines(stem)
+        assert to_hex(drawn_lines["gmc_seq_is"].get_color()) == to_hex(gmc.color)
+        assert drawn_lines["gmc_seq_is"].get_linestyle() == "--" and drawn_lines[gmc.label].get_linestyle() == "-"
+        assert to_hex(drawn_lines[grpo.label].get_color()) != to_hex(gmc.color)
+    bars = {c.get_label().split(" (")[0]: c.lines[0] for c in drawn["score_vs_delay"].axes[0].containers}
+    variant, base = bars["gmc_seq_is"], bars[gmc.label]
+    assert to_hex(variant.get_color()) == to_hex(base.get_color()) == to_hex(gmc.color)
+    assert variant.get_marker() == base.get_marker() and variant.get_linestyle() == "--"
+    assert variant.get_markerfacecolor() == "white" and base.get_markerfacecolor() != "white"
