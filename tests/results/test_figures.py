@@ -62,7 +62,8 @@ def test_the_league_figure_draws_a_panel_per_regime_and_one_legend_for_a_league(
 
 def test_a_variant_is_drawn_in_its_estimators_colour_and_marker_dashed_and_open(tmp_path, monkeypatch):
     """A variant (its config names the estimator it varies) shares that estimator's colour and
-    marker, drawn dashed with open markers, in every line figure; no other line takes its colour."""
+    marker, drawn dashed with open markers, in the curves and the error-bar figures alike; the
+    other estimators keep their own colours."""
     from matplotlib.colors import to_hex
 
     from gmc.estimators import REGISTRY
@@ -83,11 +84,9 @@ def test_a_variant_is_drawn_in_its_estimators_colour_and_marker_dashed_and_open(
         return {line.get_label().split(" (")[0]: line for line in ax.get_lines() if not line.get_label().startswith("_")}
 
     gmc, grpo = REGISTRY["gmc"], REGISTRY["grpo"]
-    for stem in ("reward_vs_step",):
-        drawn_lines = lines(stem)
-        assert to_hex(drawn_lines["gmc_seq_is"].get_color()) == to_hex(gmc.color)
-        assert drawn_lines["gmc_seq_is"].get_linestyle() == "--" and drawn_lines[gmc.label].get_linestyle() == "-"
-        assert to_hex(drawn_lines[grpo.label].get_color()) != to_hex(gmc.color)
+    curves = lines("reward_vs_step")
+    assert to_hex(curves["gmc_seq_is"].get_color()) == to_hex(gmc.color) != to_hex(curves[grpo.label].get_color())
+    assert curves["gmc_seq_is"].get_linestyle() == "--" and curves[gmc.label].get_linestyle() == "-"
     bars = {c.get_label().split(" (")[0]: c.lines[0] for c in drawn["score_vs_delay"].axes[0].containers}
     variant, base = bars["gmc_seq_is"], bars[gmc.label]
     assert to_hex(variant.get_color()) == to_hex(base.get_color()) == to_hex(gmc.color)
