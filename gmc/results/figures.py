@@ -32,15 +32,16 @@ ALGORITHM_MARKERS = {name: "osD^vP*Xph"[i % 10] for i, name in enumerate(REGISTR
 
 def algorithm_styles(frame: pd.DataFrame) -> dict[str, dict]:
     """Each algorithm of ``frame`` as its lines draw it (``color``, ``marker``, ``ls``, ``mfc``): a
-    registered estimator in its colour and marker, solid; a variant (a point named apart from the
-    estimator it trains with, ``variants`` in the workflow's config: the frame's ``estimator``)
-    in its estimator's colour and marker, dashed and open, so that it reads as its estimator's
-    kin and apart from every other line."""
-    bases = dict(zip(frame["algorithm"], frame["estimator"])) if "estimator" in frame.columns else {}
+    registered estimator in its colour and marker, solid; a variant
+    (:func:`gmc.results.tables.variant_estimators`) in its estimator's colour and marker, dashed
+    and open, so that it reads as its estimator's kin and apart from every other line."""
+    from gmc.results.tables import variant_estimators
+
+    bases = variant_estimators(frame)
     styles = {}
     for algo in frame["algorithm"].unique():
         base = bases.get(algo)
-        if algo not in REGISTRY and isinstance(base, str) and base in REGISTRY:
+        if algo not in REGISTRY and base in REGISTRY:
             styles[algo] = {"color": ALGORITHM_COLORS[base], "marker": ALGORITHM_MARKERS[base], "ls": "--",
                             "mfc": "white"}
         else:
@@ -150,6 +151,11 @@ def _delay_axis(ax, frame: pd.DataFrame) -> pd.DataFrame:
     return frame
 
 
+def _seed_count(seeds: pd.Series) -> str:
+    """Seeds per point as a label prints them: ``3``, or ``3-5`` where the points differ."""
+    return f"{seeds.min()}" if seeds.min() == seeds.max() else f"{seeds.min()}-{seeds.max()}"
+
+
 def _line_by_algorithm(ax, frame, x, y, se=None, seeds_in_label=True):
     """Mean over seeds per ``x``, one line per algorithm, error bars = 95% interval
     (:func:`gmc.results.stats.mean_interval`, evaluation noise ``se`` folded in; none with one seed);
@@ -161,10 +167,9 @@ def _line_by_algorithm(ax, frame, x, y, se=None, seeds_in_label=True):
             iv = mean_interval(g[y], g[se] if se else None)
             points.append((xv, iv.mean, 0.0 if pd.isna(iv.half) else iv.half))
         xs, ms, hs = zip(*sorted(points))
-        seeds = grp.groupby(x)["seed"].nunique()
-        n = f"n = {seeds.min()}" if seeds.min() == seeds.max() else f"n = {seeds.min()}-{seeds.max()}"
+        n = _seed_count(grp.groupby(x)["seed"].nunique())
         ax.errorbar(xs, ms, yerr=hs, ms=4, capsize=2, **styles[algo],
-                    label=f"{algorithm_label(algo)} ({n})" if seeds_in_label else algorithm_label(algo))
+                    label=f"{algorithm_label(algo)} (n = {n})" if seeds_in_label else algorithm_label(algo))
 
 
 def run_figures(results: str | Path, out: str | Path | None = None) -> list[Path]:
@@ -196,9 +201,8 @@ def league_figure(regimes: dict[str, str | Path], out: Path) -> list[Path]:
         offset = {a: 0.3 * (i / max(len(algorithms) - 1, 1) - 0.5) for i, a in enumerate(algorithms)}
         numeric["x"] += numeric["algorithm"].map(offset)
         _line_by_algorithm(ax, numeric, "x", score, "score_se", seeds_in_label=False)
-        seeds = numeric.groupby(["algorithm", "delay"])["seed"].nunique()
-        n = f"{seeds.min()}" if seeds.min() == seeds.max() else f"{seeds.min()}-{seeds.max()}"
-        ax.set_title(f"{name}: G = {G}, {n} seeds")
+        seeds = _seed_count(numeric.groupby(["algorithm", "delay"])["seed"].nunique())
+        ax.set_title(f"{name}: G = {G}, {seeds} seeds")
         ax.set_ylabel(score_label)
         ax.set_ylim(*SCORE_RANGE)
     legend(fig, axes)

@@ -279,14 +279,20 @@ def paired_differences(frame: pd.DataFrame, pairs=PAIRS, margin: float = Analysi
     return out
 
 
+def variant_estimators(frame: pd.DataFrame) -> dict[str, str]:
+    """Each variant in ``frame`` and the estimator it varies: a point named apart from the
+    estimator its runs trained with (``variants`` in the workflow's config; the frame's
+    ``estimator``, :func:`run_settings`)."""
+    if "estimator" not in frame.columns:
+        return {}
+    return {a: e for a, e in zip(frame["algorithm"], frame["estimator"]) if isinstance(e, str) and a != e}
+
+
 def variant_pairs(frame: pd.DataFrame) -> list[tuple[str, str]]:
     """``(variant, its estimator)`` for each variant in ``frame`` whose estimator ran too: a variant
     is compared with the estimator it varies (``gmc_tis − gmc``)."""
-    if "estimator" not in frame.columns:
-        return []
     present = set(frame["algorithm"])
-    return list(dict.fromkeys((a, e) for a, e in zip(frame["algorithm"], frame["estimator"])
-                              if isinstance(e, str) and a != e and e in present))
+    return [(a, e) for a, e in variant_estimators(frame).items() if e in present]
 
 
 def _difference_rows(comparison: str, both: pd.DataFrame, metrics: list[str]) -> list[dict]:
