@@ -399,9 +399,13 @@ def test_the_zero_variance_filter_refills_a_batch_with_the_next_prompts(tmp_path
 
 def test_bfloat16_live_weights_with_optimizer_masters_agree_with_the_autocast_update(tmp_path, train_small):
     """``master_weights: optimizer`` (bfloat16 parameters, float32 masters in the optimizer) against
-    today's bfloat16 autocast over float32 parameters, three steps of one run: the losses agree
-    within bfloat16's tolerance (2e-2), and the weights' moves point the same way (cosine > 0.9);
-    the checkpoint holds the masters, and the live weights are them rounded."""
+    bfloat16 autocast over float32 parameters, three steps of one run: the losses agree within
+    bfloat16's tolerance (2e-2); the masters move as far as the float32 parameters do (norms of
+    the moves within 1%: no update is rounded away or inflated to bfloat16's grid, which moves
+    bfloat16 weights without masters 4-17% further on the tiny model) and the same way (cosine
+    > 0.75: Adam's first steps turn every gradient of bfloat16's noise level into a full step of
+    either sign, so the cosine sits at 0.88-0.99 on the processors tried, not at 1); the
+    checkpoint holds the masters, and the live weights are them rounded."""
     runs = {}
     for mode in ("true", "optimizer"):
         out = train(tmp_path, mode, train_small, model_dtype="bfloat16", master_weights=mode, checkpoint_every=3,
@@ -422,5 +426,8 @@ def test_bfloat16_live_weights_with_optimizer_masters_agree_with_the_autocast_up
         assert live[name].dtype == torch.bfloat16 and torch.equal(live[name], m.to(torch.bfloat16))
         moved_a.append((a_state["model"][name] - w0).flatten())
         moved_m.append((m - w0.to(torch.bfloat16).float()).flatten())  # its masters start from the bf16 weights
-    cos = torch.nn.functional.cosine_similarity(torch.cat(moved_a), torch.cat(moved_m), dim=0)
-    assert cos > 0.9, float(cos)
+    moved_a, moved_m = torch.cat(moved_a), torch.cat(moved_m)
+    assert moved_a.norm() > 0, "the autocast run never updated: no group of three steps had two rewards"
+    assert abs(float(moved_m.norm() / moved_a.norm()) - 1) < 1e-2, (float(moved_m.norm()), float(moved_a.norm()))
+    cos = torch.nn.functional.cosine_similarity(moved_a, moved_m, dim=0)
+    assert cos > 0.75, float(cos)

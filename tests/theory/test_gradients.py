@@ -42,14 +42,20 @@ def lab(history, tmp_path_factory):
 def test_a_batch_gradient_is_the_per_sample_sum_of_each_estimators_weighted_score(history, tmp_path):
     """The lab's gradient of one batch (the trainer's update) equals, for tic and gmc at d = 2,
     ``-(1/N) sum_i w_i A_i grad log pi(y_i) / max_new_tokens`` summed sample by sample with
-    autograd, the weights and advantages written out."""
+    autograd, the weights and advantages written out, on a batch with a gradient (a group of two
+    rewards)."""
     lab = _Lab(history, GradientLabConfig(**LAB), tmp_path / "scratch", progress=False)
     try:
         weights = lab.weights()
         lab.load(0, weights)
         rates = lab.choose_prompts()
         assert len(lab.prompts) == 2 and all(0 < r < 1 for r in rates)
-        groups = lab.sample(4, "trainer")
+        for _ in range(20):  # a batch whose groups all have equal rewards has no gradient to compare
+            groups = lab.sample(4, "trainer")
+            if any(g.rewards.std() > 0 for g in groups):
+                break
+        else:
+            pytest.fail("20 batches of the screened prompts without a group of two rewards")
         lab.load(2, weights)
         cfg = lab.run
         for algorithm in ("tic", "gmc"):
