@@ -427,7 +427,7 @@ def test_bfloat16_live_weights_with_optimizer_masters_agree_with_the_autocast_up
         moved_a.append((a_state["model"][name] - w0).flatten())
         moved_m.append((m - w0.to(torch.bfloat16).float()).flatten())  # its masters start from the bf16 weights
     moved_a, moved_m = torch.cat(moved_a), torch.cat(moved_m)
-    assert moved_a.norm() > 0, "the autocast run never updated: no group of three steps had two rewards"
+    assert moved_a.norm() > 0, "the autocast run never updated: no group in three steps had two rewards"
     assert abs(float(moved_m.norm() / moved_a.norm()) - 1) < 1e-2, (float(moved_m.norm()), float(moved_a.norm()))
     cos = torch.nn.functional.cosine_similarity(moved_a, moved_m, dim=0)
     assert cos > 0.75, float(cos)
