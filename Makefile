@@ -112,6 +112,7 @@ test-slurm: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check gmc tests workflow/scripts bench
+	$(BIN)/ruff format --check gmc tests workflow/scripts bench
 	$(BIN)/snakefmt --check Snakefile workflow/rules
 	PATH="$(abspath $(BIN)):$$PATH" snakemake --lint
 

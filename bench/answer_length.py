@@ -34,15 +34,35 @@ TASKS = {
     "long": [f"synthetic.{k}={v}" for k, v in LONG["synthetic"].items()]
     + [f"sampling.max_new_tokens={LONG['train']['sampling']['max_new_tokens']}"],
 }
-COLUMNS = ("train/response_length_mean", "ratio/log_ratio_mean", "ratio/log_ratio_min", "ratio/log_ratio_max",
-           "ratio/log_group_mass_p90", "ratio/approx_kl", "ratio/frac_traj_capped", "ratio/frac_groups_capped",
-           "ratio/ess_frac", "ratio/shortfall")
+COLUMNS = (
+    "train/response_length_mean",
+    "ratio/log_ratio_mean",
+    "ratio/log_ratio_min",
+    "ratio/log_ratio_max",
+    "ratio/log_group_mass_p90",
+    "ratio/approx_kl",
+    "ratio/frac_traj_capped",
+    "ratio/frac_groups_capped",
+    "ratio/ess_frac",
+    "ratio/shortfall",
+)
 
 
 def run(model_dir: str, task: str, algorithm: str, delay: int, steps: int, out: Path) -> dict:
-    cfg = load_train_config(None, [f"model={model_dir}", "device=cpu", f"steps={steps}", "checkpoint_every=0",
-                                   f"algorithm={algorithm}", "delay.mode=fixed", f"delay.d={delay}",
-                                   "behaviour_logprobs=sampler", *TASKS[task]])
+    cfg = load_train_config(
+        None,
+        [
+            f"model={model_dir}",
+            "device=cpu",
+            f"steps={steps}",
+            "checkpoint_every=0",
+            f"algorithm={algorithm}",
+            "delay.mode=fixed",
+            f"delay.d={delay}",
+            "behaviour_logprobs=sampler",
+            *TASKS[task],
+        ],
+    )
     Trainer(cfg, out, progress=False).run()
     rows = [r for r in read_jsonl(out / "metrics.jsonl") if r["step"] >= 2 * delay]
     return {c: statistics.fmean(r[c] for r in rows) for c in COLUMNS if all(c in r for r in rows)}
@@ -62,8 +82,11 @@ def main() -> None:
                 print(f"{key:10s} {cells}", flush=True)
     for algorithm in ("tic", "gmc"):
         short, long = results[f"short/{algorithm}"], results[f"long/{algorithm}"]
-        ratios = {c.split("/")[-1]: long[c] / short[c] for c in ("train/response_length_mean", "ratio/approx_kl")
-                  if short.get(c)}
+        ratios = {
+            c.split("/")[-1]: long[c] / short[c]
+            for c in ("train/response_length_mean", "ratio/approx_kl")
+            if short.get(c)
+        }
         print(f"{algorithm}: long / short " + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items()))
     write_result("answer_length", {"delay": delay, "steps": steps, "models": models, "runs": results})
 

@@ -51,13 +51,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         trainers = {}
         for name, sets in SETTINGS.items():
-            cfg = load_train_config(None, [f"model={model_dir}", "device=cpu", f"steps={steps}", "checkpoint_every=0",
-                                           "algorithm=gmc", *sets])
+            cfg = load_train_config(
+                None,
+                [f"model={model_dir}", "device=cpu", f"steps={steps}", "checkpoint_every=0", "algorithm=gmc", *sets],
+            )
             trainers[name] = Trainer(cfg, Path(tmp) / name, progress=False)
         parameter_bytes = json.loads((Path(tmp) / REFERENCE / "run.json").read_text())["parameter_bytes"]
         rows: dict[str, list[list[dict]]] = {name: [] for name in names}
         for r in range(-1, rounds):  # round -1: one warm-up step each (it carries the queue's prefill)
-            for name in names[r % len(names):] + names[: r % len(names)]:
+            for name in names[r % len(names) :] + names[: r % len(names)]:
                 trainer, block = trainers[name], []
                 for _ in range(1 if r < 0 else per_round):
                     block.append(trainer.train_step().metrics)
@@ -71,11 +73,18 @@ def main() -> None:
         blocks = rows[name] if r is None else [rows[name][r]]
         return statistics.median(m.get(key, 0.0) for block in blocks for m in block)
 
-    out: dict = {"rounds": rounds, "steps_per_round": per_round, "reference": REFERENCE,
-                 "parameter_bytes": parameter_bytes, "settings": {}}
+    out: dict = {
+        "rounds": rounds,
+        "steps_per_round": per_round,
+        "reference": REFERENCE,
+        "parameter_bytes": parameter_bytes,
+        "settings": {},
+    }
     for name in names:
-        ratios = [median_of(name, "time/step_seconds", r) / median_of(REFERENCE, "time/step_seconds", r)
-                  for r in range(rounds)]
+        ratios = [
+            median_of(name, "time/step_seconds", r) / median_of(REFERENCE, "time/step_seconds", r)
+            for r in range(rounds)
+        ]
         flat = [m for block in rows[name] for m in block]
         out["settings"][name] = {
             "step_seconds_median": median_of(name, "time/step_seconds"),

@@ -47,16 +47,23 @@ def main() -> None:
     scope: dict = {}
     exec(prefix + SETUP, scope)
     equal = all(torch.equal(a, b) for a, b in zip(scope["run"](False), scope["run"](True)))
-    timed = interleaved({"cast_where_used": lambda: scope["run"](False), "cached": lambda: scope["run"](True)},
-                        rounds=5)
+    timed = interleaved(
+        {"cast_where_used": lambda: scope["run"](False), "cached": lambda: scope["run"](True)}, rounds=5
+    )
     params = sum(p.numel() for p in scope["model"].parameters())
-    write_result("autocast_cache", {
-        "parameters": params, "bfloat16_copy_mb": params * 2 / 2**20, "logprobs_equal": equal,
-        "cast_where_used": {**timed["cast_where_used"], "peak_extra_mb": mem[False]},
-        "cached": {**timed["cached"], "peak_extra_mb": mem[True]},
-        "time_ratio_cast_where_used_over_cached": timed["cast_where_used"]["median_s"] / timed["cached"]["median_s"],
-        "memory_saved_mb": mem[True] - mem[False],
-    })
+    write_result(
+        "autocast_cache",
+        {
+            "parameters": params,
+            "bfloat16_copy_mb": params * 2 / 2**20,
+            "logprobs_equal": equal,
+            "cast_where_used": {**timed["cast_where_used"], "peak_extra_mb": mem[False]},
+            "cached": {**timed["cached"], "peak_extra_mb": mem[True]},
+            "time_ratio_cast_where_used_over_cached": timed["cast_where_used"]["median_s"]
+            / timed["cached"]["median_s"],
+            "memory_saved_mb": mem[True] - mem[False],
+        },
+    )
 
 
 if __name__ == "__main__":

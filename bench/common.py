@@ -21,12 +21,17 @@ def random_qwen3(shape, device: str, checkpointing: bool = False):
     checkpointing on and no KV cache."""
     from gmc.policy.build import Qwen3Shape, qwen3_model
 
-    cfg = Qwen3Shape(hidden_size=shape.hidden_size, intermediate_size=shape.intermediate_size,
-                     num_layers=shape.num_hidden_layers, num_heads=shape.num_attention_heads,
-                     num_kv_heads=shape.num_key_value_heads)
+    cfg = Qwen3Shape(
+        hidden_size=shape.hidden_size,
+        intermediate_size=shape.intermediate_size,
+        num_layers=shape.num_hidden_layers,
+        num_heads=shape.num_attention_heads,
+        num_kv_heads=shape.num_key_value_heads,
+    )
     with torch.device(device):
-        model = qwen3_model(cfg, shape.vocab_size, head_dim=shape.head_dim,
-                            tie_word_embeddings=shape.tie_word_embeddings)
+        model = qwen3_model(
+            cfg, shape.vocab_size, head_dim=shape.head_dim, tie_word_embeddings=shape.tie_word_embeddings
+        )
     if checkpointing:
         model.gradient_checkpointing_enable()
         model.config.use_cache = False
@@ -42,7 +47,7 @@ def interleaved(fns: dict, rounds: int = 9, warmup: int = 1) -> dict[str, dict]:
             fn()
     times: dict[str, list[float]] = {name: [] for name in names}
     for r in range(rounds):
-        for name in names[r % len(names):] + names[: r % len(names)]:
+        for name in names[r % len(names) :] + names[: r % len(names)]:
             t = time.perf_counter()
             fns[name]()
             times[name].append(time.perf_counter() - t)
@@ -59,8 +64,14 @@ def peak_rss_mb(code: str) -> float:
 def write_result(name: str, payload: dict) -> Path:
     from gmc.io import write_json
 
-    payload = {"benchmark": name, "machine": platform.machine(), "python": platform.python_version(),
-               "torch": torch.__version__, "threads": torch.get_num_threads(), **payload}
+    payload = {
+        "benchmark": name,
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        **payload,
+    }
     path = RESULTS / f"{name}.json"
     write_json(path, payload)
     print(json.dumps(payload, indent=2))

@@ -107,9 +107,18 @@ def rows_for(budget: int, micro_batches: int, vocab: int):
     P, T = (8, 56) if SMALL else (64, 4096)
     per = max(1, budget // canonical_length(P + T))
     n = per * micro_batches
-    return [Group(prompt_index=0, prompt_ids=torch.randint(0, vocab, (P,)), response_ids=torch.randint(0, vocab, (n, T)),
-                  response_mask=torch.ones(n, T, dtype=torch.bool), rewards=torch.arange(n).float() % 2,
-                  behaviour_logp=torch.full((n, T), -11.0), sampler_logp=torch.zeros(n, T), version=0)]
+    return [
+        Group(
+            prompt_index=0,
+            prompt_ids=torch.randint(0, vocab, (P,)),
+            response_ids=torch.randint(0, vocab, (n, T)),
+            response_mask=torch.ones(n, T, dtype=torch.bool),
+            rewards=torch.arange(n).float() % 2,
+            behaviour_logp=torch.full((n, T), -11.0),
+            sampler_logp=torch.zeros(n, T),
+            version=0,
+        )
+    ]
 
 
 def memory_4b(rec: Record) -> None:
@@ -130,13 +139,21 @@ def memory_4b(rec: Record) -> None:
         p.grad = torch.zeros_like(p)
     opt.step()
     opt.zero_grad(set_to_none=True)
-    rec.update(parameters=sum(p.numel() for p in model.parameters()), optimizer=type(opt).__name__,
-               context_gib=context)
+    rec.update(parameters=sum(p.numel() for p in model.parameters()), optimizer=type(opt).__name__, context_gib=context)
     standin = 28 * GIB if not SMALL else 2**20
 
     def planned(tokens: int) -> float:
-        cfg = load_train_config(None, ["model=Qwen/Qwen3-4B", "model_dtype=bfloat16", "gradient_checkpointing=true",
-                                       "optimizer=adamw8bit", f"micro_batch_tokens={tokens}", "logprob_chunk_size=1024"])
+        cfg = load_train_config(
+            None,
+            [
+                "model=Qwen/Qwen3-4B",
+                "model_dtype=bfloat16",
+                "gradient_checkpointing=true",
+                "optimizer=adamw8bit",
+                f"micro_batch_tokens={tokens}",
+                "logprob_chunk_size=1024",
+            ],
+        )
         return plan(cfg, None, shape).training / GIB
 
     for budget in (8192, 16384, 32768):
@@ -144,8 +161,16 @@ def memory_4b(rec: Record) -> None:
             if CUDA:  # the reservation measured is this update's, not the cache of the one before
                 torch.cuda.empty_cache()
             block = torch.empty(standin, dtype=torch.uint8, device=DEVICE) if vllm else None
-            update = Update(model, get_estimator("gmc"), REGISTRY["gmc"].resolved(EstimatorConfig()), budget, pad_id=0,
-                            chunk_size=1024, compute_dtype=torch.bfloat16, max_new_tokens=4096)
+            update = Update(
+                model,
+                get_estimator("gmc"),
+                REGISTRY["gmc"].resolved(EstimatorConfig()),
+                budget,
+                pad_id=0,
+                chunk_size=1024,
+                compute_dtype=torch.bfloat16,
+                max_new_tokens=4096,
+            )
             rows = rows_for(budget, 2, shape.vocab_size)
             padded = max(padded_tokens(Rows.from_groups(rows), budget))  # the largest micro-batch's
             sync()
@@ -154,8 +179,10 @@ def memory_4b(rec: Record) -> None:
                 update.backward(rows, on_policy=False)
                 opt.step()
                 sync()
-                measured = {"peak_allocated_gib": peak_gb(),
-                            "peak_reserved_gib": torch.cuda.max_memory_reserved() / GIB if CUDA else None}
+                measured = {
+                    "peak_allocated_gib": peak_gb(),
+                    "peak_reserved_gib": torch.cuda.max_memory_reserved() / GIB if CUDA else None,
+                }
                 if CUDA:
                     measured["measured_gib"] = measured["peak_reserved_gib"] + context
             except torch.OutOfMemoryError as e:
@@ -164,8 +191,11 @@ def memory_4b(rec: Record) -> None:
             del block
             extra = standin / GIB if vllm else 0
             rec[f"budget_{budget}{'_vllm28' if vllm else ''}"] = {
-                **measured, "micro_batch_padded_tokens": padded, "plan_gib": planned(padded) + extra,
-                "plan_at_budget_gib": planned(budget) + extra}
+                **measured,
+                "micro_batch_padded_tokens": padded,
+                "plan_gib": planned(padded) + extra,
+                "plan_at_budget_gib": planned(budget) + extra,
+            }
     del model, opt
     torch.cuda.empty_cache() if CUDA else None
 
@@ -176,8 +206,14 @@ def mfu(rec: Record, model: str, rounds: int, attention: bool) -> None:
     model-FLOPs utilisation against the chip's peak, each written as it is measured."""
     from update import measure  # bench/, the script's folder, is on the path
 
-    measure(gpu=CUDA and not SMALL, micro_batches_timed=2, rounds=1 if SMALL else rounds, model=model,
-            attention_variants=attention, out=rec)
+    measure(
+        gpu=CUDA and not SMALL,
+        micro_batches_timed=2,
+        rounds=1 if SMALL else rounds,
+        model=model,
+        attention_variants=attention,
+        out=rec,
+    )
 
 
 def logprob_identity(rec: Record) -> None:
@@ -186,8 +222,9 @@ def logprob_identity(rec: Record) -> None:
     from gmc.policy.update import Rows, sequence_logprobs
 
     with torch.device(DEVICE):
-        model = qwen3_model(Qwen3Shape(hidden_size=512, intermediate_size=1536, num_layers=4, num_heads=8,
-                                       num_kv_heads=4), 4096).train()
+        model = qwen3_model(
+            Qwen3Shape(hidden_size=512, intermediate_size=1536, num_layers=4, num_heads=8, num_kv_heads=4), 4096
+        ).train()
     gen = torch.Generator().manual_seed(0)
     seqs = [torch.randint(0, 4096, (int(n),), generator=gen) for n in torch.randint(200, 240, (7,), generator=gen)]
     rows = Rows(seqs, [16] * 7, [len(s) - 16 for s in seqs])
@@ -196,10 +233,15 @@ def logprob_identity(rec: Record) -> None:
     partial = sequence_logprobs(model, rows, 3 * 256, **kw)  # three per forward: the last holds one
     alone = [sequence_logprobs(model, Rows([s], [16], [len(s) - 16]), 0, **kw)[0] for s in seqs]
     same = lambda a, b, n: bool(torch.equal(a[:n], b[:n]))  # noqa: E731
-    rec.update({"alone_equals_beside": all(same(alone[i], whole[i], rows.lengths[i]) for i in range(7)),
+    rec.update(
+        {
+            "alone_equals_beside": all(same(alone[i], whole[i], rows.lengths[i]) for i in range(7)),
             "partial_equals_whole": all(same(partial[i], whole[i], rows.lengths[i]) for i in range(7)),
-            "max_diff_alone": max(float((alone[i][: rows.lengths[i]] - whole[i, : rows.lengths[i]]).abs().max())
-                                  for i in range(7))})
+            "max_diff_alone": max(
+                float((alone[i][: rows.lengths[i]] - whole[i, : rows.lengths[i]]).abs().max()) for i in range(7)
+            ),
+        }
+    )
 
 
 def profile_micro_batch(rec: Record) -> None:
@@ -221,8 +263,14 @@ def profile_micro_batch(rec: Record) -> None:
     table = prof.key_averages().table(sort_by=key, row_limit=15)
     print(table)
     events = sorted(prof.key_averages(), key=lambda e: -getattr(e, "device_time_total" if CUDA else "cpu_time_total"))
-    rec["top"] = [{"name": e.key[:80], "ms": getattr(e, "device_time_total" if CUDA else "cpu_time_total") / 1e3,
-                   "calls": e.count} for e in events[:15]]
+    rec["top"] = [
+        {
+            "name": e.key[:80],
+            "ms": getattr(e, "device_time_total" if CUDA else "cpu_time_total") / 1e3,
+            "calls": e.count,
+        }
+        for e in events[:15]
+    ]
 
 
 def estimators(rec: Record) -> None:
@@ -234,14 +282,29 @@ def estimators(rec: Record) -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         for name in sorted(REGISTRY):
-            cfg = load_train_config(None, [f"model={TOKENIZER}", f"device={DEVICE}", "model_dtype=bfloat16",
-                                           f"optimizer={OPTIMIZER}", "steps=3", "checkpoint_every=0", f"algorithm={name}",
-                                           "delay.d=2", "gradient_checkpointing=true", "micro_batch_tokens=256"])
+            cfg = load_train_config(
+                None,
+                [
+                    f"model={TOKENIZER}",
+                    f"device={DEVICE}",
+                    "model_dtype=bfloat16",
+                    f"optimizer={OPTIMIZER}",
+                    "steps=3",
+                    "checkpoint_every=0",
+                    f"algorithm={name}",
+                    "delay.d=2",
+                    "gradient_checkpointing=true",
+                    "micro_batch_tokens=256",
+                ],
+            )
             reset_peak()
             Trainer(cfg, Path(tmp) / name, progress=False).run()
             rows = read_jsonl(Path(tmp) / name / "metrics.jsonl")
-            rec[name] = {"loss": [r["train/loss"] for r in rows], "step_seconds": [r["time/step_seconds"] for r in rows],
-                         "peak_gpu_gb": peak_gb()}
+            rec[name] = {
+                "loss": [r["train/loss"] for r in rows],
+                "step_seconds": [r["time/step_seconds"] for r in rows],
+                "peak_gpu_gb": peak_gb(),
+            }
 
 
 def setup(rec: Record) -> None:
@@ -258,9 +321,19 @@ def setup(rec: Record) -> None:
 def _small_run(out: Path, *overrides: str):
     from gmc.run.config import load_train_config
 
-    return load_train_config(None, [f"model={TOKENIZER}", f"device={DEVICE}", "model_dtype=bfloat16",
-                                    f"optimizer={OPTIMIZER}", "delay.d=2", "micro_batch_tokens=256",
-                                    "checkpoint_every=2", *overrides])
+    return load_train_config(
+        None,
+        [
+            f"model={TOKENIZER}",
+            f"device={DEVICE}",
+            "model_dtype=bfloat16",
+            f"optimizer={OPTIMIZER}",
+            "delay.d=2",
+            "micro_batch_tokens=256",
+            "checkpoint_every=2",
+            *overrides,
+        ],
+    )
 
 
 def resume_cuda(rec: Record) -> None:
@@ -288,8 +361,15 @@ def resume_cuda(rec: Record) -> None:
         differing = sorted({k for x, y in zip(a, b) for k in x if x[k] != y.get(k)})
         wa = torch.load(straight / "checkpoint.pt", weights_only=False)["model"]
         wb = torch.load(resumed / "checkpoint.pt", weights_only=False)["model"]
-        rec.update({"resumed_at_step": at, "steps": len(b), "metrics_equal": a == b, "differing_metrics": differing,
-                    "weights_equal": all(torch.equal(wa[k], wb[k]) for k in wa)})
+        rec.update(
+            {
+                "resumed_at_step": at,
+                "steps": len(b),
+                "metrics_equal": a == b,
+                "differing_metrics": differing,
+                "weights_equal": all(torch.equal(wa[k], wb[k]) for k in wa),
+            }
+        )
 
 
 def vllm_cycle(rec: Record) -> None:
@@ -319,9 +399,18 @@ def vllm_cycle(rec: Record) -> None:
         shape = Qwen3Shape(hidden_size=1024, intermediate_size=3072, num_layers=28, num_heads=16, num_kv_heads=8)
         qwen3_model(shape, 151936, head_dim=128).to(torch.bfloat16).save_pretrained(folder)
         AutoTokenizer.from_pretrained(TOKENIZER).save_pretrained(folder)
-        cfg = _small_run(Path(tmp) / "run", f"model={folder}", "engine=vllm", "vllm.sleep=true",
-                         "vllm.enforce_eager=true", "vllm.gpu_memory_utilization=0.3", "steps=3",
-                         "micro_batch_tokens=4096", "sampling.max_new_tokens=256", "gradient_checkpointing=auto")
+        cfg = _small_run(
+            Path(tmp) / "run",
+            f"model={folder}",
+            "engine=vllm",
+            "vllm.sleep=true",
+            "vllm.enforce_eager=true",
+            "vllm.gpu_memory_utilization=0.3",
+            "steps=3",
+            "micro_batch_tokens=4096",
+            "sampling.max_new_tokens=256",
+            "gradient_checkpointing=auto",
+        )
         rec["used_before_gib"] = round(used(), 2)
         marks: list = []
 
@@ -331,6 +420,7 @@ def vllm_cycle(rec: Record) -> None:
                 marks.append((name, round(used(), 2)))
                 rec["marks"] = marks
                 return out
+
             return wrapped
 
         Update.logprobs = mark("after the behaviour pass", Update.logprobs)  # before the trainer binds it
@@ -355,9 +445,15 @@ def vllm_cycle(rec: Record) -> None:
             done.set()
             watcher.join()
         p = plan(cfg, trainer.memory_plan.limit if trainer.memory_plan else None)
-        rec.update({"seconds": time.perf_counter() - t, "peak_allocated_gib": peak_gb(),
-                    "plan_gib": {k: round(p.total(k) / GIB, 2) for k in ("training", "generation", "resume")},
-                    "peak_at_marks_gib": max(u for _, u in marks), "peak_sampled_gib": round(peak[0], 2)})
+        rec.update(
+            {
+                "seconds": time.perf_counter() - t,
+                "peak_allocated_gib": peak_gb(),
+                "plan_gib": {k: round(p.total(k) / GIB, 2) for k in ("training", "generation", "resume")},
+                "peak_at_marks_gib": max(u for _, u in marks),
+                "peak_sampled_gib": round(peak[0], 2),
+            }
+        )
 
 
 PARTS = {  # what a lent GPU must answer first comes first: a part that no longer fits the window is skipped
@@ -382,8 +478,13 @@ def main() -> None:
         print("\n".join(f"{name} {limit * LIMIT_SCALE}" for name, (_, limit) in PARTS.items()))
         return
     if arg == "--merge":
-        merged = {"cuda": CUDA, "torch": torch.__version__, "small": SMALL, "bitsandbytes": HAS_BNB,
-                  "gpu": torch.cuda.get_device_name() if CUDA else None}
+        merged = {
+            "cuda": CUDA,
+            "torch": torch.__version__,
+            "small": SMALL,
+            "bitsandbytes": HAS_BNB,
+            "gpu": torch.cuda.get_device_name() if CUDA else None,
+        }
         for name in PARTS:
             path = OUT / f"gpu.{name}.json"
             merged[name] = json.loads(path.read_text()) if path.exists() else {"error": "no result: it never started"}

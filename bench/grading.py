@@ -55,15 +55,21 @@ def main() -> None:
                 "pool_answers_per_s": len(golds) / dt,
                 "serial_answers_per_s": len(golds) / dt_serial,
                 "speedup": dt_serial / dt,
-                "fast_path_fraction": sum(fast_verdict(g, extract_answer(c)) is not None
-                                          for c, g in zip(completions, golds)) / len(golds),
+                "fast_path_fraction": sum(
+                    fast_verdict(g, extract_answer(c)) is not None for c, g in zip(completions, golds)
+                )
+                / len(golds),
                 "correct": sum(g.correct for g in grades) / len(golds),
                 "agrees_with_serial": sum(g.correct == s for g, s in zip(grades, ser)) / len(golds),
             }
         t = time.perf_counter()
         bad = grader.grade_batch(["\\boxed{9^{9^{9^{9}}}}"], ["1"], timeout=2.0)[0]
-        result["pathological"] = {"answer": "9^{9^{9^{9}}}", "timeout_s": 2.0,
-                                  "latency_s": time.perf_counter() - t, "reason": bad.reason}
+        result["pathological"] = {
+            "answer": "9^{9^{9^{9}}}",
+            "timeout_s": 2.0,
+            "latency_s": time.perf_counter() - t,
+            "reason": bad.reason,
+        }
     write_result("grading", result)
 
 

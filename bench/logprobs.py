@@ -25,7 +25,9 @@ hidden = torch.empty({N}, {T}, {H}).normal_().requires_grad_(True)
 weight = torch.empty({V}, {H}).normal_(0, 0.02).requires_grad_(True)  # in place: no temporary copy
 targets = torch.randint(0, {V}, ({N}, {T}))
 """
-NAIVE = "lp = torch.log_softmax(hidden @ weight.T, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1); lp.sum().backward()"
+NAIVE = (
+    "lp = torch.log_softmax(hidden @ weight.T, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1); lp.sum().backward()"
+)
 CHUNK = 256
 CHUNKED = f"lp = token_logprobs_from_hidden(weight, hidden, targets, chunk_size={CHUNK}); lp.sum().backward()"
 
@@ -45,20 +47,28 @@ def main() -> None:
     max_diff = float((naive - chunked).detach().abs().max())
 
     def run(code):
-        scope = {"torch": torch, "token_logprobs_from_hidden": token_logprobs_from_hidden,
-                 "hidden": hidden, "weight": weight, "targets": targets}
+        scope = {
+            "torch": torch,
+            "token_logprobs_from_hidden": token_logprobs_from_hidden,
+            "hidden": hidden,
+            "weight": weight,
+            "targets": targets,
+        }
         return lambda: exec(code, scope)
 
     timed = interleaved({"naive": run(NAIVE), "chunked": run(CHUNKED)}, rounds=3)
     t_naive, t_chunk = timed["naive"], timed["chunked"]
-    write_result("logprobs", {
-        "shape": {"N": N, "T": T, "hidden": H, "vocab": V},
-        "max_abs_diff": max_diff,
-        "naive": {**t_naive, "peak_extra_mb": mem_naive},
-        "chunked": {**t_chunk, "peak_extra_mb": mem_chunk, "chunk_size": CHUNK},
-        "memory_ratio_naive_over_chunked": mem_naive / mem_chunk,
-        "time_ratio_chunked_over_naive": t_chunk["median_s"] / t_naive["median_s"],
-    })
+    write_result(
+        "logprobs",
+        {
+            "shape": {"N": N, "T": T, "hidden": H, "vocab": V},
+            "max_abs_diff": max_diff,
+            "naive": {**t_naive, "peak_extra_mb": mem_naive},
+            "chunked": {**t_chunk, "peak_extra_mb": mem_chunk, "chunk_size": CHUNK},
+            "memory_ratio_naive_over_chunked": mem_naive / mem_chunk,
+            "time_ratio_chunked_over_naive": t_chunk["median_s"] / t_naive["median_s"],
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -69,15 +69,31 @@ def main() -> None:
     budget = int(sys.argv[1]) if len(sys.argv) > 1 else 320
     table = []
     for rows in ROWS:
-        table.append({"rows": rows, "tokens": rows * (PROMPT + RESPONSE),
-                      "budget_mb": measure(rows, budget), "whole_batch_mb": measure(rows, 0)})
+        table.append(
+            {
+                "rows": rows,
+                "tokens": rows * (PROMPT + RESPONSE),
+                "budget_mb": measure(rows, budget),
+                "whole_batch_mb": measure(rows, 0),
+            }
+        )
         print(table[-1], flush=True)
     first = table[0]
     for r in table:
         r["budget_growth"] = r["budget_mb"] / first["budget_mb"]
         r["whole_batch_growth"] = r["whole_batch_mb"] / first["whole_batch_mb"]
-    write_result("memory", {"budget_tokens": budget, "vocab": 151936, "hidden": 512, "layers": 2,
-                            "prompt": PROMPT, "response": RESPONSE, "steps": table})
+    write_result(
+        "memory",
+        {
+            "budget_tokens": budget,
+            "vocab": 151936,
+            "hidden": 512,
+            "layers": 2,
+            "prompt": PROMPT,
+            "response": RESPONSE,
+            "steps": table,
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -38,15 +38,20 @@ def measure(lengths: list[int], grid) -> dict:
 
 def main() -> None:
     rng = random.Random(0)
-    draws = {"uniform_30pct_at_limit": lambda: LIMIT if rng.random() < 0.3 else rng.randint(200, LIMIT),
-             "lognormal": lambda: min(LIMIT, int(rng.lognormvariate(7.0, 0.7)))}
+    draws = {
+        "uniform_30pct_at_limit": lambda: LIMIT if rng.random() < 0.3 else rng.randint(200, LIMIT),
+        "lognormal": lambda: min(LIMIT, int(rng.lognormvariate(7.0, 0.7))),
+    }
     out = {}
     for name, draw in draws.items():
         lengths = [PROMPT + draw() for _ in range(ROWS)]
         ours, alternative = measure(lengths, canonical_length), measure(lengths, eighths)
-        out[name] = {"canonical": ours, "eighths": alternative,
-                     "padded_tokens_ratio": (1 + ours["padding"]) / (1 + alternative["padding"]),
-                     "forwards_ratio": ours["forwards"] / alternative["forwards"]}
+        out[name] = {
+            "canonical": ours,
+            "eighths": alternative,
+            "padded_tokens_ratio": (1 + ours["padding"]) / (1 + alternative["padding"]),
+            "forwards_ratio": ours["forwards"] / alternative["forwards"],
+        }
     write_result("padding", out)
 
 

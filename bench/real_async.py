@@ -50,9 +50,19 @@ def pin(pid: int, cores: set[int]) -> None:
 
 def run(model_dir: str, steps: int, token_seconds: float, sets: list[str], out: Path) -> dict:
     """One run of a setting, the trainer on :data:`TRAINER_CORE` and each worker on a core of its own."""
-    cfg = load_train_config(None, [f"model={model_dir}", "device=cpu", f"steps={steps}", "checkpoint_every=0",
-                                   "algorithm=gmc", "behaviour_logprobs=sampler", f"hf.token_seconds={token_seconds}",
-                                   *sets])
+    cfg = load_train_config(
+        None,
+        [
+            f"model={model_dir}",
+            "device=cpu",
+            f"steps={steps}",
+            "checkpoint_every=0",
+            "algorithm=gmc",
+            "behaviour_logprobs=sampler",
+            f"hf.token_seconds={token_seconds}",
+            *sets,
+        ],
+    )
     trainer = Trainer(cfg, out, progress=False)
     workers = getattr(trainer.source, "workers", [])
     if workers:
@@ -63,9 +73,13 @@ def run(model_dir: str, steps: int, token_seconds: float, sets: list[str], out: 
     trainer.run()
     rows = read_jsonl(out / "metrics.jsonl")[2:]
     median = lambda key: statistics.median(r.get(key, 0.0) for r in rows)  # noqa: E731
-    return {"step_seconds": median("time/step_seconds"), "update_seconds": median("time/update_seconds"),
-            "generation_seconds": median("time/rollout_seconds"), "staleness_mean": median("async/staleness_mean"),
-            "trainer_idle_seconds": median("async/trainer_idle_seconds")}
+    return {
+        "step_seconds": median("time/step_seconds"),
+        "update_seconds": median("time/update_seconds"),
+        "generation_seconds": median("time/rollout_seconds"),
+        "staleness_mean": median("async/staleness_mean"),
+        "trainer_idle_seconds": median("async/trainer_idle_seconds"),
+    }
 
 
 def main() -> None:
@@ -83,7 +97,7 @@ def main() -> None:
     names = list(SETTINGS)
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(rounds):
-            for name in names[r % len(names):] + names[: r % len(names)]:
+            for name in names[r % len(names) :] + names[: r % len(names)]:
                 results[name].append(run(model_dir, steps, token_seconds, SETTINGS[name], Path(tmp) / f"{name}{r}"))
     sync, real = results["sync"], results["ray_1_worker"]
     t_gen = statistics.median(x["generation_seconds"] for x in sync)
@@ -91,13 +105,23 @@ def main() -> None:
     ideal = (t_gen + t_train) / max(t_gen, t_train)
     speedups = [s["step_seconds"] / a["step_seconds"] for s, a in zip(sync, real)]  # paired by round
     achieved = statistics.median(speedups)
-    write_result("real_async", {
-        "steps": steps, "rounds": rounds, "token_seconds": token_seconds,
-        "pinning": {"trainer": TRAINER_CORE, "workers": list(range(TRAINER_CORE + 1, CORES))},
-        "t_gen_seconds": t_gen, "t_train_seconds": t_train, "ideal_speedup": ideal,
-        "achieved_speedup": achieved, "achieved_speedup_range": [min(speedups), max(speedups)],
-        "fraction_of_ideal": achieved / ideal, "fraction_of_ideal_gain": (achieved - 1) / (ideal - 1),
-        "settings": results})
+    write_result(
+        "real_async",
+        {
+            "steps": steps,
+            "rounds": rounds,
+            "token_seconds": token_seconds,
+            "pinning": {"trainer": TRAINER_CORE, "workers": list(range(TRAINER_CORE + 1, CORES))},
+            "t_gen_seconds": t_gen,
+            "t_train_seconds": t_train,
+            "ideal_speedup": ideal,
+            "achieved_speedup": achieved,
+            "achieved_speedup_range": [min(speedups), max(speedups)],
+            "fraction_of_ideal": achieved / ideal,
+            "fraction_of_ideal_gain": (achieved - 1) / (ideal - 1),
+            "settings": results,
+        },
+    )
 
 
 if __name__ == "__main__":

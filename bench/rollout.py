@@ -52,9 +52,18 @@ def main() -> None:
 
     @torch.no_grad()
     def hf_generate():
-        out = model.generate(**enc, do_sample=True, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=MAX_NEW,
-                             output_scores=True, return_dict_in_generate=True, pad_token_id=tok.pad_token_id)
-        new = out.sequences[:, enc["input_ids"].shape[1]:]
+        out = model.generate(
+            **enc,
+            do_sample=True,
+            temperature=1.0,
+            top_p=1.0,
+            top_k=0,
+            max_new_tokens=MAX_NEW,
+            output_scores=True,
+            return_dict_in_generate=True,
+            pad_token_id=tok.pad_token_id,
+        )
+        new = out.sequences[:, enc["input_ids"].shape[1] :]
         logp = torch.stack(out.scores, 1).log_softmax(-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
         ended = (new == tok.eos_token_id).cumsum(1)
         valid = (ended == 0) | ((ended == 1) & (new == tok.eos_token_id))
@@ -66,13 +75,18 @@ def main() -> None:
     ours_tps = tokens["ours"] / t_ours["median_s"]
     ours_hf_tps = tokens["ours_hf_forward"] / t_ours_hf["median_s"]
     hf_tps = tokens["hf"] / t_hf["median_s"]
-    write_result("rollout", {
-        "prompts": PROMPTS, "samples_per_prompt": N, "max_new_tokens": MAX_NEW,
-        "hf_engine": {**t_ours, "tokens": tokens["ours"], "tokens_per_s": ours_tps},
-        "hf_engine_model_forward": {**t_ours_hf, "tokens": tokens["ours_hf_forward"], "tokens_per_s": ours_hf_tps},
-        "model_generate": {**t_hf, "tokens": tokens["hf"], "tokens_per_s": hf_tps},
-        "ratio_tokens_per_s": ours_tps / hf_tps,
-    })
+    write_result(
+        "rollout",
+        {
+            "prompts": PROMPTS,
+            "samples_per_prompt": N,
+            "max_new_tokens": MAX_NEW,
+            "hf_engine": {**t_ours, "tokens": tokens["ours"], "tokens_per_s": ours_tps},
+            "hf_engine_model_forward": {**t_ours_hf, "tokens": tokens["ours_hf_forward"], "tokens_per_s": ours_hf_tps},
+            "model_generate": {**t_hf, "tokens": tokens["hf"], "tokens_per_s": hf_tps},
+            "ratio_tokens_per_s": ours_tps / hf_tps,
+        },
+    )
 
 
 if __name__ == "__main__":

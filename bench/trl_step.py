@@ -35,18 +35,32 @@ PROMPTS, G, MAX_NEW, LR = 8, 8, 48, 2e-4
 
 def our_config(model_dir: str, steps: int, *overrides: str):
     """Our synchronous run with the settings both systems share (``key=value`` overrides last)."""
-    return load_train_config(None, [f"model={model_dir}", "device=cpu", f"steps={steps}", "checkpoint_every=0",
-                                    "algorithm=grpo", "delay.mode=sync", f"group_size={G}",
-                                    f"prompts_per_step={PROMPTS}", f"lr={LR}", f"sampling.max_new_tokens={MAX_NEW}",
-                                    *overrides])
+    return load_train_config(
+        None,
+        [
+            f"model={model_dir}",
+            "device=cpu",
+            f"steps={steps}",
+            "checkpoint_every=0",
+            "algorithm=grpo",
+            "delay.mode=sync",
+            f"group_size={G}",
+            f"prompts_per_step={PROMPTS}",
+            f"lr={LR}",
+            f"sampling.max_new_tokens={MAX_NEW}",
+            *overrides,
+        ],
+    )
 
 
 def step_stats(metrics: Path) -> dict:
     """Step times, tokens and final reward of a run's metrics after two warm-up steps."""
     rows = read_jsonl(metrics)[2:]
-    return {"step_seconds": [r["time/step_seconds"] for r in rows],
-            "tokens": [r["rollout/response_length_mean"] * r["rollout/samples"] for r in rows],
-            "reward_last": statistics.mean(r["rollout/reward_mean"] for r in rows[-5:])}
+    return {
+        "step_seconds": [r["time/step_seconds"] for r in rows],
+        "tokens": [r["rollout/response_length_mean"] * r["rollout/samples"] for r in rows],
+        "reward_last": statistics.mean(r["rollout/reward_mean"] for r in rows[-5:]),
+    }
 
 
 def run_ours(model_dir: str, steps: int, out: Path) -> dict:
@@ -57,10 +71,12 @@ def run_ours(model_dir: str, steps: int, out: Path) -> dict:
 def run_checkout(checkout: str, model_dir: str, steps: int, out: Path) -> dict:
     """:func:`run_ours` with the gmc of another checkout (and its own ``bench/trl_step.py`` settings),
     in a subprocess that imports that checkout first."""
-    code = (f"import sys; sys.path.insert(0, {checkout!r}); sys.path.insert(1, {checkout + '/bench'!r})\n"
-            "import trl_step\nfrom gmc.run.trainer import Trainer\n"
-            f"Trainer(trl_step.our_config({model_dir!r}, {steps}), {str(out)!r}, progress=False).run()\n"
-            "import gmc; print(gmc.__file__)")
+    code = (
+        f"import sys; sys.path.insert(0, {checkout!r}); sys.path.insert(1, {checkout + '/bench'!r})\n"
+        "import trl_step\nfrom gmc.run.trainer import Trainer\n"
+        f"Trainer(trl_step.our_config({model_dir!r}, {steps}), {str(out)!r}, progress=False).run()\n"
+        "import gmc; print(gmc.__file__)"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip().splitlines()[-1].startswith(checkout), done.stdout
     return step_stats(out / "metrics.jsonl")
@@ -72,7 +88,9 @@ def run_trl(model_dir: str, steps: int, out: Path) -> dict:
     from trl import GRPOConfig, GRPOTrainer
 
     records = SyntheticTask().generate("train", 2000, seed=0)
-    data = Dataset.from_list([{"prompt": PLAIN_TEMPLATE.format(problem=r.problem), "answer": r.answer} for r in records])
+    data = Dataset.from_list(
+        [{"prompt": PLAIN_TEMPLATE.format(problem=r.problem), "answer": r.answer} for r in records]
+    )
     grader = Grader()
 
     def reward(completions, answer, **_):
@@ -90,25 +108,52 @@ def run_trl(model_dir: str, steps: int, out: Path) -> dict:
     tok = AutoTokenizer.from_pretrained(model_dir)
     tok.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(model_dir)
-    args = GRPOConfig(output_dir=str(out), per_device_train_batch_size=PROMPTS * G, num_generations=G,
-                      max_completion_length=MAX_NEW, temperature=1.0, top_p=1.0, top_k=0, learning_rate=LR,
-                      beta=0.0, num_iterations=1, gradient_accumulation_steps=1, max_steps=steps, use_cpu=True,
-                      report_to=[], logging_steps=1, save_strategy="no", lr_scheduler_type="constant",
-                      warmup_steps=0, bf16=False, disable_dropout=True, seed=0)
-    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data, processing_class=tok,
-                          callbacks=[Timer()])
+    args = GRPOConfig(
+        output_dir=str(out),
+        per_device_train_batch_size=PROMPTS * G,
+        num_generations=G,
+        max_completion_length=MAX_NEW,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        learning_rate=LR,
+        beta=0.0,
+        num_iterations=1,
+        gradient_accumulation_steps=1,
+        max_steps=steps,
+        use_cpu=True,
+        report_to=[],
+        logging_steps=1,
+        save_strategy="no",
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        bf16=False,
+        disable_dropout=True,
+        seed=0,
+    )
+    trainer = GRPOTrainer(
+        model=model, reward_funcs=reward, args=args, train_dataset=data, processing_class=tok, callbacks=[Timer()]
+    )
     trainer.train()
     grader.close()
     logs = [h for h in trainer.state.log_history if "completions/mean_length" in h][2:]
-    return {"step_seconds": times[2:], "tokens": [h["completions/mean_length"] * PROMPTS * G for h in logs],
-            "reward_last": statistics.mean(h["reward"] for h in logs[-5:])}
+    return {
+        "step_seconds": times[2:],
+        "tokens": [h["completions/mean_length"] * PROMPTS * G for h in logs],
+        "reward_last": statistics.mean(h["reward"] for h in logs[-5:]),
+    }
 
 
 def pooled(runs: list[dict]) -> dict:
     step = statistics.median(t for r in runs for t in r["step_seconds"])
     tokens = statistics.mean(n for r in runs for n in r["tokens"])
-    return {"step_seconds_median": step, "completion_tokens_per_step": tokens, "tokens_per_s": tokens / step,
-            "runs": len(runs), "reward_last": [r["reward_last"] for r in runs]}
+    return {
+        "step_seconds_median": step,
+        "completion_tokens_per_step": tokens,
+        "tokens_per_s": tokens / step,
+        "runs": len(runs),
+        "reward_last": [r["reward_last"] for r in runs],
+    }
 
 
 def main() -> None:
@@ -128,19 +173,25 @@ def main() -> None:
     names = list(variants)
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(repeats):
-            for name in names[r % len(names):] + names[: r % len(names)]:
+            for name in names[r % len(names) :] + names[: r % len(names)]:
                 runs[name].append(variants[name](model_dir, steps, Path(tmp) / f"{name}{r}"))
     ours, trl = pooled(runs["gmc"]), pooled(runs["trl"])
     result = {
-        "prompts_per_step": PROMPTS, "group_size": G, "max_new_tokens": MAX_NEW, "steps": steps,
-        "gmc": ours, "trl": trl,
+        "prompts_per_step": PROMPTS,
+        "group_size": G,
+        "max_new_tokens": MAX_NEW,
+        "steps": steps,
+        "gmc": ours,
+        "trl": trl,
         "throughput_ratio_gmc_over_trl": ours["tokens_per_s"] / trl["tokens_per_s"],
         "step_time_ratio_trl_over_gmc": trl["step_seconds_median"] / ours["step_seconds_median"],
     }
     if baseline:
         base = pooled(runs["baseline"])
-        result.update(baseline={"checkout": baseline, **base},
-                      step_time_ratio_baseline_over_gmc=base["step_seconds_median"] / ours["step_seconds_median"])
+        result.update(
+            baseline={"checkout": baseline, **base},
+            step_time_ratio_baseline_over_gmc=base["step_seconds_median"] / ours["step_seconds_median"],
+        )
     write_result("trl_step", result)
 
 

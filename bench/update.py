@@ -46,16 +46,29 @@ def groups(vocab: int, B: int, G: int, lengths, prompt: int, seed: int = 0) -> l
     out = []
     for b in range(B):
         n = lengths[b]
-        out.append(Group(prompt_index=b, prompt_ids=torch.randint(0, vocab, (prompt,), generator=gen),
-                         response_ids=torch.randint(0, vocab, (G, max(n)), generator=gen),
-                         response_mask=torch.arange(max(n))[None] < torch.tensor(n)[:, None],
-                         rewards=(torch.arange(G) % 2).float(), behaviour_logp=-torch.rand(G, max(n), generator=gen) * 5,
-                         sampler_logp=torch.zeros(G, max(n)), version=0))
+        out.append(
+            Group(
+                prompt_index=b,
+                prompt_ids=torch.randint(0, vocab, (prompt,), generator=gen),
+                response_ids=torch.randint(0, vocab, (G, max(n)), generator=gen),
+                response_mask=torch.arange(max(n))[None] < torch.tensor(n)[:, None],
+                rewards=(torch.arange(G) % 2).float(),
+                behaviour_logp=-torch.rand(G, max(n), generator=gen) * 5,
+                sampler_logp=torch.zeros(G, max(n)),
+                version=0,
+            )
+        )
     return out
 
 
-SPEC_BF16_TFLOPS = {"H200": 989.4, "H100 80GB HBM3": 989.4, "H100 SXM": 989.4, "H100 NVL": 835.0,
-                    "H100 PCIe": 756.0, "A100": 312.0}
+SPEC_BF16_TFLOPS = {
+    "H200": 989.4,
+    "H100 80GB HBM3": 989.4,
+    "H100 SXM": 989.4,
+    "H100 NVL": 835.0,
+    "H100 PCIe": 756.0,
+    "A100": 312.0,
+}
 """Dense (no sparsity) bf16 tensor-core peaks from NVIDIA's spec sheets, by a part of the device name."""
 
 
@@ -108,8 +121,14 @@ def forwards_per_token(model, run) -> dict[str, float]:
     return {"no_grad": seen[False], "grad": seen[True]}
 
 
-def measure(gpu: bool = False, micro_batches_timed: int = 4, rounds: int = 5, model: str = "Qwen/Qwen3-4B",
-            attention_variants: bool = True, out: dict | None = None) -> dict:
+def measure(
+    gpu: bool = False,
+    micro_batches_timed: int = 4,
+    rounds: int = 5,
+    model: str = "Qwen/Qwen3-4B",
+    attention_variants: bool = True,
+    out: dict | None = None,
+) -> dict:
     """The comparisons of the module docstring (on a GPU for the shape of ``model``; without
     ``attention_variants``, not causal against masked); returns what ``main`` writes, filled into
     ``out`` as it is measured (the GPU check's record, written at every entry)."""
@@ -121,8 +140,16 @@ def measure(gpu: bool = False, micro_batches_timed: int = 4, rounds: int = 5, mo
         per = budget // canonical_length(64 + 4096)  # three rows of 64 + 4,096 tokens per micro-batch
         batch = groups(shape.vocab_size, 1, per * micro_batches_timed, [[4096] * (per * micro_batches_timed)], 64)
     else:
-        shape = ModelShape(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
-                           num_key_value_heads=2, head_dim=64, vocab_size=4096, tie_word_embeddings=True)
+        shape = ModelShape(
+            hidden_size=256,
+            intermediate_size=768,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=64,
+            vocab_size=4096,
+            tie_word_embeddings=True,
+        )
         dtype, budget, device = None, 4096, "cpu"
         lengths = torch.randint(250, 950, (4, 4), generator=torch.Generator().manual_seed(1)).tolist()
         batch = groups(shape.vocab_size, 4, 4, lengths, 50)
@@ -134,14 +161,31 @@ def measure(gpu: bool = False, micro_batches_timed: int = 4, rounds: int = 5, mo
     cfg = EstimatorConfig()
 
     def update(name, **kw):
-        return Update(model, get_estimator(name), REGISTRY[name].resolved(cfg), budget, pad_id=0, chunk_size=1024,
-                      compute_dtype=dtype, max_new_tokens=1024, **kw)
+        return Update(
+            model,
+            get_estimator(name),
+            REGISTRY[name].resolved(cfg),
+            budget,
+            pad_id=0,
+            chunk_size=1024,
+            compute_dtype=dtype,
+            max_new_tokens=1024,
+            **kw,
+        )
 
     updates = {"one_pass": update("grpo", per_row=True), "no_grad_pass_first": update("grpo", per_row=False)}
     if attention_variants:
         updates |= {"causal": update("gmc", attention="causal"), "masked": update("gmc", attention="masked")}
-    result.update(device=device, parameters=params, rows=len(rows), tokens=tokens, padded_tokens=padded, budget=budget,
-                  dtype=str(dtype), checkpointing=gpu)
+    result.update(
+        device=device,
+        parameters=params,
+        rows=len(rows),
+        tokens=tokens,
+        padded_tokens=padded,
+        budget=budget,
+        dtype=str(dtype),
+        checkpointing=gpu,
+    )
 
     def step(name):
         def run():
@@ -149,6 +193,7 @@ def measure(gpu: bool = False, micro_batches_timed: int = 4, rounds: int = 5, mo
             model.zero_grad(set_to_none=True)
             if gpu:
                 torch.cuda.synchronize()
+
         return run
 
     work = {}
@@ -166,16 +211,22 @@ def measure(gpu: bool = False, micro_batches_timed: int = 4, rounds: int = 5, mo
             a = sequence_logprobs(model, rows, budget, 0, compute_dtype=dtype, attention="masked")
             b = sequence_logprobs(model, rows, budget, 0, compute_dtype=dtype, attention="causal")
         live = torch.arange(a.shape[1], device=a.device)[None] < torch.tensor(rows.lengths, device=a.device)[:, None]
-        result.update(speedup_causal_over_masked=timed["masked"]["median_s"] / timed["causal"]["median_s"],
-                      max_logprob_diff=float((a - b).abs()[live].max()))
+        result.update(
+            speedup_causal_over_masked=timed["masked"]["median_s"] / timed["causal"]["median_s"],
+            max_logprob_diff=float((a - b).abs()[live].max()),
+        )
     n_matmul = matmul_parameters(model, shape)
     attention = attention_forward_flops(shape, [len(q) for q in rows.sequences])
     useful = 3 * (2 * n_matmul * tokens + attention)  # one forward and its backward (twice a forward)
-    result.update(matmul_parameters=n_matmul, attention_share_of_useful=3 * attention / useful,
-                  useful_flops_per_token=useful / tokens,
-                  # the padded micro-batches' own attention is close to the rows' (whole rows, right padding)
-                  done_flops_per_token={name: w["work_per_token"] * (2 * n_matmul * padded + attention) / tokens
-                                        for name, w in work.items()})
+    result.update(
+        matmul_parameters=n_matmul,
+        attention_share_of_useful=3 * attention / useful,
+        useful_flops_per_token=useful / tokens,
+        # the padded micro-batches' own attention is close to the rows' (whole rows, right padding)
+        done_flops_per_token={
+            name: w["work_per_token"] * (2 * n_matmul * padded + attention) / tokens for name, w in work.items()
+        },
+    )
     if gpu:
         name = torch.cuda.get_device_name()
         peak = spec_tflops(name)
@@ -184,7 +235,9 @@ def measure(gpu: bool = False, micro_batches_timed: int = 4, rounds: int = 5, mo
             if peak:
                 result[f"mfu_useful_{variant}"] = useful / t["median_s"] / 1e12 / peak
                 if variant in work:
-                    result[f"mfu_done_{variant}"] = result["done_flops_per_token"][variant] * tokens / t["median_s"] / 1e12 / peak
+                    result[f"mfu_done_{variant}"] = (
+                        result["done_flops_per_token"][variant] * tokens / t["median_s"] / 1e12 / peak
+                    )
         result["step_seconds_1024_rows_extrapolated"] = {v: 1024 / len(rows) * timed[v]["median_s"] for v in work}
     return result
 

@@ -27,8 +27,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the simulations' randomness (default 0)")
     p.set_defaults(func=_theory)
 
-    p = sub.add_parser("gradient-lab", help="the estimators' bias, second moment and caps measured on a language "
-                                            "model's gradients at pairs of weights from a history (CSV + figures)")
+    p = sub.add_parser(
+        "gradient-lab",
+        help="the estimators' bias, second moment and caps measured on a language "
+        "model's gradients at pairs of weights from a history (CSV + figures)",
+    )
     p.add_argument("--history", required=True, help="run directory of a finished history (gmc history)")
     p.add_argument("--out", required=True, help="output folder for CSVs, Markdown and figures")
     _settings_arguments(p, "GradientLabConfig (gmc/theory/config.py): delays, group sizes, batches", "batches=8")
@@ -39,72 +42,116 @@ def build_parser() -> argparse.ArgumentParser:
     _settings_arguments(p, "TinyModelConfig (gmc/run/tiny_model.py): shape and warm start", "max_steps=200")
     p.set_defaults(func=_build_tiny_model)
 
-    p = sub.add_parser("build-random-model",
-                       help="build a random-init Qwen3-architecture model with Qwen3's vocabulary (no download)")
+    p = sub.add_parser(
+        "build-random-model", help="build a random-init Qwen3-architecture model with Qwen3's vocabulary (no download)"
+    )
     p.add_argument("--out", required=True, help="folder for the saved model and tokenizer")
     _settings_arguments(p, "RandomModelConfig (gmc/run/random_model.py): shape and tokenizer", "num_layers=4")
     p.add_argument("--source", default="local", choices=["local", "hub"], help="where the MATH problems come from")
-    p.add_argument("--data-root", default=None,
-                   help="local data root (default: $GMC_DATA_ROOT, else data/ in the repository)")
+    p.add_argument(
+        "--data-root", default=None, help="local data root (default: $GMC_DATA_ROOT, else data/ in the repository)"
+    )
     p.set_defaults(func=_build_random_model)
 
     p = sub.add_parser("grade-oracle", help="grade each benchmark's reference solutions against its gold answers")
-    p.add_argument("--data", default=None, help="local data root (default: $GMC_DATA_ROOT, else data/ in the repository)")
+    p.add_argument(
+        "--data", default=None, help="local data root (default: $GMC_DATA_ROOT, else data/ in the repository)"
+    )
     p.add_argument("--benchmarks", nargs="*", default=None, help="default: every benchmark with reference solutions")
     p.add_argument("--out", default=None, help="optional JSON file for the agreement table")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds one grading may take (default 5)")
     p.set_defaults(func=_grade_oracle)
 
-    p = sub.add_parser("train", help="train one run (asynchronous RL with the chosen estimator)",
-                       description="Train one run into a run directory. Ctrl-C, SIGTERM or SIGUSR1 stop it at the "
-                                   "next step boundary with a checkpoint (exit status 75; continue with gmc train "
-                                   "--resume --out DIR); a second Ctrl-C aborts at once (exit status 130).")
+    p = sub.add_parser(
+        "train",
+        help="train one run (asynchronous RL with the chosen estimator)",
+        description="Train one run into a run directory. Ctrl-C, SIGTERM or SIGUSR1 stop it at the "
+        "next step boundary with a checkpoint (exit status 75; continue with gmc train "
+        "--resume --out DIR); a second Ctrl-C aborts at once (exit status 130).",
+    )
     _settings_arguments(p, "TrainConfig (gmc/run/config.py)", "estimator.eps=0.1")
     p.add_argument("--out", required=True, help="run directory")
-    p.add_argument("--resume", action="store_true",
-                   help="continue from the run directory's checkpoint (without --config: the run the folder holds, "
-                        "from its config.yaml; without a checkpoint the run starts from step 0, and says so)")
-    p.add_argument("--evaluate", default=None, metavar="EVAL_CONFIG",
-                   help="then evaluate the trained model in this process with this EvalConfig file (as gmc evaluate "
-                        "does: the same scores, without a second start-up); needs --eval-out")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the run directory's checkpoint (without --config: the run the folder holds, "
+        "from its config.yaml; without a checkpoint the run starts from step 0, and says so)",
+    )
+    p.add_argument(
+        "--evaluate",
+        default=None,
+        metavar="EVAL_CONFIG",
+        help="then evaluate the trained model in this process with this EvalConfig file (as gmc evaluate "
+        "does: the same scores, without a second start-up); needs --eval-out",
+    )
     p.add_argument("--eval-out", default=None, help="with --evaluate: the folder for <benchmark>.json and completions")
-    p.add_argument("--prefill", default=None, metavar="FILE",
-                   help="start a fixed-delay run from this prefill (gmc prefill) instead of generating its d "
-                        "batches; it must be made for the same settings but the estimator (ignored on --resume)")
-    p.add_argument("--history", default=None, metavar="DIR",
-                   help="with delay.warmup history: start from this history (gmc history) instead of training its "
-                        "own first; it must be made for the same settings but the estimator and the delay "
-                        "(ignored on --resume)")
+    p.add_argument(
+        "--prefill",
+        default=None,
+        metavar="FILE",
+        help="start a fixed-delay run from this prefill (gmc prefill) instead of generating its d "
+        "batches; it must be made for the same settings but the estimator (ignored on --resume)",
+    )
+    p.add_argument(
+        "--history",
+        default=None,
+        metavar="DIR",
+        help="with delay.warmup history: start from this history (gmc history) instead of training its "
+        "own first; it must be made for the same settings but the estimator and the delay "
+        "(ignored on --resume)",
+    )
     p.set_defaults(func=_train)
 
-    p = sub.add_parser("history", help="train the on-policy history that a run with delay.warmup history starts "
-                       "from, which every run of the same settings but the estimator and the delay can share "
-                       "(gmc train --history); an interrupted one goes on from its checkpoint")
-    _settings_arguments(p, "TrainConfig (gmc/run/config.py) of a run that starts from the history",
-                        "delay.history_steps=64")
+    p = sub.add_parser(
+        "history",
+        help="train the on-policy history that a run with delay.warmup history starts "
+        "from, which every run of the same settings but the estimator and the delay can share "
+        "(gmc train --history); an interrupted one goes on from its checkpoint",
+    )
+    _settings_arguments(
+        p, "TrainConfig (gmc/run/config.py) of a run that starts from the history", "delay.history_steps=64"
+    )
     p.add_argument("--out", required=True, help="the history's run directory")
-    p.add_argument("--keep", type=int, default=None, metavar="N",
-                   help="keep the batches of its last N updates for the fixed delays that start from it (default: "
-                        "the run's delay.d)")
+    p.add_argument(
+        "--keep",
+        type=int,
+        default=None,
+        metavar="N",
+        help="keep the batches of its last N updates for the fixed delays that start from it (default: "
+        "the run's delay.d)",
+    )
     p.set_defaults(func=_history)
 
-    p = sub.add_parser("prefill", help="write a fixed-delay run's prefill (the d batches of its starting weights), "
-                       "which every run of the same settings but the estimator can start from (gmc train --prefill)")
+    p = sub.add_parser(
+        "prefill",
+        help="write a fixed-delay run's prefill (the d batches of its starting weights), "
+        "which every run of the same settings but the estimator can start from (gmc train --prefill)",
+    )
     _settings_arguments(p, "TrainConfig (gmc/run/config.py)", "delay.d=32")
     p.add_argument("--out", required=True, help="the prefill file (written atomically)")
     p.set_defaults(func=_prefill)
 
-    p = sub.add_parser("plan-memory", help="the predicted peak memory of a training run, item by item, per phase",
-                       description="The memory plan of gmc.policy.memory for a train config (--config/--set) or for the "
-                                   "train section and model of a workflow preset (--preset); exit status 1 when "
-                                   "it does not fit the given or detected GPU.")
+    p = sub.add_parser(
+        "plan-memory",
+        help="the predicted peak memory of a training run, item by item, per phase",
+        description="The memory plan of gmc.policy.memory for a train config (--config/--set) or for the "
+        "train section and model of a workflow preset (--preset); exit status 1 when "
+        "it does not fit the given or detected GPU.",
+    )
     _settings_arguments(p, "TrainConfig (gmc/run/config.py)", "sampling.max_new_tokens=4096")
     p.add_argument("--preset", default=None, help="a workflow config (config.yaml or workflow/presets/*.yaml)")
-    p.add_argument("--point", default=None, metavar="algo~A/delay~D/group~G/seed~S",
-                   help="with --preset: the sweep point to plan (default: its largest group and delay)")
-    p.add_argument("--gpu-gib", type=float, default=None,
-                   help="device memory in GiB (an 80 GB card has about 79.6); default: memory_limit_gib, else the "
-                        "CUDA device's")
+    p.add_argument(
+        "--point",
+        default=None,
+        metavar="algo~A/delay~D/group~G/seed~S",
+        help="with --preset: the sweep point to plan (default: its largest group and delay)",
+    )
+    p.add_argument(
+        "--gpu-gib",
+        type=float,
+        default=None,
+        help="device memory in GiB (an 80 GB card has about 79.6); default: memory_limit_gib, else the CUDA device's",
+    )
     p.set_defaults(func=_plan_memory)
 
     p = sub.add_parser("evaluate", help="greedy accuracy and Pass@1 of one checkpoint on benchmarks")
@@ -116,27 +163,43 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("mlflow-sync", help="import run directories into MLflow, or bring earlier imports up to date")
     p.add_argument("run_dirs", nargs="*", help="run directories (results/train/...)")
-    p.add_argument("--tracking-uri", default=None,
-                   help="default: $MLFLOW_TRACKING_URI, else sqlite:///results/mlflow.db")
+    p.add_argument(
+        "--tracking-uri", default=None, help="default: $MLFLOW_TRACKING_URI, else sqlite:///results/mlflow.db"
+    )
     p.add_argument("--experiment", default=None, help="default: $MLFLOW_EXPERIMENT_NAME, else gmc")
-    p.add_argument("--sweep", default=None, metavar="RESULTS",
-                   help="the sweep's results folder: make sure its parent run exists; with run directories, "
-                        "also log the base model's scores to it and mark it finished")
+    p.add_argument(
+        "--sweep",
+        default=None,
+        metavar="RESULTS",
+        help="the sweep's results folder: make sure its parent run exists; with run directories, "
+        "also log the base model's scores to it and mark it finished",
+    )
     p.add_argument("--out", default=None, help="optional JSON file mapping run directories to MLflow run ids")
     p.set_defaults(func=_mlflow_sync)
 
-    p = sub.add_parser("prepare-data", help="download (--source hub) or check the data sets; write a manifest",
-                       description="Without --train and --benchmarks: the MATH training split and the six "
-                                   "benchmarks. --source hub downloads them into the data root (a connected "
-                                   "machine); --source local checks the files already there (offline).")
+    p = sub.add_parser(
+        "prepare-data",
+        help="download (--source hub) or check the data sets; write a manifest",
+        description="Without --train and --benchmarks: the MATH training split and the six "
+        "benchmarks. --source hub downloads them into the data root (a connected "
+        "machine); --source local checks the files already there (offline).",
+    )
     p.add_argument("--train", default=None, help="training set: math, synthetic or a JSONL/JSON/Parquet file")
     p.add_argument("--benchmarks", nargs="*", default=None, help="benchmark names (synthetic: generated)")
-    p.add_argument("--source", default="local", choices=["local", "hub"],
-                   help="local: check the files under the data root; hub: download them there first")
+    p.add_argument(
+        "--source",
+        default="local",
+        choices=["local", "hub"],
+        help="local: check the files under the data root; hub: download them there first",
+    )
     p.add_argument("--data-root", default=None, help="default: $GMC_DATA_ROOT, else data/ in the repository")
     p.add_argument("--out", default=None, help="manifest file (default: <data root>/manifest.json)")
-    p.add_argument("--check", default=None, metavar="MANIFEST",
-                   help="fail unless every file has the rows and sha256 of this earlier manifest")
+    p.add_argument(
+        "--check",
+        default=None,
+        metavar="MANIFEST",
+        help="fail unless every file has the rows and sha256 of this earlier manifest",
+    )
     p.set_defaults(func=_prepare_data)
 
     p = sub.add_parser("fetch-model", help="download a model from the Hugging Face hub into a folder")
@@ -144,20 +207,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="folder for the model and its tokenizer")
     p.set_defaults(func=_fetch_model)
 
-    for name, helptext in (("tables", "tables (CSV, Markdown, LaTeX) from the run directories"),
-                           ("figures", "figures (PNG, PDF) from the run directories"),
-                           ("report", "tables and figures from cached results: no training, no evaluation")):
+    for name, helptext in (
+        ("tables", "tables (CSV, Markdown, LaTeX) from the run directories"),
+        ("figures", "figures (PNG, PDF) from the run directories"),
+        ("report", "tables and figures from cached results: no training, no evaluation"),
+    ):
         p = sub.add_parser(name, help=helptext)
-        p.add_argument("--results", default="results",
-                       help="a sweep's results folder or a published bundle (default: results)")
+        p.add_argument(
+            "--results", default="results", help="a sweep's results folder or a published bundle (default: results)"
+        )
         p.set_defaults(func=_report, what=name)
 
-    p = sub.add_parser("league-figure", help="final score against delay per estimator, one panel per regime "
-                       "(results folder), from cached results")
-    p.add_argument("--regime", action="append", required=True, metavar="NAME=RESULTS",
-                   help="a panel: its title and results folder (repeat, e.g. short=results/corrections)")
-    p.add_argument("--out", default="results/league",
-                   help="folder for league.png and league.pdf (default: results/league)")
+    p = sub.add_parser(
+        "league-figure",
+        help="final score against delay per estimator, one panel per regime (results folder), from cached results",
+    )
+    p.add_argument(
+        "--regime",
+        action="append",
+        required=True,
+        metavar="NAME=RESULTS",
+        help="a panel: its title and results folder (repeat, e.g. short=results/corrections)",
+    )
+    p.add_argument(
+        "--out", default="results/league", help="folder for league.png and league.pdf (default: results/league)"
+    )
     p.set_defaults(func=_league_figure)
 
     p = sub.add_parser("export-results", help="the bundle of gmc publish (no checkpoints) packed into one .tar.gz")
@@ -165,26 +239,41 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="the archive to write (.tar.gz)")
     p.set_defaults(func=_export)
 
-    p = sub.add_parser("publish", help="the bundle of a finished sweep: what redraws its tables and figures, "
-                       "no checkpoints (then draw its figures with gmc report --results BUNDLE)")
+    p = sub.add_parser(
+        "publish",
+        help="the bundle of a finished sweep: what redraws its tables and figures, "
+        "no checkpoints (then draw its figures with gmc report --results BUNDLE)",
+    )
     p.add_argument("--results", default="results", help="the finished sweep's results folder (default: results)")
     p.add_argument("--out", required=True, help="the bundle's folder, replaced whole (e.g. published/default)")
-    p.add_argument("--log", action="append", default=[], metavar="SNAKEMAKE_LOG",
-                   help="Snakemake's log of the sweep's run (.snakemake/log/...; repeat for a run continued): its "
-                        "time per stage goes into provenance.json")
+    p.add_argument(
+        "--log",
+        action="append",
+        default=[],
+        metavar="SNAKEMAKE_LOG",
+        help="Snakemake's log of the sweep's run (.snakemake/log/...; repeat for a run continued): its "
+        "time per stage goes into provenance.json",
+    )
     p.set_defaults(func=_publish)
 
-    p = sub.add_parser("quote-bundles", help="rewrite the blocks a document includes from a bundle "
-                       "(<!-- include PATH -->) and check that every number of its prose marked <!-- numbers from "
-                       "BUNDLE --> is printed in that bundle and every verdict word there is the one its tables/conclusions.md "
-                       "gives (exit 1, naming each line, where one is not)")
+    p = sub.add_parser(
+        "quote-bundles",
+        help="rewrite the blocks a document includes from a bundle "
+        "(<!-- include PATH -->) and check that every number of its prose marked <!-- numbers from "
+        "BUNDLE --> is printed in that bundle and every verdict word there is the one its tables/conclusions.md "
+        "gives (exit 1, naming each line, where one is not)",
+    )
     p.add_argument("docs", nargs="*", help="the documents (default: README.md and every page under docs/)")
-    p.add_argument("--check", action="store_true", help="change nothing: an included block that differs from its "
-                   "file fails too")
+    p.add_argument(
+        "--check", action="store_true", help="change nothing: an included block that differs from its file fails too"
+    )
     p.set_defaults(func=_quote_bundles)
 
-    p = sub.add_parser("compare-results", help="a re-run's tables against a published bundle: every estimate, "
-                       "and whether each published conclusion holds (exit 0: all hold, 1: not, 2: unreadable)")
+    p = sub.add_parser(
+        "compare-results",
+        help="a re-run's tables against a published bundle: every estimate, "
+        "and whether each published conclusion holds (exit 0: all hold, 1: not, 2: unreadable)",
+    )
     p.add_argument("bundle", help="the published bundle (e.g. published/default)")
     p.add_argument("results", help="the re-run's results folder (e.g. results)")
     p.set_defaults(func=_compare_results)
@@ -202,8 +291,14 @@ def _settings_arguments(p: argparse.ArgumentParser, what: str, example: str) -> 
     """``--config FILE`` and repeatable ``--set KEY=VALUE`` for the settings class ``what``, with
     ``example``, one of its keys, in the help."""
     p.add_argument("--config", default=None, help=f"YAML file of {what} keys (default: built-in defaults)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help=f"override a config key, dotted for nested keys ({example}); repeatable")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"override a config key, dotted for nested keys ({example}); repeatable",
+    )
 
 
 MASTERS = {True: " over float32 masters", "optimizer": " live, float32 masters in the optimizer", False: " in place"}
@@ -235,16 +330,20 @@ def _plan_memory(args: argparse.Namespace) -> int:
         cfg = load_config(TrainConfig, args.config, args.overrides)
     shape = ModelShape.of(cfg.model)
     p = plan(cfg, device_limit(cfg, args.gpu_gib), shape)
-    print(f"memory plan of {cfg.model}: budget {cfg.micro_batch_tokens} tokens, {cfg.model_dtype}"
-          f"{MASTERS[cfg.master_weights] if cfg.model_dtype != 'float32' else ''}, "
-          f"{cfg.optimizer}, engine {cfg.engine}"
-          + (f" (share {cfg.vllm.gpu_memory_utilization}, sleep {cfg.vllm.sleep})" if cfg.engine == "vllm" else ""))
+    print(
+        f"memory plan of {cfg.model}: budget {cfg.micro_batch_tokens} tokens, {cfg.model_dtype}"
+        f"{MASTERS[cfg.master_weights] if cfg.model_dtype != 'float32' else ''}, "
+        f"{cfg.optimizer}, engine {cfg.engine}"
+        + (f" (share {cfg.vllm.gpu_memory_utilization}, sleep {cfg.vllm.sleep})" if cfg.engine == "vllm" else "")
+    )
     print(p.table())
     layers = shape.num_hidden_layers
-    print(f"gradient checkpointing: {p.checkpointed_layers} of {layers} layers"
-          f"{' (auto)' if cfg.gradient_checkpointing == 'auto' else ''}, a step's training forward and backward "
-          f"{3 + p.checkpointed_layers / layers:.2f} forwards' work a token; a resume reads the checkpoint into "
-          f"{checkpoint_host_bytes(cfg) / GIB:.1f} GiB of host memory (its queued rollouts stay there)")
+    print(
+        f"gradient checkpointing: {p.checkpointed_layers} of {layers} layers"
+        f"{' (auto)' if cfg.gradient_checkpointing == 'auto' else ''}, a step's training forward and backward "
+        f"{3 + p.checkpointed_layers / layers:.2f} forwards' work a token; a resume reads the checkpoint into "
+        f"{checkpoint_host_bytes(cfg) / GIB:.1f} GiB of host memory (its queued rollouts stay there)"
+    )
     if not p.fits:
         print(f"largest items: {p.advice()}")
     return 0 if p.fits else 1
@@ -377,8 +476,7 @@ def _train(args: argparse.Namespace) -> int:
 
     evaluation = (args.evaluate, args.eval_out) if args.evaluate else None
     try:
-        summary = main_train(args.config, args.overrides, args.out, args.resume, evaluation, args.prefill,
-                             args.history)
+        summary = main_train(args.config, args.overrides, args.out, args.resume, evaluation, args.prefill, args.history)
     except Preempted as e:
         print(f"gmc train: {e}", file=sys.stderr)
         return PREEMPTED
@@ -442,8 +540,10 @@ def _build_tiny_model(args: argparse.Namespace) -> None:
     from gmc.settings import load_config
 
     summary = build_tiny_model(args.out, load_config(TinyModelConfig, args.config, args.overrides))
-    print(f"tiny model: {summary['parameters']:,} parameters, greedy accuracy {summary['greedy_accuracy']:.3f} "
-          f"after {summary['steps']} steps in {summary['seconds']:.0f} s -> {args.out}")
+    print(
+        f"tiny model: {summary['parameters']:,} parameters, greedy accuracy {summary['greedy_accuracy']:.3f} "
+        f"after {summary['steps']} steps in {summary['seconds']:.0f} s -> {args.out}"
+    )
 
 
 def _build_random_model(args: argparse.Namespace) -> None:
@@ -452,8 +552,10 @@ def _build_random_model(args: argparse.Namespace) -> None:
 
     cfg = load_config(RandomModelConfig, args.config, args.overrides)
     summary = build_random_qwen3(args.out, cfg, data_root=args.data_root, data_source=args.source)
-    print(f"random Qwen3-architecture model: {summary['parameters']:,} parameters, {summary['vocab_rows']:,} "
-          f"vocabulary rows, {summary['tokenizer_entries']:,} tokenizer entries -> {args.out}")
+    print(
+        f"random Qwen3-architecture model: {summary['parameters']:,} parameters, {summary['vocab_rows']:,} "
+        f"vocabulary rows, {summary['tokenizer_entries']:,} tokenizer entries -> {args.out}"
+    )
 
 
 def _grade_oracle(args: argparse.Namespace) -> None:

@@ -29,9 +29,23 @@ import pydantic
 import yaml
 from pydantic import AfterValidator, ConfigDict, Field, TypeAdapter, ValidationError
 
-__all__ = ["ConfigError", "settings", "registered", "load_named", "Positive", "NonNegative", "Fraction", "PositiveInt",
-           "NonNegativeInt", "from_dict", "to_dict", "load_config", "load_yaml", "apply_overrides",
-           "json_schema"]
+__all__ = [
+    "ConfigError",
+    "settings",
+    "registered",
+    "load_named",
+    "Positive",
+    "NonNegative",
+    "Fraction",
+    "PositiveInt",
+    "NonNegativeInt",
+    "from_dict",
+    "to_dict",
+    "load_config",
+    "load_yaml",
+    "apply_overrides",
+    "json_schema",
+]
 
 
 class ConfigError(ValueError):
@@ -165,12 +179,16 @@ class _Loader(yaml.SafeLoader):
 
 _Loader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
-    re.compile(r"""^(?:[-+]?[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+    re.compile(
+        r"""^(?:[-+]?[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?
                   |[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+
                   |[-+]?\.[0-9_]+(?:[eE][-+]?[0-9]+)?
                   |[-+]?\.(?:inf|Inf|INF)
-                  |\.(?:nan|NaN|NAN))$""", re.X),
-    list("-+0123456789."))
+                  |\.(?:nan|NaN|NAN))$""",
+        re.X,
+    ),
+    list("-+0123456789."),
+)
 
 
 def load_yaml(text: str) -> Any:
@@ -263,8 +281,10 @@ def load_config(cls, path: str | Path | None = None, overrides: list[str] | None
     try:
         return from_dict(cls, data)
     except ConfigError as e:
-        blamed = [(None, f"{_blame(k, path, overrides or [])}{k}: {r}" if k else f"{_blame(k, path, [])}{r}")
-                  for k, r in e.problems]
+        blamed = [
+            (None, f"{_blame(k, path, overrides or [])}{k}: {r}" if k else f"{_blame(k, path, [])}{r}")
+            for k, r in e.problems
+        ]
         (_, first), *more = blamed
         raise ConfigError(first, None, more) from None
 
@@ -284,8 +304,13 @@ def attribute_docs(cls) -> dict[str, str]:
             continue
         body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
         for node, after in zip(body, body[1:]):
-            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr)
-                    and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
+            if (
+                isinstance(node, ast.AnnAssign)
+                and isinstance(node.target, ast.Name)
+                and isinstance(after, ast.Expr)
+                and isinstance(after.value, ast.Constant)
+                and isinstance(after.value.value, str)
+            ):
                 docs[node.target.id] = inspect.cleandoc(after.value.value)
     return docs
 
@@ -331,6 +356,9 @@ def _dataclass_of(tp):
     """The dataclass a (possibly ``Annotated`` or optional) field type holds, else None."""
     while typing.get_origin(tp) is Annotated:
         tp = typing.get_args(tp)[0]
-    args = [a for a in typing.get_args(tp) if a is not type(None)] if typing.get_origin(tp) in (typing.Union,
-                                                                                                 types.UnionType) else [tp]
+    args = (
+        [a for a in typing.get_args(tp) if a is not type(None)]
+        if typing.get_origin(tp) in (typing.Union, types.UnionType)
+        else [tp]
+    )
     return args[0] if len(args) == 1 and dataclasses.is_dataclass(args[0]) else None

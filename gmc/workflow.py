@@ -54,11 +54,16 @@ def generated_defs() -> dict[str, Any]:
         "evaluate": json_schema(EvalConfig, drop=EVAL_SET_PER_JOB),
         "analysis": json_schema(AnalysisConfig),
         "synthetic": json_schema(SyntheticTask),
-        "tiny_model": json_schema(TinyModelConfig, drop={"synthetic": "the synthetic section", "seed": "the sweep's seed"}),
+        "tiny_model": json_schema(
+            TinyModelConfig, drop={"synthetic": "the synthetic section", "seed": "the sweep's seed"}
+        ),
         "random_model": json_schema(RandomModelConfig),
         "estimator": {"type": "string", "enum": list(REGISTRY), "description": "A registered estimator."},
-        "sweep_algorithm": {"type": "string", "pattern": "^[a-z][a-z0-9_]*$",
-                            "description": "A registered estimator, or the name of one of its variants (variants)."},
+        "sweep_algorithm": {
+            "type": "string",
+            "pattern": "^[a-z][a-z0-9_]*$",
+            "description": "A registered estimator, or the name of one of its variants (variants).",
+        },
         "benchmark": {"type": "string", "enum": list(benchmark_specs()), "description": "A registered benchmark."},
     }
 
@@ -75,8 +80,11 @@ def schema(handwritten: dict[str, Any]) -> dict[str, Any]:
         section["description"] = f"Runs under the delay mode {mode!r} (delay~{mode}): {section['description']}"
         section["properties"]["delay"] = {
             "description": f"The settings the delay mode {mode!r} reads (DelayConfig, gmc/rollouts/delays.py).",
-            "type": "object", "additionalProperties": False, "default": {},
-            "properties": {k: delay_keys[k] for k in DELAY_MODES[mode].keys}}
+            "type": "object",
+            "additionalProperties": False,
+            "default": {},
+            "properties": {k: delay_keys[k] for k in DELAY_MODES[mode].keys},
+        }
         out["properties"].setdefault(mode, section)
     lab = out["properties"]["gradient_lab"]
     lab["properties"] = {**json_schema(GradientLabConfig)["properties"], **lab["properties"]}
@@ -128,10 +136,13 @@ def coerce(value: Any, node: dict[str, Any], defs: dict[str, Any]) -> Any:
         return coerce(parsed, node, defs) if not isinstance(parsed, str) else parsed
     if isinstance(value, dict):
         props = next((b["properties"] for b in branches if "properties" in b), {})
-        extra = next((b["additionalProperties"] for b in branches if isinstance(b.get("additionalProperties"), dict)),
-                     None)
-        return {k: coerce(v, props[k], defs) if k in props else coerce(v, extra, defs) if extra else v
-                for k, v in value.items()}
+        extra = next(
+            (b["additionalProperties"] for b in branches if isinstance(b.get("additionalProperties"), dict)), None
+        )
+        return {
+            k: coerce(v, props[k], defs) if k in props else coerce(v, extra, defs) if extra else v
+            for k, v in value.items()
+        }
     if isinstance(value, list):
         items = next((b["items"] for b in branches if isinstance(b.get("items"), dict)), None)
         return [coerce(v, items, defs) for v in value] if items else value
@@ -144,15 +155,22 @@ def _refuse_train_delay(config: dict[str, Any]) -> None:
     if not isinstance(train, dict) or "delay" not in train:
         return
     given = train["delay"] if isinstance(train["delay"], dict) else {}
-    homes = {"mode": "the sweep point (sweep.delays, a named delay mode's section, traces)",
-             "d": "sweep.delays", "warmup": "sweep.warmup", "history_steps": "sweep.history.steps",
-             "history_algorithm": "sweep.history.algorithm", "trace": "traces.<name>.file"}
+    homes = {
+        "mode": "the sweep point (sweep.delays, a named delay mode's section, traces)",
+        "d": "sweep.delays",
+        "warmup": "sweep.warmup",
+        "history_steps": "sweep.history.steps",
+        "history_algorithm": "sweep.history.algorithm",
+        "trace": "traces.<name>.file",
+    }
     for mode in named_delays():
         homes.update({k: f"{mode}.delay.{k}" for k in DELAY_MODES[mode].keys})
     for key in given or [""]:
         where = homes.get(key, "the sweep's sections (sweep, " + ", ".join(named_delays()) + ", traces)")
-        raise ConfigError(f"delay settings are set per sweep point, not in train: this one lives in {where}",
-                          f"train.delay.{key}" if key else "train.delay")
+        raise ConfigError(
+            f"delay settings are set per sweep point, not in train: this one lives in {where}",
+            f"train.delay.{key}" if key else "train.delay",
+        )
 
 
 def _check_algorithms(config: dict[str, Any]) -> None:
@@ -162,15 +180,18 @@ def _check_algorithms(config: dict[str, Any]) -> None:
     for name in variants:
         if name in REGISTRY:
             raise ConfigError(f"a variant cannot take an estimator's name {name!r}", f"variants.{name}")
-    lists = {"sweep.algorithms": config["sweep"]["algorithms"],
-             "sweep.references.algorithms": config["sweep"]["references"]["algorithms"],
-             **{f"{m}.algorithms": config[m]["algorithms"] for m in named_delays() if m in config},
-             **{f"traces.{n}.algorithms": t["algorithms"] for n, t in config.get("traces", {}).items()}}
+    lists = {
+        "sweep.algorithms": config["sweep"]["algorithms"],
+        "sweep.references.algorithms": config["sweep"]["references"]["algorithms"],
+        **{f"{m}.algorithms": config[m]["algorithms"] for m in named_delays() if m in config},
+        **{f"traces.{n}.algorithms": t["algorithms"] for n, t in config.get("traces", {}).items()},
+    }
     for key, names in lists.items():
         for i, name in enumerate(names):
             if name not in REGISTRY and name not in variants:
-                raise ConfigError(f"{name!r} is neither an estimator {list(REGISTRY)} nor a variant {list(variants)}",
-                                  f"{key}[{i}]")
+                raise ConfigError(
+                    f"{name!r} is neither an estimator {list(REGISTRY)} nor a variant {list(variants)}", f"{key}[{i}]"
+                )
 
 
 def validate(config: dict[str, Any], handwritten: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -25,8 +25,9 @@ def shared_data() -> Path:
     if not (SHARED / "benchmarks").is_dir():
         where = os.environ.get(DEFAULT_DATA_ROOT_ENV)
         why = f"{DEFAULT_DATA_ROOT_ENV}={where} has no benchmarks/" if where else f"{DEFAULT_DATA_ROOT_ENV} is unset"
-        pytest.skip(f"no local data at {SHARED} ({why}): set {DEFAULT_DATA_ROOT_ENV} to a folder made by "
-                    "`gmc prepare-data`")
+        pytest.skip(
+            f"no local data at {SHARED} ({why}): set {DEFAULT_DATA_ROOT_ENV} to a folder made by `gmc prepare-data`"
+        )
     return SHARED
 
 
@@ -36,8 +37,7 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     from gmc.run.tiny_model import TinyModelConfig, build_tiny_model
 
     out = tmp_path_factory.mktemp("models") / "tiny"
-    build_tiny_model(out, TinyModelConfig(max_steps=60, eval_every=30, eval_problems=16, batch_size=32),
-                     progress=False)
+    build_tiny_model(out, TinyModelConfig(max_steps=60, eval_every=30, eval_problems=16, batch_size=32), progress=False)
     return out
 
 
@@ -111,9 +111,13 @@ def load_workflow():
         os.chdir(folder)
         try:
             with SnakemakeApi(OutputSettings()) as api:
-                wf = api.workflow(resource_settings=ResourceSettings(overwrite_resources=overwrite_resources or {}),
-                                  config_settings=ConfigSettings(configfiles=[Path(f) for f in configfiles]),
-                                  storage_settings=StorageSettings(), snakefile=REPO / "Snakefile", workdir=folder)
+                wf = api.workflow(
+                    resource_settings=ResourceSettings(overwrite_resources=overwrite_resources or {}),
+                    config_settings=ConfigSettings(configfiles=[Path(f) for f in configfiles]),
+                    storage_settings=StorageSettings(),
+                    snakefile=REPO / "Snakefile",
+                    workdir=folder,
+                )
                 return wf._workflow
         finally:
             os.chdir(cwd)
@@ -124,7 +128,9 @@ def load_workflow():
 @pytest.fixture(scope="session")
 def load_rules(load_workflow):
     """``load_rules(folder, overwrite_resources=None)``: the default workflow's rules by name."""
-    return lambda folder, overwrite_resources=None: {r.name: r for r in load_workflow(folder, overwrite_resources).rules}
+    return lambda folder, overwrite_resources=None: {
+        r.name: r for r in load_workflow(folder, overwrite_resources).rules
+    }
 
 
 @pytest.fixture
@@ -132,17 +138,31 @@ def make_run_dir():
     """Writes a finished run directory as the trainer leaves it (its files, no model) under
     ``<results>/train/algo~A/delay~D/group~4/seed~0``; ``start`` is the first line's wall-clock time."""
 
-    def make(results: Path, algo: str = "gmc", delay: int = 0, steps: int = 3, start: float = 1.7e9,
-             finished: bool = True) -> Path:
+    def make(
+        results: Path, algo: str = "gmc", delay: int = 0, steps: int = 3, start: float = 1.7e9, finished: bool = True
+    ) -> Path:
         d = results / "train" / f"algo~{algo}" / f"delay~{delay}" / "group~4" / "seed~0"
         d.mkdir(parents=True, exist_ok=True)
         (d / "run.json").write_text(json.dumps({"run_id": f"{algo}-{delay}-{results.name}", "git_revision": "abc"}))
         (d / "config.yaml").write_text(f"algorithm: {algo}\nestimator:\n  eps: 0.2\n")
-        rows = [{"step": s, "time": start + s, "rollout/reward_mean": 0.1 * s, "async/staleness_mean": delay}
-                for s in range(steps)]
+        rows = [
+            {"step": s, "time": start + s, "rollout/reward_mean": 0.1 * s, "async/staleness_mean": delay}
+            for s in range(steps)
+        ]
         (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        groups = [{"step": s, "version": s, "staleness": delay, "length_max": 10, "length_mean": 8.0,
-                   "reward_mean": 0.5, "submitted_at": 0.0, "completed_at": 1.0} for s in range(steps)]
+        groups = [
+            {
+                "step": s,
+                "version": s,
+                "staleness": delay,
+                "length_max": 10,
+                "length_mean": 8.0,
+                "reward_mean": 0.5,
+                "submitted_at": 0.0,
+                "completed_at": 1.0,
+            }
+            for s in range(steps)
+        ]
         (d / "groups.jsonl").write_text("".join(json.dumps(g) + "\n" for g in groups))
         if finished:
             (d / "summary.json").write_text(json.dumps({"steps": steps, "rollout/reward_mean_last20": 0.1}))
@@ -154,6 +174,7 @@ def make_run_dir():
 @pytest.fixture
 def no_model_load(monkeypatch):
     """Loading a model fails the test: what is checked before it loads."""
+
     def refuse(*args, **kwargs):
         raise AssertionError("the model was loaded before the data was checked")
 

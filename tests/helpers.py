@@ -34,10 +34,12 @@ def fake_run(results, algo, delay, group, seed, reward, score, se=None, correct=
     ``score / 2``); ``correct``: per problem, the samples of 2 it got right (recorded for pairing)."""
     d = results / "train" / f"algo~{algo}" / f"delay~{delay}" / f"group~{group}" / f"seed~{seed}"
     d.mkdir(parents=True)
-    (d / "summary.json").write_text(json.dumps({"steps": 10, "rollout/reward_mean_last20": reward,
-                                                "ratio/ess_frac": 0.9}))
-    (d / "metrics.jsonl").write_text("".join(json.dumps({"step": t, "rollout/reward_mean": reward + 0.01 * t}) + "\n"
-                                             for t in range(12)))
+    (d / "summary.json").write_text(
+        json.dumps({"steps": 10, "rollout/reward_mean_last20": reward, "ratio/ess_frac": 0.9})
+    )
+    (d / "metrics.jsonl").write_text(
+        "".join(json.dumps({"step": t, "rollout/reward_mean": reward + 0.01 * t}) + "\n" for t in range(12))
+    )
     e = results / "eval" / f"algo~{algo}" / f"delay~{delay}" / f"group~{group}" / f"seed~{seed}"
     e.mkdir(parents=True)
     ev = {"benchmark": "synthetic", "greedy": score, "pass_at_1": score / 2, "problems": 101}
@@ -46,8 +48,6 @@ def fake_run(results, algo, delay, group, seed, reward, score, se=None, correct=
     if correct is not None:
         ev.update(k=2, per_problem={"correct": list(correct)}, problems_sha256="0123456789abcdef")
     (e / "synthetic.json").write_text(json.dumps(ev))
-
-
 
 
 WORKFLOW_TIMEOUT = 1200
@@ -79,8 +79,11 @@ def packed(tok, flat):
 
 def recomputed_logprobs(model, tok, flat):
     """The policy's log-probs of each sample's response, as the trainer computes them."""
-    rows = Rows([torch.tensor(s.prompt_ids + s.token_ids) for s in flat], [len(s.prompt_ids) for s in flat],
-                [s.length for s in flat])
+    rows = Rows(
+        [torch.tensor(s.prompt_ids + s.token_ids) for s in flat],
+        [len(s.prompt_ids) for s in flat],
+        [s.length for s in flat],
+    )
     return sequence_logprobs(model, rows, 0, tok.pad_token_id)
 
 
@@ -100,22 +103,38 @@ def sweep(results, scores=SCORES, base=(0.30, 0.33, 0.31)):
                 (run / "summary.json").write_text(json.dumps({"steps": 3, "rollout/reward_mean_last20": score}))
                 (run / "config.yaml").write_text(f"algorithm: {algo}\nseed: {seed}\n")
                 (run / "run.json").write_text(json.dumps({"git_revision": "abc123", "seed": seed, "threads": 1}))
-                (run / "metrics.jsonl").write_text("".join(json.dumps(
-                    {"step": t, "rollout/reward_mean": score, "loss": 0.1, "time/step_seconds": 1.0}) + "\n"
-                    for t in range(3)))
+                (run / "metrics.jsonl").write_text(
+                    "".join(
+                        json.dumps({"step": t, "rollout/reward_mean": score, "loss": 0.1, "time/step_seconds": 1.0})
+                        + "\n"
+                        for t in range(3)
+                    )
+                )
                 (run / "checkpoint.pt").write_bytes(b"weights")
                 ev = results / "eval" / point
                 ev.mkdir(parents=True)
                 s = score if delay else score + 0.05
-                (ev / "synthetic.json").write_text(json.dumps({"benchmark": "synthetic", "greedy": s,
-                                                               "pass_at_1": s, "pass_at_1_se": 0.01, "problems": 500,
-                                                               "temperature": 0.6}))
+                (ev / "synthetic.json").write_text(
+                    json.dumps(
+                        {
+                            "benchmark": "synthetic",
+                            "greedy": s,
+                            "pass_at_1": s,
+                            "pass_at_1_se": 0.01,
+                            "problems": 500,
+                            "temperature": 0.6,
+                        }
+                    )
+                )
                 (ev / "synthetic.completions.jsonl").write_text("{}\n")
     for seed, score in enumerate(base):
         ev = results / "eval" / "base" / f"seed~{seed}"
         ev.mkdir(parents=True)
-        (ev / "synthetic.json").write_text(json.dumps({"benchmark": "synthetic", "greedy": score, "pass_at_1": score,
-                                                       "pass_at_1_se": 0.01, "problems": 500}))
+        (ev / "synthetic.json").write_text(
+            json.dumps(
+                {"benchmark": "synthetic", "greedy": score, "pass_at_1": score, "pass_at_1_se": 0.01, "problems": 500}
+            )
+        )
     (results / "configs" / "train").mkdir(parents=True)
     (results / "configs" / "eval.yaml").write_text("benchmarks: [synthetic]\n")
     return results

@@ -16,8 +16,14 @@ BENCH = REPO / "bench"
 
 
 def gpu_sh(out: Path, **env) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(BENCH / "gpu.sh")], cwd=REPO, capture_output=True, text=True, timeout=240,
-                          env={**os.environ, "OUT": str(out), "PYTHON": sys.executable, "GMC_INSTALL": "0", **env})
+    return subprocess.run(
+        ["bash", str(BENCH / "gpu.sh")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "OUT": str(out), "PYTHON": sys.executable, "GMC_INSTALL": "0", **env},
+    )
 
 
 @pytest.fixture
@@ -45,9 +51,15 @@ def test_a_part_that_does_not_fit_the_window_is_skipped_and_merged_as_such(tmp_p
     run = gpu_sh(tmp_path, GMC_GPU_CHECK_SMALL="1", GMC_GPU_CHECK_WINDOW="0")
     assert run.returncode == 0, run.stderr
     merged = json.loads((tmp_path / "gpu.json").read_text())
-    parts = [line.split()[0] for line in subprocess.run([sys.executable, str(BENCH / "gpu_check.py"), str(tmp_path),
-                                                         "--parts"], capture_output=True, text=True,
-                                                        check=True).stdout.splitlines()]
+    parts = [
+        line.split()[0]
+        for line in subprocess.run(
+            [sys.executable, str(BENCH / "gpu_check.py"), str(tmp_path), "--parts"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.splitlines()
+    ]
     assert len(parts) == 9 and parts[0] == "setup"
     for part in parts:
         assert merged[part]["finished"] is False and "left of the 0 s window" in merged[part]["skipped"], part
@@ -76,8 +88,16 @@ def test_attention_flops_and_the_parameters_that_multiply(bench_modules):
 
     from gmc.policy.memory import ModelShape
 
-    shape = ModelShape(hidden_size=8, intermediate_size=16, num_hidden_layers=2, num_attention_heads=2,
-                       num_key_value_heads=1, head_dim=4, vocab_size=32, tie_word_embeddings=True)
+    shape = ModelShape(
+        hidden_size=8,
+        intermediate_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=4,
+        vocab_size=32,
+        tie_word_embeddings=True,
+    )
     # a row of 3 tokens: 1 + 2 + 3 = 6 (query, key) pairs, each 2 FLOPs for the score and 2 for the sum,
     # per layer and per head dimension: 4 x (2 layers x 2 heads x 4) x 6
     assert update.attention_forward_flops(shape, [3]) == 4 * 16 * 6

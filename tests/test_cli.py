@@ -62,14 +62,20 @@ def test_logging_is_configured(tmp_path, make_run_dir):
     """The gmc loggers print at INFO on stderr (the resume message, the MLflow import...)."""
     run_dir = make_run_dir(tmp_path / "results")
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
-    done = subprocess.run([sys.executable, "-m", "gmc", "mlflow-sync", str(run_dir), "--tracking-uri",
-                           f"sqlite:///{tmp_path / 'm.db'}"], capture_output=True, text=True, timeout=300, env=env)
+    done = subprocess.run(
+        [sys.executable, "-m", "gmc", "mlflow-sync", str(run_dir), "--tracking-uri", f"sqlite:///{tmp_path / 'm.db'}"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert done.returncode == 0, done.stderr
     assert re.search(r"INFO gmc\.run\.tracking: .*seed~0 -> MLflow run \w+ \(3 new steps\)", done.stderr)
 
 
-@pytest.mark.parametrize("umask, file_mode, dir_mode", [(0o022, 0o644, 0o755), (0o077, 0o600, 0o700),
-                                                        (0o002, 0o664, 0o775)])
+@pytest.mark.parametrize(
+    "umask, file_mode, dir_mode", [(0o022, 0o644, 0o755), (0o077, 0o600, 0o700), (0o002, 0o664, 0o775)]
+)
 def test_outputs_are_readable_as_the_umask_allows(tmp_path, umask, file_mode, dir_mode):
     old = os.umask(umask)
     try:
@@ -132,13 +138,14 @@ def test_evaluation_progress_counts_completions(tmp_path, tiny_model_dir, capsys
     import gmc.run.evaluate as ev
 
     monkeypatch.setattr(ev, "SAMPLES_PER_CALL", 4)  # several engine calls per benchmark
-    cfg = ev.EvalConfig(benchmarks=("synthetic",), samples={"synthetic": 2}, limit=5, device="cpu",
-                        max_new_tokens=8)
+    cfg = ev.EvalConfig(benchmarks=("synthetic",), samples={"synthetic": 2}, limit=5, device="cpu", max_new_tokens=8)
     ev.evaluate(str(tiny_model_dir), tmp_path, cfg, progress=True)
     err = capsys.readouterr().err
     assert "evaluate synthetic (5 problems)" in err and "15/15" in err and "completion" in err
     rows = [json.loads(x) for x in (tmp_path / "synthetic.completions.jsonl").read_text().splitlines()]
-    assert sorted((r["mode"], r["sample"]) for r in rows) == sorted([("greedy", 0)] * 5 + [("sample", 0), ("sample", 1)] * 5)
+    assert sorted((r["mode"], r["sample"]) for r in rows) == sorted(
+        [("greedy", 0)] * 5 + [("sample", 0), ("sample", 1)] * 5
+    )
     assert [r["id"] for r in rows if r["mode"] == "greedy"] == [r["id"] for r in rows if r["sample"] == 1]
 
 
@@ -181,9 +188,14 @@ def _bad_inputs(tmp_path):
         (["quote-bundles", str(missing)], str(missing)),
         (["compare-results", str(missing), str(missing)], str(missing)),
         (["import-results", str(missing), "--results", str(tmp_path / "i")], f"{missing}: no such file or directory"),
-        (["import-results", str(notgz), "--results", str(tmp_path / "i")], f"{notgz}: not an archive of gmc export-results"),
-        (["import-results", str(stray), "--results", str(tmp_path / "i")],
-         f"{stray}: not a bundle of gmc export-results: it has no provenance.json, no train/ (the runs), no tables/"),
+        (
+            ["import-results", str(notgz), "--results", str(tmp_path / "i")],
+            f"{notgz}: not an archive of gmc export-results",
+        ),
+        (
+            ["import-results", str(stray), "--results", str(tmp_path / "i")],
+            f"{stray}: not a bundle of gmc export-results: it has no provenance.json, no train/ (the runs), no tables/",
+        ),
     ]
 
 
@@ -205,11 +217,16 @@ def test_every_command_reports_bad_input_in_one_format(tmp_path, capsys, monkeyp
     assert not (tmp_path / "r3").exists() and not (tmp_path / "i").exists()
 
 
-SETTINGS_OF = {"build-tiny-model": "gmc.run.tiny_model:TinyModelConfig",
-               "build-random-model": "gmc.run.random_model:RandomModelConfig",
-               "train": "gmc.run.config:TrainConfig", "history": "gmc.run.config:TrainConfig",
-               "prefill": "gmc.run.config:TrainConfig", "plan-memory": "gmc.run.config:TrainConfig",
-               "evaluate": "gmc.run.evaluate:EvalConfig", "gradient-lab": "gmc.theory.config:GradientLabConfig"}
+SETTINGS_OF = {
+    "build-tiny-model": "gmc.run.tiny_model:TinyModelConfig",
+    "build-random-model": "gmc.run.random_model:RandomModelConfig",
+    "train": "gmc.run.config:TrainConfig",
+    "history": "gmc.run.config:TrainConfig",
+    "prefill": "gmc.run.config:TrainConfig",
+    "plan-memory": "gmc.run.config:TrainConfig",
+    "evaluate": "gmc.run.evaluate:EvalConfig",
+    "gradient-lab": "gmc.theory.config:GradientLabConfig",
+}
 """The settings class of each command that takes --set."""
 
 
@@ -225,8 +242,9 @@ def test_every_option_of_every_command_has_help_and_its_set_example_is_a_real_ke
         for action in command._actions:
             if action.help is not argparse.SUPPRESS and not isinstance(action, argparse._HelpAction):
                 assert action.help, f"gmc {name} {'/'.join(action.option_strings) or action.dest}: no help text"
-        examples = [re.search(r"\(([\w.]+=[^)]+)\)", a.help).group(1) for a in command._actions
-                    if a.dest == "overrides"]
+        examples = [
+            re.search(r"\(([\w.]+=[^)]+)\)", a.help).group(1) for a in command._actions if a.dest == "overrides"
+        ]
         assert bool(examples) == (name in SETTINGS_OF), name
         for example in examples:  # the --set example applies to this command's settings
             load_config(load_named(SETTINGS_OF[name]), None, [example])

@@ -50,14 +50,24 @@ def nav_pages(nav) -> list[str]:
     return []
 
 
-TASKS = {"A new estimator": ("REGISTRY",), "A new delay mode": ("DELAY_MODES",),
-         "A new benchmark": ("BENCHMARKS",), "A new rollout engine": ("ENGINES",),
-         "A new figure or table": ("FIGURES", "TABLES"), "A new cluster": ()}
+TASKS = {
+    "A new estimator": ("REGISTRY",),
+    "A new delay mode": ("DELAY_MODES",),
+    "A new benchmark": ("BENCHMARKS",),
+    "A new rollout engine": ("ENGINES",),
+    "A new figure or table": ("FIGURES", "TABLES"),
+    "A new cluster": (),
+}
 """Each task of docs/extending.md and the registries it extends."""
 
-REGISTRY_HOMES = {"REGISTRY": "gmc/estimators/registry.py", "DELAY_MODES": "gmc/rollouts/delays.py",
-                  "BENCHMARKS": "gmc/tasks/datasets.py", "ENGINES": "gmc/rollouts/engines.py",
-                  "FIGURES": "gmc/results/outputs.py", "TABLES": "gmc/results/outputs.py"}
+REGISTRY_HOMES = {
+    "REGISTRY": "gmc/estimators/registry.py",
+    "DELAY_MODES": "gmc/rollouts/delays.py",
+    "BENCHMARKS": "gmc/tasks/datasets.py",
+    "ENGINES": "gmc/rollouts/engines.py",
+    "FIGURES": "gmc/results/outputs.py",
+    "TABLES": "gmc/results/outputs.py",
+}
 """Where each registry is defined."""
 
 
@@ -73,8 +83,11 @@ def test_every_task_of_the_extension_guide_lists_files_that_hold_its_registry():
         assert files and all((REPO / f).exists() for f in files), (task, files)
         for name in registries:  # the registry the task extends is defined in a file it lists
             assert REGISTRY_HOMES[name] in files, f"{task}: {REGISTRY_HOMES[name]} is not among {files}"
-            defined = [f for f in files if f.endswith(".py")
-                       and re.search(rf"^{name}(: [^=]+)? = ", (REPO / f).read_text(), re.M)]
+            defined = [
+                f
+                for f in files
+                if f.endswith(".py") and re.search(rf"^{name}(: [^=]+)? = ", (REPO / f).read_text(), re.M)
+            ]
             assert defined, f"{task}: {name} is defined in none of {files}"
             assert f"`{name}`" in section
 
@@ -126,7 +139,7 @@ def test_the_site_copies_only_the_figures_the_pages_show():
     assert (DOCS / "published").is_symlink() and (DOCS / "published").resolve() == (REPO / "published").resolve()
     rules = mkdocs_config()["exclude_docs"].split()
     assert "/published/**" in rules
-    kept = {rule[len("!/"):] for rule in rules if rule.startswith("!/published/")}
+    kept = {rule[len("!/") :] for rule in rules if rule.startswith("!/published/")}
     shown = set()
     for page in doc_pages():
         for image in re.findall(r"!\[[^\]]*\]\(([^)\s]+)\)", page.read_text()):
@@ -193,8 +206,11 @@ def test_every_module_of_the_package_has_its_api_on_a_reference_page():
     import gmc
 
     package = Path(gmc.__file__).parent
-    modules = {".".join(p.relative_to(package.parent).with_suffix("").parts) for p in package.rglob("*.py")
-               if p.name not in ("__init__.py", "__main__.py")}
+    modules = {
+        ".".join(p.relative_to(package.parent).with_suffix("").parts)
+        for p in package.rglob("*.py")
+        if p.name not in ("__init__.py", "__main__.py")
+    }
     documented = {}
     for page in sorted((DOCS / "reference").glob("*.md")):
         for module in re.findall(r"^::: (gmc[\w.]*)$", page.read_text(), re.M):
@@ -254,7 +270,8 @@ def test_every_example_of_the_docs_is_run_or_says_what_it_needs():
     assert len(examples) > 20
     for where, command in examples:
         assert command in RUN_AS_WRITTEN or any(re.search(p, command) for p in NOT_RUN), (
-            f"{where}: {command!r} is neither run by a test nor listed with what it needs (tests/test_docs.py)")
+            f"{where}: {command!r} is neither run by a test nor listed with what it needs (tests/test_docs.py)"
+        )
     assert RUN_AS_WRITTEN <= {command for _, command in examples}, "an example the test runs is gone from the docs"
 
 

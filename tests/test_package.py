@@ -38,8 +38,11 @@ def imported_gmc_modules(path: Path) -> set[str]:
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             out |= {a.name for a in node.names if a.name.startswith("gmc.")}
-        elif isinstance(node, ast.ImportFrom) and node.module and (node.module == "gmc" or
-                                                                   node.module.startswith("gmc.")):
+        elif (
+            isinstance(node, ast.ImportFrom)
+            and node.module
+            and (node.module == "gmc" or node.module.startswith("gmc."))
+        ):
             out.add(node.module)
             out |= {f"{node.module}.{a.name}" for a in node.names}
     return out & set(MODULES)
@@ -59,7 +62,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         path.append(node)
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
+                return path[path.index(nxt) :] + [nxt]
             if nxt not in state and (cycle := visit(nxt)):
                 return cycle
         path.pop()
@@ -104,8 +107,11 @@ NAMED = re.compile(r"^(gmc(?:\.\w+)+):(\w+)$")
 
 def named_code(path: Path) -> set[tuple[str, str]]:
     """The ``module:function`` strings a file holds (registry entries)."""
-    return {(m[1], m[2]) for node in ast.walk(ast.parse(path.read_text()))
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and (m := NAMED.match(node.value))}
+    return {
+        (m[1], m[2])
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and (m := NAMED.match(node.value))
+    }
 
 
 def test_the_package_is_its_rooms_and_a_few_top_level_modules():
@@ -149,9 +155,11 @@ def test_each_module_imports_in_a_fresh_interpreter(module):
 
 def _loads_torch(argv: list[str], cwd: Path) -> dict:
     """Run ``gmc <argv>`` in a fresh interpreter; report its exit code and whether torch loaded."""
-    code = ("import json, sys\nfrom gmc.cli import main\n"
-            f"rc = main({argv!r})\n"
-            "print(json.dumps({'rc': rc, 'torch': 'torch' in sys.modules}))")
+    code = (
+        "import json, sys\nfrom gmc.cli import main\n"
+        f"rc = main({argv!r})\n"
+        "print(json.dumps({'rc': rc, 'torch': 'torch' in sys.modules}))"
+    )
     done = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -161,7 +169,9 @@ def test_reading_commands_do_not_load_torch(tmp_path, make_run_dir):
     results = tmp_path / "results"
     run = make_run_dir(results)
     make_run_dir(results, algo="grpo")
-    assert _loads_torch(["mlflow-sync", str(run), "--tracking-uri", f"sqlite:///{tmp_path / 'm.db'}"],
-                        tmp_path) == {"rc": 0, "torch": False}
+    assert _loads_torch(["mlflow-sync", str(run), "--tracking-uri", f"sqlite:///{tmp_path / 'm.db'}"], tmp_path) == {
+        "rc": 0,
+        "torch": False,
+    }
     assert _loads_torch(["figures", "--results", str(results)], tmp_path) == {"rc": 0, "torch": False}
     assert (results / "figures" / "reward_vs_step.png").exists()

@@ -80,6 +80,7 @@ def test_every_key_of_every_section_is_described_and_unknown_keys_are_rejected()
 
 def test_the_train_and_evaluate_sections_are_their_settings_classes_but_the_keys_the_workflow_sets():
     train = set(_keys(SCHEMA["properties"]["train"]))
+
     def minus(fields, dropped):  # a dropped section takes its keys with it
         return {f for f in fields if not any(f == d or f.startswith(d + ".") for d in dropped)}
 
@@ -98,8 +99,11 @@ def test_the_train_and_evaluate_sections_are_their_settings_classes_but_the_keys
 
 def test_allowed_values_are_the_registries_and_the_literal_types():
     props = SCHEMA["properties"]
-    for where in (props["sweep"]["properties"]["algorithms"], props["sweep"]["properties"]["references"]
-                  ["properties"]["algorithms"], *(props[m]["properties"]["algorithms"] for m in named_delays())):
+    for where in (
+        props["sweep"]["properties"]["algorithms"],
+        props["sweep"]["properties"]["references"]["properties"]["algorithms"],
+        *(props[m]["properties"]["algorithms"] for m in named_delays()),
+    ):
         assert _resolve(_resolve(where)["items"])["pattern"]  # an estimator or a variant: checked by validate
     assert _enum(props["variants"]["additionalProperties"]["properties"]["algorithm"]) == list(REGISTRY)
     assert _enum(props["sweep"]["properties"]["history"]["properties"]["algorithm"]) == list(REGISTRY)
@@ -108,8 +112,11 @@ def test_allowed_values_are_the_registries_and_the_literal_types():
     assert evaluate["samples"]["propertyNames"]["enum"] == list(benchmark_specs())
     train = _keys(props["train"])
     assert _enum(train["algorithm"]) == list(REGISTRY) if "algorithm" in train else True
-    assert _enum(train["engine"]) == ["hf", "vllm"] and _enum(train["model_dtype"]) == ["float32", "bfloat16",
-                                                                                     "float16"]
+    assert _enum(train["engine"]) == ["hf", "vllm"] and _enum(train["model_dtype"]) == [
+        "float32",
+        "bfloat16",
+        "float16",
+    ]
     assert set(named_delays()) <= set(DELAY_MODES)
 
 
@@ -121,9 +128,16 @@ def test_a_variant_is_an_estimator_with_train_settings_of_its_own():
     """A variant's points run its estimator with its train settings merged over the section's;
     its name stands where an estimator's may, and a wrong name or value is refused naming the key."""
     config = _valid_config()
-    config["variants"] = {"gmc_tis": {"algorithm": "gmc", "train": {
-        "behaviour_logprobs": "trainer", "rollout_correction": {"preset": "decoupled_token_is"},
-        "sampling": {"dtype": "bfloat16"}}}}
+    config["variants"] = {
+        "gmc_tis": {
+            "algorithm": "gmc",
+            "train": {
+                "behaviour_logprobs": "trainer",
+                "rollout_correction": {"preset": "decoupled_token_is"},
+                "sampling": {"dtype": "bfloat16"},
+            },
+        }
+    }
     config["sweep"]["algorithms"] = [*config["sweep"]["algorithms"], "gmc_tis"]
     workflow.validate(config, HANDWRITTEN)
     point = next(p for p in sweep_points(config) if p.algorithm == "gmc_tis")
@@ -131,11 +145,21 @@ def test_a_variant_is_an_estimator_with_train_settings_of_its_own():
     assert cfg.algorithm == "gmc" and cfg.rollout_correction.resolved()["rollout_is"] == "token"
     assert cfg.sampling.dtype == "bfloat16" and cfg.sampling.max_new_tokens == plain.sampling.max_new_tokens
     assert plain.rollout_correction is None and plain.sampling.dtype is None
-    for change, key in [({"sweep": {**config["sweep"], "algorithms": ["gmc_nope"]}}, "sweep.algorithms[0]"),
-                        ({"variants": {"grpo": {"algorithm": "gmc"}}}, "variants.grpo"),
-                        ({"variants": {"gmc_tis": {"algorithm": "gmc", "train": {
-                            "behaviour_logprobs": "trainer", "rollout_correction": {"rollout_rs": "x"}}}}},
-                         "variants.gmc_tis.train.rollout_correction.rollout_rs")]:
+    for change, key in [
+        ({"sweep": {**config["sweep"], "algorithms": ["gmc_nope"]}}, "sweep.algorithms[0]"),
+        ({"variants": {"grpo": {"algorithm": "gmc"}}}, "variants.grpo"),
+        (
+            {
+                "variants": {
+                    "gmc_tis": {
+                        "algorithm": "gmc",
+                        "train": {"behaviour_logprobs": "trainer", "rollout_correction": {"rollout_rs": "x"}},
+                    }
+                }
+            },
+            "variants.gmc_tis.train.rollout_correction.rollout_rs",
+        ),
+    ]:
         with pytest.raises(ConfigError, match=key.replace("[", r"\[").replace("]", r"\]")):
             workflow.validate({**config, **change}, HANDWRITTEN)
 
@@ -149,7 +173,9 @@ def test_a_fixed_sampling_budget_sets_the_prompts_per_step_of_every_group_size()
     per_g = {p.group: resolve.resolve_run(config, p).prompts_per_step for p in sweep_points(config)}
     assert per_g == {4: 16, 8: 8, 32: 2}
     config["sweep"]["group_sizes"] = [4, 24]
-    with pytest.raises(ConfigError, match=r"sweep.samples_per_step: 64 rollouts per step do not split into groups of 24"):
+    with pytest.raises(
+        ConfigError, match=r"sweep.samples_per_step: 64 rollouts per step do not split into groups of 24"
+    ):
         workflow.validate(config, HANDWRITTEN)
     config["sweep"]["group_sizes"], config["train"]["updates_per_batch"] = [32], 4  # 2 prompts in 4 updates
     with pytest.raises(ConfigError, match=r"train.updates_per_batch: prompts_per_step \(2\) must split"):
@@ -167,8 +193,11 @@ def test_the_gradient_lab_section_is_its_settings_and_needs_a_history_of_the_swe
     assert values["batches"] == 8 and values["delays"] == [2, 4] and "enabled" not in values
     name = resolve.lab_history(config, sweep_points(config))
     assert name in {n for n, _ in resolve.shared_histories(config, sweep_points(config)).values()}
-    for change, key in [({"batches": 2}, "gradient_lab.batches"), ({"algorithms": ["gmcc"]}, "gradient_lab.algorithms"),
-                        ({"history_seed": 99}, "gradient_lab.history_seed")]:
+    for change, key in [
+        ({"batches": 2}, "gradient_lab.batches"),
+        ({"algorithms": ["gmcc"]}, "gradient_lab.algorithms"),
+        ({"history_seed": 99}, "gradient_lab.history_seed"),
+    ]:
         with pytest.raises(ConfigError, match=key):
             workflow.validate({**config, "gradient_lab": {**config["gradient_lab"], **change}}, HANDWRITTEN)
     with pytest.raises(ConfigError, match="gradient_lab.history_seed: the gradient lab measures a history"):
@@ -240,13 +269,16 @@ def _snakemake(args, cwd, timeout=600):
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.mark.parametrize("override, key", [
-    ("train={stpes: 3}", "stpes"),
-    ("train={estimator: {epss: 0.1}}", "epss"),
-    ("train={estimator: {max_new_tokens: 64}}", "max_new_tokens"),
-    ("evaluate={benchmarks: [synthetic], temprature: 1.0}", "temprature"),
-    ("model={name: tiny, tiney: {seed: 1}}", "tiney"),
-])
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("train={stpes: 3}", "stpes"),
+        ("train={estimator: {epss: 0.1}}", "epss"),
+        ("train={estimator: {max_new_tokens: 64}}", "max_new_tokens"),
+        ("evaluate={benchmarks: [synthetic], temprature: 1.0}", "temprature"),
+        ("model={name: tiny, tiney: {seed: 1}}", "tiney"),
+    ],
+)
 def test_a_misspelt_key_fails_the_dry_run_naming_it(tmp_path, override, key):
     (tmp_path / "config.yaml").write_text((REPO / "config.yaml").read_text())
     out = _snakemake(["-n", "--cores", "1", "--config", override], cwd=tmp_path)
@@ -257,14 +289,27 @@ def test_a_misspelt_key_fails_the_dry_run_naming_it(tmp_path, override, key):
 def test_data_and_mlflow_settings_reach_the_training_and_evaluation_configs(tmp_path):
     (tmp_path / "config.yaml").write_text((REPO / "config.yaml").read_text())
     run = "results/configs/train/algo~gmc/delay~64/group~8/seed~0.yaml"
-    out = _snakemake(["--cores", "1", run, "results/configs/eval.yaml", "--config",
-                      f"data={{source: hub, root: {tmp_path / 'mydata'}}}",
-                      "mlflow={tracking_uri: 'sqlite:///results/mlflow.db', experiment: sweep7}"], cwd=tmp_path)
+    out = _snakemake(
+        [
+            "--cores",
+            "1",
+            run,
+            "results/configs/eval.yaml",
+            "--config",
+            f"data={{source: hub, root: {tmp_path / 'mydata'}}}",
+            "mlflow={tracking_uri: 'sqlite:///results/mlflow.db', experiment: sweep7}",
+        ],
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     train = yaml.safe_load((tmp_path / run).read_text())
     evaluation = yaml.safe_load((tmp_path / "results" / "configs" / "eval.yaml").read_text())
     assert (train["data_source"], train["data_root"], train["experiment"], train["tracking_uri"]) == (
-        "hub", str(tmp_path / "mydata"), "sweep7", "sqlite:///results/mlflow.db")
+        "hub",
+        str(tmp_path / "mydata"),
+        "sweep7",
+        "sqlite:///results/mlflow.db",
+    )
     assert (evaluation["data_source"], evaluation["data_root"]) == ("hub", str(tmp_path / "mydata"))
     # what the training job reads is the run's whole TrainConfig, with those settings and its point
     cfg = from_dict(TrainConfig, train)
@@ -273,19 +318,33 @@ def test_data_and_mlflow_settings_reach_the_training_and_evaluation_configs(tmp_
     assert cfg.model == "results/models/tiny/seed~0" and to_dict(cfg) == train
 
 
-@pytest.mark.parametrize("override, check", [
-    ("train={steps: 10}", lambda c: c["train"]["steps"] == 10),
-    ("train={lr: 1e-4}", lambda c: c["train"]["lr"] == 1e-4),
-    ("train={checkpoint_every: 0, master_weights: false, memory_limit_gib: null}",
-     lambda c: c["train"]["checkpoint_every"] == 0 and c["train"]["master_weights"] is False
-     and c["train"]["memory_limit_gib"] is None),
-    ("sweep={algorithms: [gmc, grpo], delays: [0, 8], group_sizes: [8], seeds: [0, 1, 2]}",
-     lambda c: c["sweep"]["seeds"] == [0, 1, 2] and c["sweep"]["delays"] == [0, 8]),
-    ("latency={enabled: true, algorithms: [gmc], group_sizes: [8], delay: {slots: 32, beta: 0.25}}",
-     lambda c: (c["latency"]["delay"]["slots"], c["latency"]["delay"]["beta"]) == (32, 0.25)),
-    ("evaluate={benchmarks: [synthetic], samples: {synthetic: 2}, temperature: 0.6}",
-     lambda c: c["evaluate"]["samples"] == {"synthetic": 2} and c["evaluate"]["temperature"] == 0.6),
-])
+@pytest.mark.parametrize(
+    "override, check",
+    [
+        ("train={steps: 10}", lambda c: c["train"]["steps"] == 10),
+        ("train={lr: 1e-4}", lambda c: c["train"]["lr"] == 1e-4),
+        (
+            "train={checkpoint_every: 0, master_weights: false, memory_limit_gib: null}",
+            lambda c: (
+                c["train"]["checkpoint_every"] == 0
+                and c["train"]["master_weights"] is False
+                and c["train"]["memory_limit_gib"] is None
+            ),
+        ),
+        (
+            "sweep={algorithms: [gmc, grpo], delays: [0, 8], group_sizes: [8], seeds: [0, 1, 2]}",
+            lambda c: c["sweep"]["seeds"] == [0, 1, 2] and c["sweep"]["delays"] == [0, 8],
+        ),
+        (
+            "latency={enabled: true, algorithms: [gmc], group_sizes: [8], delay: {slots: 32, beta: 0.25}}",
+            lambda c: (c["latency"]["delay"]["slots"], c["latency"]["delay"]["beta"]) == (32, 0.25),
+        ),
+        (
+            "evaluate={benchmarks: [synthetic], samples: {synthetic: 2}, temperature: 0.6}",
+            lambda c: c["evaluate"]["samples"] == {"synthetic": 2} and c["evaluate"]["temperature"] == 0.6,
+        ),
+    ],
+)
 def test_values_given_with_snakemake_config_are_read_as_the_jobs_read_them(override, check):
     """``snakemake --config`` hands nested values over as strings (its own parser, applied here as the
     command line applies it); the workflow reads them as a job's ``--set`` does, then validates."""
@@ -300,21 +359,33 @@ def test_values_given_with_snakemake_config_are_read_as_the_jobs_read_them(overr
     assert check(config)
 
 
-@pytest.mark.parametrize("override, message", [
-    ("train={steps: ten}", "train.steps: 'ten' is not of type 'integer'"),
-    ("train={stpes: 10}", "'stpes' was unexpected"),
-    ("sweep={algorithms: [gmc], delays: [0], group_sizes: [8], seeds: [zero]}", "sweep.seeds.0: 'zero'"),
-    ("train={delay: {max_staleness: 8}}", "train.delay.max_staleness: delay settings are set per sweep point, "
-                                          "not in train: this one lives in ray.delay.max_staleness"),
-    ("train={delay: {d: 8}}", "train.delay.d: .* lives in sweep.delays"),
-    ("sweep={algorithms: [gmc], delays: [0, 8], group_sizes: [8], seeds: [0], history: {steps: 4}}",
-     "sweep.history.steps: a history of 4 updates cannot fill a queue of d = 8"),
-    ("sweep={algorithms: [gmc], delays: [0], group_sizes: [8], seeds: [0], history: {algorithm: ppo}}",
-     "sweep.history.algorithm: 'ppo' is not one of"),
-    ("latency={enabled: true, algorithms: [gmc], group_sizes: [8], delay: {max_staleness: 2}}",
-     "latency.delay: Additional properties are not allowed \\('max_staleness'"),
-    ("train={sampling: {max_new_tokens: 64}, estimator: {max_new_tokens: 32}}", "'max_new_tokens' was unexpected"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("train={steps: ten}", "train.steps: 'ten' is not of type 'integer'"),
+        ("train={stpes: 10}", "'stpes' was unexpected"),
+        ("sweep={algorithms: [gmc], delays: [0], group_sizes: [8], seeds: [zero]}", "sweep.seeds.0: 'zero'"),
+        (
+            "train={delay: {max_staleness: 8}}",
+            "train.delay.max_staleness: delay settings are set per sweep point, "
+            "not in train: this one lives in ray.delay.max_staleness",
+        ),
+        ("train={delay: {d: 8}}", "train.delay.d: .* lives in sweep.delays"),
+        (
+            "sweep={algorithms: [gmc], delays: [0, 8], group_sizes: [8], seeds: [0], history: {steps: 4}}",
+            "sweep.history.steps: a history of 4 updates cannot fill a queue of d = 8",
+        ),
+        (
+            "sweep={algorithms: [gmc], delays: [0], group_sizes: [8], seeds: [0], history: {algorithm: ppo}}",
+            "sweep.history.algorithm: 'ppo' is not one of",
+        ),
+        (
+            "latency={enabled: true, algorithms: [gmc], group_sizes: [8], delay: {max_staleness: 2}}",
+            "latency.delay: Additional properties are not allowed \\('max_staleness'",
+        ),
+        ("train={sampling: {max_new_tokens: 64}, estimator: {max_new_tokens: 32}}", "'max_new_tokens' was unexpected"),
+    ],
+)
 def test_a_wrong_value_from_snakemake_config_is_still_refused_naming_its_key(override, message):
     from snakemake.cli import parse_config
     from snakemake.utils import update_config
@@ -333,8 +404,9 @@ def test_every_documented_snakemake_config_example_plans(tmp_path):
 
     items = []
     for doc in DOCS:
-        items += [shlex.split(m)[0] for m in re.findall(r"--config[= ]('[a-z_]+=[^']*'|[a-z_]+='[^']*')",
-                                                        doc.read_text())]
+        items += [
+            shlex.split(m)[0] for m in re.findall(r"--config[= ]('[a-z_]+=[^']*'|[a-z_]+='[^']*')", doc.read_text())
+        ]
     items = [i.replace("mine", "tic") for i in items if "/shared/models" not in i]
     assert any(i.startswith("sweep=") for i in items) and any(i.startswith("mlflow=") for i in items), items
     (tmp_path / "config.yaml").write_text((REPO / "config.yaml").read_text())

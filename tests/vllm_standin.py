@@ -80,26 +80,63 @@ class Worker:
 
     def reload_weights(self, weights_iterator=None, weights_path=None, is_checkpoint_format: bool = True) -> None:
         dtypes = [str(tensor.dtype).removeprefix("torch.") for _, tensor in weights_iterator]
-        EVENTS.append(("reload_weights", {"tensors": len(dtypes), "dtypes": sorted(set(dtypes)),
-                                          "is_checkpoint_format": is_checkpoint_format}))
+        EVENTS.append(
+            (
+                "reload_weights",
+                {"tensors": len(dtypes), "dtypes": sorted(set(dtypes)), "is_checkpoint_format": is_checkpoint_format},
+            )
+        )
         if "weights" in self.llm.sleeping:
             raise RuntimeError("reload_weights into weights that are asleep")
         self.llm.garbage_weights = False
 
 
 class LLM:
-    def __init__(self, model: str, *, runner="auto", convert="auto", tokenizer: str | None = None,
-                 tokenizer_mode="auto", skip_tokenizer_init: bool = False, trust_remote_code: bool = False,
-                 allowed_local_media_path: str = "", allowed_media_domains=None, tensor_parallel_size: int = 1,
-                 dtype="auto", quantization=None, revision=None, tokenizer_revision=None, chat_template=None,
-                 seed: int = 0, gpu_memory_utilization: float = 0.92, cpu_offload_gb: float = 0,
-                 offload_group_size: int = 0, offload_num_in_group: int = 1, offload_prefetch_step: int = 1,
-                 offload_params=None, enforce_eager: bool = False, enable_return_routed_experts: bool = False,
-                 return_sampling_mask: bool = False, disable_custom_all_reduce: bool = False, hf_token=None,
-                 hf_overrides=None, mm_processor_kwargs=None, pooler_config=None, structured_outputs_config=None,
-                 profiler_config=None, attention_config=None, kv_cache_memory_bytes: int | None = None,
-                 compilation_config=None, quantization_config=None, logits_processors=None, spec_method=None,
-                 spec_model=None, spec_tokens=None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        model: str,
+        *,
+        runner="auto",
+        convert="auto",
+        tokenizer: str | None = None,
+        tokenizer_mode="auto",
+        skip_tokenizer_init: bool = False,
+        trust_remote_code: bool = False,
+        allowed_local_media_path: str = "",
+        allowed_media_domains=None,
+        tensor_parallel_size: int = 1,
+        dtype="auto",
+        quantization=None,
+        revision=None,
+        tokenizer_revision=None,
+        chat_template=None,
+        seed: int = 0,
+        gpu_memory_utilization: float = 0.92,
+        cpu_offload_gb: float = 0,
+        offload_group_size: int = 0,
+        offload_num_in_group: int = 1,
+        offload_prefetch_step: int = 1,
+        offload_params=None,
+        enforce_eager: bool = False,
+        enable_return_routed_experts: bool = False,
+        return_sampling_mask: bool = False,
+        disable_custom_all_reduce: bool = False,
+        hf_token=None,
+        hf_overrides=None,
+        mm_processor_kwargs=None,
+        pooler_config=None,
+        structured_outputs_config=None,
+        profiler_config=None,
+        attention_config=None,
+        kv_cache_memory_bytes: int | None = None,
+        compilation_config=None,
+        quantization_config=None,
+        logits_processors=None,
+        spec_method=None,
+        spec_model=None,
+        spec_tokens=None,
+        **kwargs: Any,
+    ) -> None:
         unknown = set(kwargs) - ENGINE_ARGS
         if unknown:
             raise TypeError(f"EngineArgs has no field {sorted(unknown)}")
@@ -118,8 +155,17 @@ class LLM:
     def get_tokenizer(self):
         return self.tokenizer
 
-    def generate(self, prompts, sampling_params=None, *, use_tqdm=True, lora_request=None, priority=None,
-                 tokenization_kwargs=None, mm_processor_kwargs=None) -> list[RequestOutput]:
+    def generate(
+        self,
+        prompts,
+        sampling_params=None,
+        *,
+        use_tqdm=True,
+        lora_request=None,
+        priority=None,
+        tokenization_kwargs=None,
+        mm_processor_kwargs=None,
+    ) -> list[RequestOutput]:
         if self.sleeping:
             raise RuntimeError(f"generate while {sorted(self.sleeping)} asleep: the scheduler is paused")
         if self.garbage_weights:
@@ -135,8 +181,14 @@ class LLM:
             ids = (answer + [p.stop_token_ids[0]] if p.stop_token_ids else answer)[: p.max_tokens]
             logprobs = [{t: Logprob(-1.0, 1)} for t in ids] if p.logprobs is not None else None
             self.prefix_cache.add(prompt)
-            outputs.append(RequestOutput(str(i), prompt, self.tokenizer(prompt, add_special_tokens=False)["input_ids"],
-                                         [CompletionOutput(0, ANSWER, ids, -float(len(ids)), logprobs, "stop")]))
+            outputs.append(
+                RequestOutput(
+                    str(i),
+                    prompt,
+                    self.tokenizer(prompt, add_special_tokens=False)["input_ids"],
+                    [CompletionOutput(0, ANSWER, ids, -float(len(ids)), logprobs, "stop")],
+                )
+            )
         return outputs
 
     def collective_rpc(self, method, timeout: float | None = None, args: tuple = (), kwargs: dict | None = None):

@@ -21,13 +21,32 @@ from gmc.estimators.registry import (
     get_estimator,
 )
 
-LOSSES = ("group_advantages", "advantages_for", "token_log_ratios", "trajectory_log_ratios", "log_group_mass",
-          "trajectory_weights", "divergence_keep_mask", "m2po_keep_mask", "TRAJECTORY_ALGORITHMS",
-          *(f"{name}_loss" for name in REGISTRY))
+LOSSES = (
+    "group_advantages",
+    "advantages_for",
+    "token_log_ratios",
+    "trajectory_log_ratios",
+    "log_group_mass",
+    "trajectory_weights",
+    "divergence_keep_mask",
+    "m2po_keep_mask",
+    "TRAJECTORY_ALGORITHMS",
+    *(f"{name}_loss" for name in REGISTRY),
+)
 """The names :mod:`.losses` gives this package (imported when one is first used)."""
 
-__all__ = ["AGGREGATIONS", "DIVERGENCE_METRICS", "REGISTRY", "SHARED_DIAGNOSTICS", "Aggregation", "Estimator",
-           "EstimatorConfig", "diagnostic_names", "get_estimator", *LOSSES]
+__all__ = [
+    "AGGREGATIONS",
+    "DIVERGENCE_METRICS",
+    "REGISTRY",
+    "SHARED_DIAGNOSTICS",
+    "Aggregation",
+    "Estimator",
+    "EstimatorConfig",
+    "diagnostic_names",
+    "get_estimator",
+    *LOSSES,
+]
 
 
 def __getattr__(name: str):

@@ -31,28 +31,58 @@ PRESETS: dict[str, dict] = {
     "decoupled_token_is": {"rollout_is": "token", "rollout_is_threshold": 2.0},
     "decoupled_seq_is": {"rollout_is": "sequence", "rollout_is_threshold": 2.0},
     "decoupled_token_icepop": {"rollout_is": "token", "rollout_is_threshold": "0.5_5.0"},
-    "decoupled_seq_is_rs": {"rollout_is": "sequence", "rollout_is_threshold": 2.0, "rollout_rs": "seq_sum_k1",
-                            "rollout_rs_threshold": "0.5_2.0"},
+    "decoupled_seq_is_rs": {
+        "rollout_is": "sequence",
+        "rollout_is_threshold": 2.0,
+        "rollout_rs": "seq_sum_k1",
+        "rollout_rs_threshold": "0.5_2.0",
+    },
     "decoupled_geo_rs": {"rollout_rs": "seq_mean_k1", "rollout_rs_threshold": "0.999_1.001"},
-    "decoupled_geo_rs_seq_tis": {"rollout_is": "sequence", "rollout_is_threshold": 2.0, "rollout_rs": "seq_mean_k1",
-                                 "rollout_rs_threshold": "0.999_1.001"},
-    "decoupled_geo_rs_token_tis": {"rollout_is": "token", "rollout_is_threshold": 2.0, "rollout_rs": "seq_mean_k1",
-                                   "rollout_rs_threshold": "0.999_1.001"},
+    "decoupled_geo_rs_seq_tis": {
+        "rollout_is": "sequence",
+        "rollout_is_threshold": 2.0,
+        "rollout_rs": "seq_mean_k1",
+        "rollout_rs_threshold": "0.999_1.001",
+    },
+    "decoupled_geo_rs_token_tis": {
+        "rollout_is": "token",
+        "rollout_is_threshold": 2.0,
+        "rollout_rs": "seq_mean_k1",
+        "rollout_rs_threshold": "0.999_1.001",
+    },
     "decoupled_k3_rs": {"rollout_rs": "seq_mean_k3", "rollout_rs_threshold": 0.01},
-    "decoupled_k3_rs_seq_tis": {"rollout_is": "sequence", "rollout_is_threshold": 2.0, "rollout_rs": "seq_mean_k3",
-                                "rollout_rs_threshold": 0.01},
-    "decoupled_k3_rs_token_tis": {"rollout_is": "token", "rollout_is_threshold": 2.0, "rollout_rs": "seq_mean_k3",
-                                  "rollout_rs_threshold": 0.01},
+    "decoupled_k3_rs_seq_tis": {
+        "rollout_is": "sequence",
+        "rollout_is_threshold": 2.0,
+        "rollout_rs": "seq_mean_k3",
+        "rollout_rs_threshold": 0.01,
+    },
+    "decoupled_k3_rs_token_tis": {
+        "rollout_is": "token",
+        "rollout_is_threshold": 2.0,
+        "rollout_rs": "seq_mean_k3",
+        "rollout_rs_threshold": 0.01,
+    },
     "bypass_ppo_clip": {"bypass_mode": True},
     "bypass_ppo_clip_geo_rs": {"bypass_mode": True, "rollout_rs": "seq_mean_k1", "rollout_rs_threshold": "0.999_1.001"},
     "bypass_ppo_clip_k3_rs": {"bypass_mode": True, "rollout_rs": "seq_mean_k3", "rollout_rs_threshold": 0.01},
     "bypass_pg_is": {"bypass_mode": True, "rollout_is": "sequence", "rollout_is_threshold": 2.0},
     "bypass_pg_token_icepop": {"bypass_mode": True, "rollout_is": "token", "rollout_is_threshold": "0.5_5.0"},
     "bypass_pg_geo_rs": {"bypass_mode": True, "rollout_rs": "seq_mean_k1", "rollout_rs_threshold": "0.999_1.001"},
-    "bypass_pg_geo_rs_seq_tis": {"bypass_mode": True, "rollout_is": "sequence", "rollout_is_threshold": 2.0,
-                                 "rollout_rs": "seq_mean_k1", "rollout_rs_threshold": "0.999_1.001"},
-    "bypass_pg_geo_rs_token_tis": {"bypass_mode": True, "rollout_is": "token", "rollout_is_threshold": 2.0,
-                                   "rollout_rs": "seq_mean_k1", "rollout_rs_threshold": "0.999_1.001"},
+    "bypass_pg_geo_rs_seq_tis": {
+        "bypass_mode": True,
+        "rollout_is": "sequence",
+        "rollout_is_threshold": 2.0,
+        "rollout_rs": "seq_mean_k1",
+        "rollout_rs_threshold": "0.999_1.001",
+    },
+    "bypass_pg_geo_rs_token_tis": {
+        "bypass_mode": True,
+        "rollout_is": "token",
+        "rollout_is_threshold": 2.0,
+        "rollout_rs": "seq_mean_k1",
+        "rollout_rs_threshold": "0.999_1.001",
+    },
 }
 """verl's named presets (``RolloutCorrectionConfig.<name>()`` with its default arguments). verl's
 ``bypass_ppo_clip*`` presets pair with its PPO-clip loss (``algorithm: grpo``), the
@@ -87,8 +117,10 @@ def parse_rs(options: str, spec: float | str | None) -> list[tuple[str, float, f
         raise ConfigError("rejection needs its threshold (verl has no default)", "rollout_rs_threshold")
     specs = [s.strip() for s in spec.split(",") if s.strip()] if isinstance(spec, str) else [spec]
     if len(specs) not in (1, len(names)):
-        raise ConfigError(f"one threshold for every criterion or one per criterion ({len(names)}), got {len(specs)}",
-                          "rollout_rs_threshold")
+        raise ConfigError(
+            f"one threshold for every criterion or one per criterion ({len(names)}), got {len(specs)}",
+            "rollout_rs_threshold",
+        )
     out = []
     for name, s in zip(names, specs * len(names) if len(specs) == 1 else specs):
         if name.endswith("k1"):
@@ -159,10 +191,16 @@ class RolloutCorrection:
     def resolved(self) -> dict:
         """Every key's value: the one set, else the preset's, else verl's default."""
         preset = PRESETS[self.preset] if self.preset else {}
-        defaults = {"rollout_is": None, "rollout_is_threshold": IS_THRESHOLD, "rollout_rs": None,
-                    "rollout_rs_threshold": None, "bypass_mode": False}
-        return {k: v if (v := getattr(self, k)) is not None else preset.get(k, default)
-                for k, default in defaults.items()}
+        defaults = {
+            "rollout_is": None,
+            "rollout_is_threshold": IS_THRESHOLD,
+            "rollout_rs": None,
+            "rollout_rs_threshold": None,
+            "bypass_mode": False,
+        }
+        return {
+            k: v if (v := getattr(self, k)) is not None else preset.get(k, default) for k, default in defaults.items()
+        }
 
     @property
     def bypass(self) -> bool:

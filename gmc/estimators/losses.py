@@ -119,14 +119,16 @@ def trajectory_weights(algorithm: str, log_ratio: Tensor, eps: float, is_clamp: 
 # Shared machinery
 
 
-def _aggregate(per_token: Tensor, mask: Tensor, how: str | None, max_new_tokens: int | None,
-               every_row: bool = True) -> Tensor:
+def _aggregate(
+    per_token: Tensor, mask: Tensor, how: str | None, max_new_tokens: int | None, every_row: bool = True
+) -> Tensor:
     """Reduce a masked ``[B, G, T]`` tensor to a scalar (see ``EstimatorConfig.aggregation``);
     ``seq_sum_const`` divides each sequence's sum by ``max_new_tokens``, the generation's token
     limit. ``every_row=False``: the mean over sequences counts only the rows ``mask`` keeps a token of."""
     if how is None:
-        raise ValueError("aggregation is None: a loss takes its estimator's resolved settings, "
-                         "REGISTRY[algorithm].resolved(cfg)")
+        raise ValueError(
+            "aggregation is None: a loss takes its estimator's resolved settings, REGISTRY[algorithm].resolved(cfg)"
+        )
     m = mask.float()
     x = per_token * m
     if how == "token_mean":
@@ -165,8 +167,10 @@ def _pg_loss(
     unit = torch.exp(lp - lp.detach())  # value 1, gradient grad logp; padding never reaches it
     coef = torch.where(m, coef.detach().float().expand_as(lp), torch.zeros_like(lp))
     if kept is not None and cfg.mask_denominator is None:
-        raise ValueError("mask_denominator is None: a loss takes its estimator's resolved settings, "
-                         "REGISTRY[algorithm].resolved(cfg)")
+        raise ValueError(
+            "mask_denominator is None: a loss takes its estimator's resolved settings, "
+            "REGISTRY[algorithm].resolved(cfg)"
+        )
     if kept is not None and cfg.mask_denominator == "kept":
         pg = _aggregate(-coef * unit, m & kept.bool(), how, max_new_tokens, every_row=False)
     else:
@@ -278,8 +282,9 @@ def _ppo_clip(l_tok: Tensor, advantages: Tensor, cfg: EstimatorConfig) -> tuple[
 
 
 @estimator_loss
-def grpo_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *,
-              max_new_tokens: int | None = None):
+def grpo_loss(
+    logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *, max_new_tokens: int | None = None
+):
     """Vanilla GRPO: per-token PPO clip of ``r = exp(l)`` (:func:`_ppo_clip`; two-sided with
     ``grpo_delta``)."""
     _check_shapes(logp, logp_behaviour, mask, advantages)
@@ -292,8 +297,16 @@ def grpo_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_
 
 
 def _trajectory_loss(algorithm: str):
-    def loss_fn(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *,
-                max_new_tokens: int | None = None):
+    def loss_fn(
+        logp,
+        logp_behaviour,
+        mask,
+        advantages,
+        cfg: EstimatorConfig,
+        ref_logp=None,
+        *,
+        max_new_tokens: int | None = None,
+    ):
         _check_shapes(logp, logp_behaviour, mask, advantages)
         l_tok = token_log_ratios(logp, logp_behaviour, mask)
         L = l_tok.sum(-1)
@@ -334,8 +347,9 @@ none_loss = _trajectory_loss("none")
 
 
 @estimator_loss
-def gspo_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *,
-              max_new_tokens: int | None = None):
+def gspo_loss(
+    logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *, max_new_tokens: int | None = None
+):
     """GSPO: ``s = exp(L/|y|)`` with PPO clip at sequence level; under ``seq_mean`` (its registry
     default) the coefficient ``s A`` on every token is GSPO's ``s A grad(L/|y|)``."""
     _check_shapes(logp, logp_behaviour, mask, advantages)
@@ -353,8 +367,9 @@ def gspo_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_
 
 
 @estimator_loss
-def tis_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *,
-             max_new_tokens: int | None = None):
+def tis_loss(
+    logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *, max_new_tokens: int | None = None
+):
     """Token-level truncated IS: ``min(r_t, 1+eps)`` detached times ``A``."""
     _check_shapes(logp, logp_behaviour, mask, advantages)
     l_tok = token_log_ratios(logp, logp_behaviour, mask)
@@ -379,8 +394,7 @@ def _token_ratio(l_tok: Tensor) -> Tensor:
     return torch.exp(l_tok.clamp(-20.0, 20.0))
 
 
-def _decoupled_weight(logp, logp_behaviour, prox_logp, mask, advantages, cfg: EstimatorConfig
-                      ) -> tuple[Tensor, Tensor]:
+def _decoupled_weight(logp, logp_behaviour, prox_logp, mask, advantages, cfg: EstimatorConfig) -> tuple[Tensor, Tensor]:
     """AReaL's decoupled PPO (``use_decoupled_loss``) per token, before the advantage: the
     behaviour weight ``exp(l_b)``, ``l_b = log pi_prox - log mu`` (clamped as :func:`_token_ratio`),
     times the proximal ratio ``pi / pi_prox``, or 0 where PPO's clip (:func:`_ppo_clip`, ``eps_low``,
@@ -395,8 +409,17 @@ def _decoupled_weight(logp, logp_behaviour, prox_logp, mask, advantages, cfg: Es
     return _token_ratio(l_behaviour) * proximal, l_behaviour
 
 
-def _token_mask_loss(weight: Tensor, kept: Tensor, l_tok: Tensor, logp, mask, advantages, cfg: EstimatorConfig,
-                     ref_logp, max_new_tokens: int | None) -> tuple[Tensor, dict]:
+def _token_mask_loss(
+    weight: Tensor,
+    kept: Tensor,
+    l_tok: Tensor,
+    logp,
+    mask,
+    advantages,
+    cfg: EstimatorConfig,
+    ref_logp,
+    max_new_tokens: int | None,
+) -> tuple[Tensor, dict]:
     """The loss of a correction that masks tokens: ``weight A`` on the tokens ``kept`` keeps and
     nothing on the others (divided as ``cfg.mask_denominator`` says), with the fraction of tokens
     masked and the ratio statistics."""
@@ -408,8 +431,9 @@ def _token_mask_loss(weight: Tensor, kept: Tensor, l_tok: Tensor, logp, mask, ad
 
 
 @estimator_loss
-def cispo_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *,
-               max_new_tokens: int | None = None):
+def cispo_loss(
+    logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *, max_new_tokens: int | None = None
+):
     """CISPO (MiniMax-M1, arXiv 2506.13585): ``-sg(clip(r, 1-cispo_eps_low, 1+cispo_eps_high)) A
     log pi``; no token's gradient is ever zeroed. verl ``loss_mode=cispo`` (``clip_ratio_low``,
     ``clip_ratio_high``), TRL ``loss_type="cispo"`` (``epsilon_high`` = ``1+cispo_eps_high``)."""
@@ -424,8 +448,9 @@ def cispo_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref
 
 
 @estimator_loss
-def icepop_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *,
-                max_new_tokens: int | None = None):
+def icepop_loss(
+    logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *, max_new_tokens: int | None = None
+):
     """Token-level masked IS (IcePop): ``r A`` on the tokens with ``icepop_low <= r <= icepop_high``,
     0 elsewhere. verl ``rollout_is="token"`` with ``rollout_is_threshold="0.5_5.0"``, TRL
     ``vllm_importance_sampling_mode="token_mask"``. Denominator ``all`` by default: both peers
@@ -467,8 +492,9 @@ def divergence_keep_mask(l_tok: Tensor, mask: Tensor, metric: str, low: float, h
 
 
 @estimator_loss
-def seq_mask_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *,
-                  max_new_tokens: int | None = None):
+def seq_mask_loss(
+    logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *, max_new_tokens: int | None = None
+):
     """Sequence-level masked IS: a response is dropped when its metric leaves
     ``[seq_mask_low, seq_mask_high]``. ``seq_mask_metric="rho"``: the metric is the trajectory ratio
     and a kept response is weighted by it (TRL ``vllm_importance_sampling_mode="sequence_mask"``,
@@ -488,8 +514,9 @@ def seq_mask_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, 
     if cfg.seq_mask_metric in DIVERGENCE_METRICS:
         kept_tok = divergence_keep_mask(l_tok, mask, cfg.seq_mask_metric, cfg.seq_mask_low, cfg.seq_mask_high)
         kept = ~(m & ~kept_tok).any(-1)  # the responses that keep every token
-        loss, stats = _pg_loss(kept_tok.float() * A.unsqueeze(-1), logp, mask, cfg, ref_logp, max_new_tokens,
-                               kept=kept_tok)
+        loss, stats = _pg_loss(
+            kept_tok.float() * A.unsqueeze(-1), logp, mask, cfg, ref_logp, max_new_tokens, kept=kept_tok
+        )
         stats["ratio/frac_seq_masked"] = (~kept).float().mean()
         stats["ratio/frac_tokens_masked"] = _frac(~kept_tok, mask)
         if not cfg.seq_mask_metric.startswith("token_"):
@@ -505,8 +532,7 @@ def seq_mask_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, 
         w = torch.where(kept, torch.exp(L.clamp(max=log_high)), torch.zeros_like(L))
     else:
         w = kept.float()
-    loss, stats = _pg_loss((w * A).unsqueeze(-1), logp, mask, cfg, ref_logp, max_new_tokens,
-                           kept=kept.unsqueeze(-1))
+    loss, stats = _pg_loss((w * A).unsqueeze(-1), logp, mask, cfg, ref_logp, max_new_tokens, kept=kept.unsqueeze(-1))
     stats["ratio/frac_seq_masked"] = (~kept).float().mean()
     stats["ratio/frac_tokens_masked"] = _frac(~kept.unsqueeze(-1).expand_as(m), mask)
     stats.update(_weight_stats(w, L, shortfall=cfg.seq_mask_metric == "rho"))
@@ -538,8 +564,17 @@ def m2po_keep_mask(l_tok: Tensor, mask: Tensor, tau: float) -> Tensor:
 
 
 @estimator_loss
-def m2po_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *,
-              max_new_tokens: int | None = None, prox_logp=None):
+def m2po_loss(
+    logp,
+    logp_behaviour,
+    mask,
+    advantages,
+    cfg: EstimatorConfig,
+    ref_logp=None,
+    *,
+    max_new_tokens: int | None = None,
+    prox_logp=None,
+):
     """M2PO (arXiv 2510.01161) in AReaL's decoupled loss: the tokens :func:`m2po_keep_mask` keeps
     (threshold ``m2po_tau``, AReaL ``actor.m2_threshold``) by ``(log r)^2`` between the behaviour and
     the proximal policy ``prox_logp`` (the policy at the batch's first update; None: the current
@@ -549,16 +584,26 @@ def m2po_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_
     _check_shapes(logp, logp_behaviour, mask, advantages)
     weight, l_behaviour = _decoupled_weight(logp, logp_behaviour, prox_logp, mask, advantages, cfg)
     kept = m2po_keep_mask(l_behaviour, mask, cfg.m2po_tau)
-    loss, stats = _token_mask_loss(weight, kept, token_log_ratios(logp, logp_behaviour, mask), logp, mask,
-                                   advantages, cfg, ref_logp, max_new_tokens)
+    loss, stats = _token_mask_loss(
+        weight,
+        kept,
+        token_log_ratios(logp, logp_behaviour, mask),
+        logp,
+        mask,
+        advantages,
+        cfg,
+        ref_logp,
+        max_new_tokens,
+    )
     m = mask.bool()
     stats["ratio/m2"] = torch.where(m, l_behaviour.float().pow(2), 0.0).sum() / m.sum().clamp(min=1)
     return loss, stats
 
 
 @estimator_loss
-def gmpo_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *,
-              max_new_tokens: int | None = None):
+def gmpo_loss(
+    logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *, max_new_tokens: int | None = None
+):
     """GMPO (arXiv 2507.20673): ``-A exp(mean_t clip(l_t))`` with each token's log-ratio clipped
     sign-aware before the geometric mean (to at most ``gmpo_clip_high`` for ``A > 0``, at least
     ``-gmpo_clip_low`` for ``A < 0``); unlike ``gspo``, which clips the geometric mean itself.
@@ -580,8 +625,9 @@ def gmpo_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_
 
 
 @estimator_loss
-def dppo_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *,
-              max_new_tokens: int | None = None):
+def dppo_loss(
+    logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *, max_new_tokens: int | None = None
+):
     """DPPO, total-variation form (arXiv 2602.04879): mask a token whose probability moved more
     than ``dppo_delta_high`` up (``A > 0``) or ``dppo_delta_low`` down (``A <= 0``); the rest get
     ``min(r, dppo_ratio_cap) A``. verl ``loss_mode=dppo_tv`` (``clip_ratio_low``,
@@ -613,8 +659,9 @@ def _binary_kl(log_p: Tensor, log_q: Tensor, eps: float) -> Tensor:
 
 
 @estimator_loss
-def dppo_kl_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *,
-                 max_new_tokens: int | None = None):
+def dppo_kl_loss(
+    logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *, max_new_tokens: int | None = None
+):
     """DPPO, binary-KL form (arXiv 2602.04879; verl ``loss_mode=dppo_kl``): each token's
     behaviour and current probabilities ``q`` and ``p`` as two Bernoulli distributions, ``D =
     q log(q / p) + (1 - q) log((1 - q + 1e-8) / (1 - p + 1e-8))`` (verl's form); a token of positive
@@ -634,8 +681,9 @@ def dppo_kl_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, r
 
 
 @estimator_loss
-def prime_dppo_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *,
-                    max_new_tokens: int | None = None):
+def prime_dppo_loss(
+    logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *, max_new_tokens: int | None = None
+):
     """prime-rl's default loss (``loss.type=default``): DPPO's total-variation mask
     (``dppo_delta_low``, ``dppo_delta_high``; prime-rl's ``dppo_mask_low``, ``dppo_mask_high``), the
     kept tokens' ``r A`` with no cap, and Kimi K2.5's penalty ``prime_kl_tau (log r)^2`` on every
@@ -645,8 +693,9 @@ def prime_dppo_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig
     _check_shapes(logp, logp_behaviour, mask, advantages)
     l_tok = token_log_ratios(logp, logp_behaviour, mask)
     valid = _tv_keeps(logp, logp_behaviour, mask, advantages, cfg)
-    loss, stats = _token_mask_loss(_token_ratio(l_tok), valid, l_tok, logp, mask, advantages, cfg, ref_logp,
-                                   max_new_tokens)
+    loss, stats = _token_mask_loss(
+        _token_ratio(l_tok), valid, l_tok, logp, mask, advantages, cfg, ref_logp, max_new_tokens
+    )
     log_r = torch.where(mask.bool(), logp.float() - logp_behaviour.float(), 0.0)  # with its gradient
     penalty = _aggregate(log_r.pow(2), mask, cfg.aggregation, max_new_tokens)
     loss = loss + cfg.prime_kl_tau * penalty
@@ -656,8 +705,17 @@ def prime_dppo_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig
 
 
 @estimator_loss
-def kpop_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *,
-              max_new_tokens: int | None = None, prox_logp=None):
+def kpop_loss(
+    logp,
+    logp_behaviour,
+    mask,
+    advantages,
+    cfg: EstimatorConfig,
+    ref_logp=None,
+    *,
+    max_new_tokens: int | None = None,
+    prox_logp=None,
+):
     """KPop (AReaL ``actor.rejection_sampling`` with ``metric=binary_kl``, ``level=token``,
     ``action=mask``) in AReaL's decoupled loss: each token's proximal (``prox_logp``, the policy at
     the batch's first update; None: the current one) and behaviour probabilities as two Bernoulli
@@ -670,13 +728,23 @@ def kpop_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_
     lp, lb = (logp.detach() if prox_logp is None else prox_logp), logp_behaviour
     divergence = torch.maximum(_binary_kl(lp, lb, 1e-8), _binary_kl(lb, lp, 1e-8))
     kept = mask.bool() & (divergence <= cfg.kpop_threshold)
-    return _token_mask_loss(weight, kept, token_log_ratios(logp, logp_behaviour, mask), logp, mask, advantages,
-                            cfg, ref_logp, max_new_tokens)
+    return _token_mask_loss(
+        weight,
+        kept,
+        token_log_ratios(logp, logp_behaviour, mask),
+        logp,
+        mask,
+        advantages,
+        cfg,
+        ref_logp,
+        max_new_tokens,
+    )
 
 
 @estimator_loss
-def opsm_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *,
-              max_new_tokens: int | None = None):
+def opsm_loss(
+    logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *, max_new_tokens: int | None = None
+):
     """GRPO with DeepSeek-V3.2's off-policy sequence mask (TRL ``off_policy_mask_threshold``):
     GRPO's clipped coefficient (:func:`_ppo_clip`, two-sided with ``grpo_delta``), and a response
     of negative advantage whose mean per-token ``log mu - log pi`` exceeds ``opsm_threshold``
@@ -695,8 +763,9 @@ def opsm_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_
 
 
 @estimator_loss
-def sapo_loss(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *,
-              max_new_tokens: int | None = None):
+def sapo_loss(
+    logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *, max_new_tokens: int | None = None
+):
     """SAPO (Soft Adaptive Policy Optimization, arXiv 2511.20347): a smooth sigmoid gate on the token
     ratio in place of PPO's hard clip. The peers' loss is ``-f(r) A`` with
     ``f(r) = sigmoid(tau (r - 1)) 4 / tau``, ``tau = sapo_tau_pos`` where ``A > 0`` and

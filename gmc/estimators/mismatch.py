@@ -49,7 +49,9 @@ def correct(log_ratio: Tensor, mask: Tensor, settings: dict) -> tuple[Tensor | N
     return weights, keep, {PREFIX + k: v for k, v in stats.items()}
 
 
-def importance_weights(lr: Tensor, mask: Tensor, level: str, threshold: float | str) -> tuple[Tensor, dict[str, Tensor]]:
+def importance_weights(
+    lr: Tensor, mask: Tensor, level: str, threshold: float | str
+) -> tuple[Tensor, dict[str, Tensor]]:
     """Truncated (or IcePop-banded) importance weights of the mismatch ratio, per token or per
     response (the product of its tokens' ratios on each of its tokens), and their statistics."""
     upper, lower = parse_is_threshold(threshold)
@@ -84,7 +86,9 @@ def importance_weights(lr: Tensor, mask: Tensor, level: str, threshold: float | 
     return w.detach(), stats
 
 
-def rejection_mask(lr: Tensor, mask: Tensor, options: str, threshold: float | str | None) -> tuple[Tensor, dict[str, Tensor]]:
+def rejection_mask(
+    lr: Tensor, mask: Tensor, options: str, threshold: float | str | None
+) -> tuple[Tensor, dict[str, Tensor]]:
     """The tokens that pass every rejection criterion of ``options`` (verl's ``rollout_rs``,
     :func:`gmc.estimators.losses.divergence_keep_mask` each), and the fractions rejected: of
     tokens and of responses, per criterion and in all."""

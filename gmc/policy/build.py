@@ -38,21 +38,32 @@ class Qwen3Shape:
             raise ConfigError(f"must divide by num_kv_heads ({self.num_kv_heads}), got {self.num_heads}", "num_heads")
 
 
-def train_tokenizer(texts: list[str], vocab_size: int, special_tokens: tuple[str, ...] = ("<|endoftext|>", "<|pad|>"),
-                    eos: str = "<|endoftext|>", pad: str = "<|pad|>"):
+def train_tokenizer(
+    texts: list[str],
+    vocab_size: int,
+    special_tokens: tuple[str, ...] = ("<|endoftext|>", "<|pad|>"),
+    eos: str = "<|endoftext|>",
+    pad: str = "<|pad|>",
+):
     """A byte-level BPE tokenizer of ``vocab_size`` entries trained on ``texts``, digits split
     into single tokens, padding on the left."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(special_tokens),
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(special_tokens),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(texts, trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=eos, pad_token=pad, padding_side="left")
 
@@ -64,11 +75,19 @@ def qwen3_model(shape: Qwen3Shape, vocab_rows: int, **config: Any):
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    mcfg = Qwen3Config(**{
-        "vocab_size": vocab_rows, "hidden_size": shape.hidden_size, "intermediate_size": shape.intermediate_size,
-        "num_hidden_layers": shape.num_layers, "num_attention_heads": shape.num_heads,
-        "num_key_value_heads": shape.num_kv_heads, "head_dim": shape.hidden_size // shape.num_heads,
-        "tie_word_embeddings": True, **config})
+    mcfg = Qwen3Config(
+        **{
+            "vocab_size": vocab_rows,
+            "hidden_size": shape.hidden_size,
+            "intermediate_size": shape.intermediate_size,
+            "num_hidden_layers": shape.num_layers,
+            "num_attention_heads": shape.num_heads,
+            "num_key_value_heads": shape.num_kv_heads,
+            "head_dim": shape.hidden_size // shape.num_heads,
+            "tie_word_embeddings": True,
+            **config,
+        }
+    )
     torch.manual_seed(shape.seed)
     return Qwen3ForCausalLM(mcfg)
 

@@ -69,14 +69,46 @@ trades for fewer recomputed layers is sized by estimates (a layer's saved tensor
 allocator's reserve) until the GPU check measures them."""
 
 KNOWN_SHAPES: dict[str, dict] = {
-    "Qwen/Qwen3-0.6B": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
-                            num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True),
-    "Qwen/Qwen3-1.7B": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
-                            num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True),
-    "Qwen/Qwen3-4B": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
-                          num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True),
-    "Qwen/Qwen3-8B": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
-                          num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=False),
+    "Qwen/Qwen3-0.6B": dict(
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+    ),
+    "Qwen/Qwen3-1.7B": dict(
+        hidden_size=2048,
+        intermediate_size=6144,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+    ),
+    "Qwen/Qwen3-4B": dict(
+        hidden_size=2560,
+        intermediate_size=9728,
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+    ),
+    "Qwen/Qwen3-8B": dict(
+        hidden_size=4096,
+        intermediate_size=12288,
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=151936,
+        tie_word_embeddings=False,
+    ),
 }
 """``config.json`` fields of the Qwen3 models the presets name, so a plan needs no download."""
 
@@ -102,9 +134,14 @@ class ModelShape:
         elif model in KNOWN_SHAPES:
             config = KNOWN_SHAPES[model]
         else:
-            raise ValueError(f"model {model!r}: no config.json to plan its memory from (a local folder, or one of "
-                             f"{sorted(KNOWN_SHAPES)})")
-        config = {**config, "head_dim": config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]}
+            raise ValueError(
+                f"model {model!r}: no config.json to plan its memory from (a local folder, or one of "
+                f"{sorted(KNOWN_SHAPES)})"
+            )
+        config = {
+            **config,
+            "head_dim": config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"],
+        }
         return cls(**{k: config[k] for k in cls.__dataclass_fields__})
 
     @property
@@ -185,20 +222,26 @@ class Plan:
         """The plan as a text table in GiB."""
         width = max(map(len, self.items)) + 2
         lines = [f"{'item':<{width}}" + "".join(f"{p:>12}" for p in PHASES) + "  GiB"]
-        lines += [f"{name:<{width}}" + "".join(f"{b / GIB:>12.2f}" for b in bytes_) for name, bytes_ in self.items.items()]
+        lines += [
+            f"{name:<{width}}" + "".join(f"{b / GIB:>12.2f}" for b in bytes_) for name, bytes_ in self.items.items()
+        ]
         lines.append(f"{'total':<{width}}" + "".join(f"{self.total(p) / GIB:>12.2f}" for p in PHASES))
         if self.limit is not None:
             verdict = "fits" if self.fits else "does NOT fit"
-            lines.append(f"device {self.limit / GIB:.1f} GiB free: {verdict} (peak {self.peak / GIB:.2f} GiB, "
-                         f"{self.peak_phase})")
+            lines.append(
+                f"device {self.limit / GIB:.1f} GiB free: {verdict} (peak {self.peak / GIB:.2f} GiB, {self.peak_phase})"
+            )
         return "\n".join(lines)
 
     def advice(self) -> str:
         """The largest items of the peak phase and the keys that shrink them."""
         phase = PHASES.index(self.peak_phase)
         ranked = sorted(self.items.items(), key=lambda kv: -kv[1][phase])
-        return "; ".join(f"{name} {b[phase] / GIB:.1f} GiB ({self.keys[name]})" for name, b in ranked[:4]
-                         if name in self.keys and b[phase] > 0)
+        return "; ".join(
+            f"{name} {b[phase] / GIB:.1f} GiB ({self.keys[name]})"
+            for name, b in ranked[:4]
+            if name in self.keys and b[phase] > 0
+        )
 
 
 def device_limit(cfg, gib: float | None = None) -> int | None:
@@ -256,11 +299,16 @@ def _plan(cfg, device_bytes: int | None, shape: ModelShape, checkpointed: int) -
     saved = tokens * shape.saved_per_token(checkpointed)
     masters_below = below and cfg.master_weights is True  # float32 live weights under autocast
     head_weight_grad = shape.vocab_size * shape.hidden_size * 6 if masters_below else 0
-    transient = max(cfg.logprob_chunk_size * shape.vocab_size * 4 * 3 + head_weight_grad,
-                    tokens * shape.recomputed_per_token if checkpointed else 0)
-    behaviour = (max(tokens * shape.no_grad_layer_per_token, cfg.logprob_chunk_size * shape.vocab_size * 8)
-                 + (shape.vocab_size * shape.hidden_size * 2 if masters_below else 0)
-                 if cfg.behaviour_logprobs == "trainer" else 0)
+    transient = max(
+        cfg.logprob_chunk_size * shape.vocab_size * 4 * 3 + head_weight_grad,
+        tokens * shape.recomputed_per_token if checkpointed else 0,
+    )
+    behaviour = (
+        max(tokens * shape.no_grad_layer_per_token, cfg.logprob_chunk_size * shape.vocab_size * 8)
+        + (shape.vocab_size * shape.hidden_size * 2 if masters_below else 0)
+        if cfg.behaviour_logprobs == "trainer"
+        else 0
+    )
     vllm_awake = int(cfg.vllm.gpu_memory_utilization * device_bytes) if cfg.engine == "vllm" and device_bytes else 0
     vllm_training = (VLLM_ASLEEP_BYTES if cfg.vllm.sleep else vllm_awake) if cfg.engine == "vllm" else 0
     reference = params if cfg.estimator.kl_coef > 0 and cfg.reference_device == "auto" else 0
@@ -303,8 +351,11 @@ def checkpoint_host_bytes(cfg, shape: ModelShape | None = None) -> int:
     of full-length answers: token ids, mask and two log-prob tensors, 17 bytes per padded token."""
     shape = shape or ModelShape.of(cfg.model)
     params, masters, optim = _bytes(cfg, shape.parameters)
-    groups = {"fixed": cfg.delay.d * cfg.prompts_per_step, "latency": cfg.delay.slots,
-              "ray": (cfg.delay.max_staleness + 1) * cfg.prompts_per_step}.get(cfg.delay.mode, 0)
+    groups = {
+        "fixed": cfg.delay.d * cfg.prompts_per_step,
+        "latency": cfg.delay.slots,
+        "ray": (cfg.delay.max_staleness + 1) * cfg.prompts_per_step,
+    }.get(cfg.delay.mode, 0)
     return params + masters + optim + groups * cfg.group_size * cfg.sampling.max_new_tokens * 17
 
 
@@ -314,6 +365,8 @@ class MemoryPlanError(RuntimeError):
 
 def check_fits(p: Plan) -> None:
     if not p.fits:
-        raise MemoryPlanError(f"the memory plan needs {p.peak / GIB:.3g} GiB, more than the device's "
-                              f"{p.limit / GIB:.3g} GiB; largest items: {p.advice()} "
-                              f"(gmc plan-memory prints the whole plan)")
+        raise MemoryPlanError(
+            f"the memory plan needs {p.peak / GIB:.3g} GiB, more than the device's "
+            f"{p.limit / GIB:.3g} GiB; largest items: {p.advice()} "
+            f"(gmc plan-memory prints the whole plan)"
+        )

@@ -30,8 +30,9 @@ def resolve_device(device: str = "auto") -> torch.device:
     return torch.device(device)
 
 
-def load_policy(name_or_path: str, dtype: str = "float32", device: str = "auto",
-                gradient_checkpointing: bool | int = False):
+def load_policy(
+    name_or_path: str, dtype: str = "float32", device: str = "auto", gradient_checkpointing: bool | int = False
+):
     """Load ``(model, tokenizer)`` by hub name or local path; the tokenizer pads on the left.
     ``gradient_checkpointing``: True checkpoints every decoder layer, a number that many (the
     first ones, :func:`checkpoint_layers`)."""
@@ -91,16 +92,23 @@ def head_logits(hidden: Tensor, head_weight: Tensor, fp32: bool = False) -> Tens
         return hidden.float() @ head_weight.float().T
 
 
-def _chunk_logprobs(head_weight: Tensor, hidden: Tensor, targets: Tensor, temperature: float,
-                    fp32_head: bool = False) -> Tensor:
+def _chunk_logprobs(
+    head_weight: Tensor, hidden: Tensor, targets: Tensor, temperature: float, fp32_head: bool = False
+) -> Tensor:
     logits = head_logits(hidden, head_weight, fp32_head).float()
     if temperature != 1.0:
         logits = logits / temperature
     return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
 
-def token_logprobs_from_hidden(head_weight: Tensor, hidden: Tensor, targets: Tensor,
-                               temperature: float = 1.0, chunk_size: int = 4096, fp32_head: bool = False) -> Tensor:
+def token_logprobs_from_hidden(
+    head_weight: Tensor,
+    hidden: Tensor,
+    targets: Tensor,
+    temperature: float = 1.0,
+    chunk_size: int = 4096,
+    fp32_head: bool = False,
+) -> Tensor:
     """``log softmax(hidden @ W^T / temperature)[targets]`` for ``hidden [N, T, H]``, float32
     ``[N, T]``, computed ``chunk_size`` positions at a time (checkpointed when it needs a gradient);
     ``fp32_head``: the matmul in float32 (:func:`head_logits`)."""
@@ -118,4 +126,3 @@ def token_logprobs_from_hidden(head_weight: Tensor, hidden: Tensor, targets: Ten
 
 def parameter_bytes(model) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
-

@@ -24,8 +24,12 @@ class ModelFolderError(OSError):
 def looks_local(name_or_path: str) -> bool:
     """A filesystem path rather than a hub id: it exists, is absolute or relative with ``.``,
     or has more than one ``/``."""
-    return (os.path.exists(name_or_path) or os.path.isabs(name_or_path) or name_or_path.startswith(".")
-            or name_or_path.count("/") > 1)
+    return (
+        os.path.exists(name_or_path)
+        or os.path.isabs(name_or_path)
+        or name_or_path.startswith(".")
+        or name_or_path.count("/") > 1
+    )
 
 
 def check_model_dir(name_or_path: str) -> None:
@@ -34,8 +38,10 @@ def check_model_dir(name_or_path: str) -> None:
         return
     folder = Path(name_or_path)
     if not folder.is_dir():
-        raise ModelFolderError(f"model folder {folder} not found (make one with `gmc build-tiny-model --out {folder}` "
-                               "or `gmc fetch-model`)")
+        raise ModelFolderError(
+            f"model folder {folder} not found (make one with `gmc build-tiny-model --out {folder}` "
+            "or `gmc fetch-model`)"
+        )
     missing = []
     if not (folder / "config.json").exists():
         missing.append("config.json")
@@ -54,8 +60,10 @@ def check_model_dir(name_or_path: str) -> None:
 
 
 def _weight_files(folder: Path) -> list[Path] | None:
-    for single, index in (("model.safetensors", "model.safetensors.index.json"),
-                          ("pytorch_model.bin", "pytorch_model.bin.index.json")):
+    for single, index in (
+        ("model.safetensors", "model.safetensors.index.json"),
+        ("pytorch_model.bin", "pytorch_model.bin.index.json"),
+    ):
         if (folder / single).exists():
             return [folder / single]
         if (folder / index).exists():
@@ -82,5 +90,7 @@ def check_safetensors(path: Path) -> None:
         except (ValueError, KeyError, TypeError, IndexError, AttributeError):
             raise ModelFolderError(f"{path}: damaged safetensors header") from None
     if 8 + n + end != size:
-        raise ModelFolderError(f"{path}: incomplete safetensors file ({size} bytes, its header describes "
-                               f"{8 + n + end}; half-written or truncated?)")
+        raise ModelFolderError(
+            f"{path}: incomplete safetensors file ({size} bytes, its header describes "
+            f"{8 + n + end}; half-written or truncated?)"
+        )

@@ -95,8 +95,16 @@ masked forward up to kernel rounding. ``masked``: an explicit padding mask (tran
 the 4-D mask; SDPA computes the full square), kept as the reference."""
 
 
-def _forward(model, rows: Rows, idx: list[int], pad_id: int, temperature: float, chunk_size: int,
-             attention: Attention = "causal", fp32_head: bool = False) -> Tensor:
+def _forward(
+    model,
+    rows: Rows,
+    idx: list[int],
+    pad_id: int,
+    temperature: float,
+    chunk_size: int,
+    attention: Attention = "causal",
+    fp32_head: bool = False,
+) -> Tensor:
     """Response log-probs ``[len(idx), max response length]`` (float32; zero past each end) of
     one canonical micro-batch; differentiable when grad is enabled."""
     device = next(model.parameters()).device
@@ -125,8 +133,9 @@ def _host_batch(rows: Rows, idx: list[int], pad_id: int, width: int) -> Tensor:
     batch = torch.full((len(idx), width + 3), pad_id, dtype=torch.long, device="cpu")
     for k, i in enumerate(idx):
         batch[k, : len(rows.sequences[i])] = rows.sequences[i]
-    batch[:, width:] = torch.tensor([[rows.prompt_lengths[i], rows.lengths[i], len(rows.sequences[i])] for i in idx],
-                                    device="cpu")
+    batch[:, width:] = torch.tensor(
+        [[rows.prompt_lengths[i], rows.lengths[i], len(rows.sequences[i])] for i in idx], device="cpu"
+    )
     return batch
 
 
@@ -175,9 +184,17 @@ def training_mode(model):
         model.train(was)
 
 
-def sequence_logprobs(model, rows: Rows, budget: int, pad_id: int, temperature: float = 1.0,
-                      chunk_size: int = 4096, compute_dtype: torch.dtype | None = None,
-                      attention: Attention = "causal", fp32_head: bool = False) -> Tensor:
+def sequence_logprobs(
+    model,
+    rows: Rows,
+    budget: int,
+    pad_id: int,
+    temperature: float = 1.0,
+    chunk_size: int = 4096,
+    compute_dtype: torch.dtype | None = None,
+    attention: Attention = "causal",
+    fp32_head: bool = False,
+) -> Tensor:
     """No-grad response log-probs ``[N, T]`` (float32, on the model's device, zero past each
     end; ``T`` the longest response, at least 1) in canonical micro-batches."""
     device = next(model.parameters()).device
@@ -205,8 +222,10 @@ class TokenLogprobs:
         """The valid tokens only, on the host: each log-prob flattened row after row, and the
         response lengths ``[B, G]`` that unflatten them."""
         m = self.mask.cpu()
-        return {"lengths": m.sum(-1), **{k: getattr(self, k).detach().float().cpu()[m]
-                                         for k in ("sampler", "generating", "current")}}
+        return {
+            "lengths": m.sum(-1),
+            **{k: getattr(self, k).detach().float().cpu()[m] for k in ("sampler", "generating", "current")},
+        }
 
 
 class Update:
@@ -231,18 +250,33 @@ class Update:
     the whole-batch step's (float32, to rounding). Without a budget (0) every canonical bucket
     is forwarded with its graph kept and the loss back-propagated once."""
 
-    def __init__(self, model, loss_fn: Callable, est_cfg: EstimatorConfig, budget: int, pad_id: int,
-                 temperature: float = 1.0, chunk_size: int = 4096, reference=None,
-                 compute_dtype: torch.dtype | None = None, attention: Attention = "causal",
-                 per_row: bool = False, max_new_tokens: int | None = None, correction: dict | None = None,
-                 sampler_behaviour: bool = False, fp32_head: bool = False):
+    def __init__(
+        self,
+        model,
+        loss_fn: Callable,
+        est_cfg: EstimatorConfig,
+        budget: int,
+        pad_id: int,
+        temperature: float = 1.0,
+        chunk_size: int = 4096,
+        reference=None,
+        compute_dtype: torch.dtype | None = None,
+        attention: Attention = "causal",
+        per_row: bool = False,
+        max_new_tokens: int | None = None,
+        correction: dict | None = None,
+        sampler_behaviour: bool = False,
+        fp32_head: bool = False,
+    ):
         if est_cfg.kl_coef > 0 and reference is None:
             raise ValueError("kl_coef > 0 needs a reference model")
         self.model, self.loss_fn, self.cfg, self.per_row = model, loss_fn, est_cfg, per_row
         # gmc's losses can leave their statistics on the device (estimator_loss): a step reads them,
         # with the mismatch's, in one transfer at its end, and never waits on the device between
         # micro-batches
-        self.quiet = {"floats": False} if "floats" in inspect.signature(loss_fn, follow_wrapped=False).parameters else {}
+        self.quiet = (
+            {"floats": False} if "floats" in inspect.signature(loss_fn, follow_wrapped=False).parameters else {}
+        )
         self.max_new_tokens = max_new_tokens
         self.budget, self.pad_id, self.temperature, self.chunk_size = budget, pad_id, temperature, chunk_size
         self.reference = reference if est_cfg.kl_coef > 0 else None
@@ -263,20 +297,40 @@ class Update:
 
         estimator = REGISTRY[cfg.algorithm]
         settings = estimator.resolved(cfg.estimator)
-        return cls(model, estimator.loss_function(), settings, cfg.micro_batch_tokens, pad_id,
-                   temperature=cfg.sampling.temperature, chunk_size=cfg.logprob_chunk_size, reference=reference,
-                   compute_dtype=DTYPES[cfg.model_dtype], attention=cfg.attention,
-                   per_row=not estimator.needs_batch_stats_under(settings),
-                   max_new_tokens=cfg.sampling.max_new_tokens,
-                   correction=cfg.rollout_correction.resolved() if cfg.rollout_correction else None,
-                   sampler_behaviour=cfg.behaviour_logprobs == "sampler", fp32_head=cfg.fp32_lm_head)
+        return cls(
+            model,
+            estimator.loss_function(),
+            settings,
+            cfg.micro_batch_tokens,
+            pad_id,
+            temperature=cfg.sampling.temperature,
+            chunk_size=cfg.logprob_chunk_size,
+            reference=reference,
+            compute_dtype=DTYPES[cfg.model_dtype],
+            attention=cfg.attention,
+            per_row=not estimator.needs_batch_stats_under(settings),
+            max_new_tokens=cfg.sampling.max_new_tokens,
+            correction=cfg.rollout_correction.resolved() if cfg.rollout_correction else None,
+            sampler_behaviour=cfg.behaviour_logprobs == "sampler",
+            fp32_head=cfg.fp32_lm_head,
+        )
 
     def logprobs(self, model, rows: Rows) -> Tensor:
-        return sequence_logprobs(model, rows, self.budget, self.pad_id, self.temperature, self.chunk_size,
-                                 self.compute_dtype, self.attention, self.fp32_head)
+        return sequence_logprobs(
+            model,
+            rows,
+            self.budget,
+            self.pad_id,
+            self.temperature,
+            self.chunk_size,
+            self.compute_dtype,
+            self.attention,
+            self.fp32_head,
+        )
 
-    def backward(self, groups, on_policy: bool, proximal: list[Tensor] | None = None
-                 ) -> tuple[Tensor, dict[str, float], Tensor]:
+    def backward(
+        self, groups, on_policy: bool, proximal: list[Tensor] | None = None
+    ) -> tuple[Tensor, dict[str, float], Tensor]:
         """Back-propagate the estimator's loss on ``groups``; returns ``(loss, stats, rewards)``.
         ``on_policy``: the groups were generated by the current weights and carry no behaviour
         log-probs (the training forward gives them). ``proximal``: each group's log-probs ``[G, T]``
@@ -319,8 +373,17 @@ class Update:
                 weights, keep, extra = correct(current - sampler, mask, corr)
             if weights is not None:
                 logp.register_hook(lambda grad: grad * weights)
-            loss, stats = self.loss_fn(logp, current if on_policy else behaviour, keep, adv, self.cfg,
-                                       ref_logp=ref, max_new_tokens=self.max_new_tokens, **prox, **self.quiet)
+            loss, stats = self.loss_fn(
+                logp,
+                current if on_policy else behaviour,
+                keep,
+                adv,
+                self.cfg,
+                ref_logp=ref,
+                max_new_tokens=self.max_new_tokens,
+                **prox,
+                **self.quiet,
+            )
             loss.backward()
             loss = loss.detach()
         elif self.per_row and not reads_current and not (on_policy and ref is None):
@@ -333,8 +396,17 @@ class Update:
                 if reads_current:
                     weights, keep, extra = correct(values - sampler, mask, corr)
             leaf = values.clone().requires_grad_(True)
-            loss, stats = self.loss_fn(leaf, values if on_policy else behaviour, keep, adv, self.cfg, ref_logp=ref,
-                                       max_new_tokens=self.max_new_tokens, **prox, **self.quiet)
+            loss, stats = self.loss_fn(
+                leaf,
+                values if on_policy else behaviour,
+                keep,
+                adv,
+                self.cfg,
+                ref_logp=ref,
+                max_new_tokens=self.max_new_tokens,
+                **prox,
+                **self.quiet,
+            )
             (coef,) = torch.autograd.grad(loss, leaf)
             if weights is not None:
                 coef = coef * weights
@@ -353,8 +425,16 @@ class Update:
         self.tokens = TokenLogprobs(mask, sampler, generating, current)
         return loss, as_floats({**stats, **extra}), rewards  # every statistic read from the device at once
 
-    def _row_by_row(self, rows: Rows, behaviour: Tensor | None, mask: Tensor, adv: Tensor, ref: Tensor | None,
-                    weights: Tensor | None = None, prox: dict | None = None) -> tuple[Tensor, dict, Tensor]:
+    def _row_by_row(
+        self,
+        rows: Rows,
+        behaviour: Tensor | None,
+        mask: Tensor,
+        adv: Tensor,
+        ref: Tensor | None,
+        weights: Tensor | None = None,
+        prox: dict | None = None,
+    ) -> tuple[Tensor, dict, Tensor]:
         """The micro-batched step of a loss that splits per row (``behaviour`` None: on-policy,
         the rows' own log-probs are their behaviour; ``weights``: each token's gradient is
         multiplied by its weight; ``prox``: the loss's proximal log-probs, as a keyword); returns
@@ -371,20 +451,39 @@ class Update:
             if flat_weights is not None:
                 lp.register_hook(lambda grad, w=flat_weights[at, : lp.shape[1]]: grad * w)
             logp = held.index_put((at,), torch.nn.functional.pad(lp, (0, T - lp.shape[1]))).view(B, G, T)
-            loss, _ = self.loss_fn(logp, logp.detach() if behaviour is None else behaviour, mask, adv, self.cfg,
-                                   ref_logp=ref, max_new_tokens=self.max_new_tokens, **prox, **self.quiet)
+            loss, _ = self.loss_fn(
+                logp,
+                logp.detach() if behaviour is None else behaviour,
+                mask,
+                adv,
+                self.cfg,
+                ref_logp=ref,
+                max_new_tokens=self.max_new_tokens,
+                **prox,
+                **self.quiet,
+            )
             loss.backward()
             values[at, : lp.shape[1]] = lp.detach()
         logp = values.view(B, G, T)
         with torch.no_grad():
-            loss, stats = self.loss_fn(logp, logp if behaviour is None else behaviour, mask, adv, self.cfg,
-                                       ref_logp=ref, max_new_tokens=self.max_new_tokens, **prox, **self.quiet)
+            loss, stats = self.loss_fn(
+                logp,
+                logp if behaviour is None else behaviour,
+                mask,
+                adv,
+                self.cfg,
+                ref_logp=ref,
+                max_new_tokens=self.max_new_tokens,
+                **prox,
+                **self.quiet,
+            )
         return loss, stats, logp
 
     def _forward(self, rows: Rows, idx: list[int]) -> Tensor:
         """The training forward of one canonical micro-batch, with gradient."""
-        return _forward(self.model, rows, idx, self.pad_id, self.temperature, self.chunk_size, self.attention,
-                        self.fp32_head)
+        return _forward(
+            self.model, rows, idx, self.pad_id, self.temperature, self.chunk_size, self.attention, self.fp32_head
+        )
 
     def _per_token(self, groups, name: str, T: int, device) -> Tensor:
         """The groups' per-token tensor ``name`` (``behaviour_logp``, ``sampler_logp``) as ``[B, G, T]``."""

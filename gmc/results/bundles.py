@@ -46,7 +46,6 @@ the reward curve of every run, the groups' staleness and length of the runs unde
 delay mode (a fixed delay's staleness is the delay)."""
 
 
-
 def machine() -> dict:
     """The processor, its vector extensions, cores and the system: what moves float rounding."""
     info = {"system": platform.platform(), "machine": platform.machine(), "cores": os.cpu_count()}
@@ -68,11 +67,15 @@ def machine() -> dict:
 def _threads(results: Path, bundle: Path) -> dict:
     """The thread counts the runs trained with (their ``run.json``) and the base models were built
     with (``models/**/build_summary.json``), as they recorded them."""
+
     def recorded(paths):
         found = sorted({json.loads(p.read_text()).get("threads") for p in paths} - {None})
         return found or "not recorded"
-    return {"train": recorded((bundle / "train").glob(f"**/{INFO}")),
-            "build": recorded((results / "models").glob("**/build_summary.json"))}
+
+    return {
+        "train": recorded((bundle / "train").glob(f"**/{INFO}")),
+        "build": recorded((results / "models").glob("**/build_summary.json")),
+    }
 
 
 def base_models(results: Path) -> dict:
@@ -82,8 +85,9 @@ def base_models(results: Path) -> dict:
     out = {}
     for path in sorted((results / "models").glob("**/build_summary.json")):
         s = json.loads(path.read_text())
-        out[str(path.parent.relative_to(results))] = {k: s[k] for k in ("seed", "steps", "greedy_accuracy", "attempts",
-                                                                         "replaced") if k in s}
+        out[str(path.parent.relative_to(results))] = {
+            k: s[k] for k in ("seed", "steps", "greedy_accuracy", "attempts", "replaced") if k in s
+        }
     return out
 
 
@@ -132,14 +136,24 @@ def publish(results: str | Path, bundle: str | Path, logs: list[str | Path] = ()
                     shutil.copy2(path, tmp / LAB_FOLDER / path.name)
         if (results / "configs").is_dir():  # the runs' own config.yaml are their resolved train configs
             shutil.copytree(results / "configs", tmp / "configs", ignore=shutil.ignore_patterns("train"))
-        commits = sorted({json.loads(p.read_text()).get("git_revision", "unknown")
-                          for p in (tmp / "train").glob(f"**/{INFO}")})
-        write_json(tmp / PROVENANCE, {
-            "commit": commits[0] if len(commits) == 1 else commits, "published_with": git_revision(),
-            "made": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "machine": machine(), "threads": _threads(results, tmp), "packages": package_versions(),
-            "python": platform.python_version(), "from": str(results), "base_models": base_models(results),
-            **({"stages": stages} if stages else {})})
+        commits = sorted(
+            {json.loads(p.read_text()).get("git_revision", "unknown") for p in (tmp / "train").glob(f"**/{INFO}")}
+        )
+        write_json(
+            tmp / PROVENANCE,
+            {
+                "commit": commits[0] if len(commits) == 1 else commits,
+                "published_with": git_revision(),
+                "made": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                "machine": machine(),
+                "threads": _threads(results, tmp),
+                "packages": package_versions(),
+                "python": platform.python_version(),
+                "from": str(results),
+                "base_models": base_models(results),
+                **({"stages": stages} if stages else {}),
+            },
+        )
         write_tables(tmp)
         write_stages(tmp)
         count = sum(1 for p in tmp.rglob("*") if p.is_file())
@@ -175,9 +189,15 @@ def import_results(archive: str | Path, results: str | Path) -> int:
         for name in names:
             if name.startswith("/") or ".." in Path(name).parts:
                 raise ValueError(f"{archive}: unsafe member path {name!r}")
-        missing = [what for what, found in ((PROVENANCE, PROVENANCE in names),
-                                            ("train/ (the runs)", any(n.startswith("train/") for n in names)),
-                                            ("tables/", any(n.startswith("tables/") for n in names))) if not found]
+        missing = [
+            what
+            for what, found in (
+                (PROVENANCE, PROVENANCE in names),
+                ("train/ (the runs)", any(n.startswith("train/") for n in names)),
+                ("tables/", any(n.startswith("tables/") for n in names)),
+            )
+            if not found
+        ]
         if missing:
             raise ValueError(f"{archive}: not a bundle of gmc export-results: it has no {', no '.join(missing)}")
         tar.extractall(results, filter="data")

@@ -107,8 +107,9 @@ def _new_tables(results: Path) -> dict[str, pd.DataFrame]:
         tables = make_tables(results)
     except (OSError, ValueError, KeyError) as err:
         raise Unreadable(f"{results}: {err}") from err
-    return {name: t.frame.astype({"delay": str}) if "delay" in t.frame.columns else t.frame
-            for name, t in tables.items()}
+    return {
+        name: t.frame.astype({"delay": str}) if "delay" in t.frame.columns else t.frame for name, t in tables.items()
+    }
 
 
 def compare(bundle: str | Path, results: str | Path) -> Comparison:
@@ -126,10 +127,14 @@ def compare(bundle: str | Path, results: str | Path) -> Comparison:
         key = tuple(str(v) for v in row[list(KEYS)])
         other = fresh.get(key)
         for col in [c[: -len(":mean")] for c in main.columns if c.endswith(":mean")]:
-            got = (math.nan, math.nan) if other is None or f"{col}:mean" not in other else (
-                float(other[f"{col}:mean"]), float(other[f"{col}:half"]))
-            out.checks.append(Check("main", f"{'/'.join(key)} {col}", float(row[f"{col}:mean"]),
-                                    float(row[f"{col}:half"]), *got))
+            got = (
+                (math.nan, math.nan)
+                if other is None or f"{col}:mean" not in other
+                else (float(other[f"{col}:mean"]), float(other[f"{col}:half"]))
+            )
+            out.checks.append(
+                Check("main", f"{'/'.join(key)} {col}", float(row[f"{col}:mean"]), float(row[f"{col}:half"]), *got)
+            )
     fresh = {tuple(str(v) for v in r[list(PAIRED_KEYS)]): r for _, r in new["paired"].iterrows()}
     verdicts = (bundle / "tables" / "conclusions.csv").exists()
     for _, row in paired.iterrows():
@@ -139,13 +144,20 @@ def compare(bundle: str | Path, results: str | Path) -> Comparison:
         got = (math.nan, math.nan) if other is None else (float(other["diff"]), float(other["half"]))
         out.checks.append(Check("paired", name, float(row["diff"]), float(row["half"]), *got))
         if not verdicts and str(row["excludes_zero"]) == "True":  # a bundle made before verdicts were kept
-            out.conclusions.append(Conclusion(
-                name, (float(row["diff"]), float(row["lo"]), float(row["hi"])),
-                None if other is None else (float(other["diff"]), float(other["lo"]), float(other["hi"])),
-                "resolved" if other is not None and str(other["excludes_zero"]) == "True" else "inconclusive"))
+            out.conclusions.append(
+                Conclusion(
+                    name,
+                    (float(row["diff"]), float(row["lo"]), float(row["hi"])),
+                    None if other is None else (float(other["diff"]), float(other["lo"]), float(other["hi"])),
+                    "resolved" if other is not None and str(other["excludes_zero"]) == "True" else "inconclusive",
+                )
+            )
     if verdicts:
-        out.conclusions += _concluded(_read_csv(bundle / "tables" / "conclusions.csv"), new["conclusions"],
-                                      analysis_config(bundle).equivalence_margin)
+        out.conclusions += _concluded(
+            _read_csv(bundle / "tables" / "conclusions.csv"),
+            new["conclusions"],
+            analysis_config(bundle).equivalence_margin,
+        )
     return out
 
 
@@ -157,9 +169,16 @@ def _concluded(published: pd.DataFrame, new: pd.DataFrame, margin: float) -> lis
         key = tuple(str(v) for v in row[list(CONCLUSION_KEYS)])
         other = fresh.get(key)
         name = f"{row['outcome']} ({row['role']}, {row['table']} table): {key[2]} at delay {key[3]}, G = {key[4]}"
-        out.append(Conclusion(name, (float(row["diff"]), float(row["lo"]), float(row["hi"])),
-                              None if other is None else (float(other["diff"]), float(other["lo"]), float(other["hi"])),
-                              "inconclusive" if other is None else str(other["verdict"]), str(row["verdict"]), margin))
+        out.append(
+            Conclusion(
+                name,
+                (float(row["diff"]), float(row["lo"]), float(row["hi"])),
+                None if other is None else (float(other["diff"]), float(other["lo"]), float(other["hi"])),
+                "inconclusive" if other is None else str(other["verdict"]),
+                str(row["verdict"]),
+                margin,
+            )
+        )
     return out
 
 
@@ -175,18 +194,27 @@ def report(comparison: Comparison) -> str:
     lines = ["estimate | published | new | in the published 95% interval"]
     for c in comparison.checks:
         mark = {True: "yes", False: "NO", None: "-"}[c.inside]
-        lines.append(f"{c.table}: {c.key} | {_cell(c.published, c.published_half)} | {_cell(c.new, c.new_half)} | {mark}")
+        lines.append(
+            f"{c.table}: {c.key} | {_cell(c.published, c.published_half)} | {_cell(c.new, c.new_half)} | {mark}"
+        )
     judged = [c for c in comparison.checks if c.inside is not None]
     outside = sum(1 for c in judged if not c.inside)
-    lines += ["", f"{outside} of {len(judged)} estimates lie outside the published 95% interval "
-                  f"(by chance alone about one in twenty would: {0.05 * len(judged):.1f}); "
-                  f"{len(comparison.checks) - len(judged)} have no interval or no new estimate.", ""]
-    lines.append(f"Published conclusions (differences the bundle resolved or found equivalent): "
-                 f"{len(comparison.conclusions)}")
+    lines += [
+        "",
+        f"{outside} of {len(judged)} estimates lie outside the published 95% interval "
+        f"(by chance alone about one in twenty would: {0.05 * len(judged):.1f}); "
+        f"{len(comparison.checks) - len(judged)} have no interval or no new estimate.",
+        "",
+    ]
+    lines.append(
+        f"Published conclusions (differences the bundle resolved or found equivalent): {len(comparison.conclusions)}"
+    )
     for c in comparison.conclusions:
         new = "missing" if c.new is None else f"{c.new[0]:+.3f} [{c.new[1]:+.3f}, {c.new[2]:+.3f}]"
-        lines.append(f"- {c.key}: published {c.kind} {c.published[0]:+.3f} [{c.published[1]:+.3f}, "
-                     f"{c.published[2]:+.3f}], new {new}: {c.verdict}")
+        lines.append(
+            f"- {c.key}: published {c.kind} {c.published[0]:+.3f} [{c.published[1]:+.3f}, "
+            f"{c.published[2]:+.3f}], new {new}: {c.verdict}"
+        )
     held = sum(c.holds for c in comparison.conclusions)
     lines += ["", f"{held} of {len(comparison.conclusions)} published conclusions hold."]
     return "\n".join(lines)

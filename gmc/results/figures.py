@@ -42,11 +42,19 @@ def algorithm_styles(frame: pd.DataFrame) -> dict[str, dict]:
     for algo in frame["algorithm"].unique():
         base = bases.get(algo)
         if algo not in REGISTRY and base in REGISTRY:
-            styles[algo] = {"color": ALGORITHM_COLORS[base], "marker": ALGORITHM_MARKERS[base], "ls": "--",
-                            "mfc": "white"}
+            styles[algo] = {
+                "color": ALGORITHM_COLORS[base],
+                "marker": ALGORITHM_MARKERS[base],
+                "ls": "--",
+                "mfc": "white",
+            }
         else:
-            styles[algo] = {"color": ALGORITHM_COLORS.get(algo), "marker": ALGORITHM_MARKERS.get(algo, "o"),
-                            "ls": "-", "mfc": None}
+            styles[algo] = {
+                "color": ALGORITHM_COLORS.get(algo),
+                "marker": ALGORITHM_MARKERS.get(algo, "o"),
+                "ls": "-",
+                "mfc": None,
+            }
     return styles
 
 
@@ -168,8 +176,15 @@ def _line_by_algorithm(ax, frame, x, y, se=None, seeds_in_label=True):
             points.append((xv, iv.mean, 0.0 if pd.isna(iv.half) else iv.half))
         xs, ms, hs = zip(*sorted(points))
         n = _seed_count(grp.groupby(x)["seed"].nunique())
-        ax.errorbar(xs, ms, yerr=hs, ms=4, capsize=2, **styles[algo],
-                    label=f"{algorithm_label(algo)} (n = {n})" if seeds_in_label else algorithm_label(algo))
+        ax.errorbar(
+            xs,
+            ms,
+            yerr=hs,
+            ms=4,
+            capsize=2,
+            **styles[algo],
+            label=f"{algorithm_label(algo)} (n = {n})" if seeds_in_label else algorithm_label(algo),
+        )
 
 
 def run_figures(results: str | Path, out: str | Path | None = None) -> list[Path]:
@@ -195,8 +210,14 @@ def league_figure(regimes: dict[str, str | Path], out: Path) -> list[Path]:
         G, frame = _largest_group(collect(results))
         score, score_label = _score_column(frame)
         numeric = _delay_axis(ax, _numeric_delays(frame))
-        algorithms = list(dict.fromkeys([*(a for a in REGISTRY if a in set(numeric["algorithm"])),
-                                         *sorted(set(numeric["algorithm"]) - set(REGISTRY))]))
+        algorithms = list(
+            dict.fromkeys(
+                [
+                    *(a for a in REGISTRY if a in set(numeric["algorithm"])),
+                    *sorted(set(numeric["algorithm"]) - set(REGISTRY)),
+                ]
+            )
+        )
         # each estimator a little apart, so that the bars do not hide each other
         offset = {a: 0.3 * (i / max(len(algorithms) - 1, 1) - 0.5) for i, a in enumerate(algorithms)}
         numeric["x"] += numeric["algorithm"].map(offset)
@@ -227,16 +248,33 @@ def reward_vs_step(frame: pd.DataFrame, out: Path) -> list[Path]:
     styles = algorithm_styles(sub)
     for ax, delay in zip(axes, delays):
         for algo, grp in sub[sub["delay"] == delay].groupby("algorithm"):
-            curves = pd.concat([pd.Series([r.get("rollout/reward_mean", np.nan)
-                                           for r in read_jsonl(Path(d) / METRICS)]).rolling(10, min_periods=1).mean()
-                                for d in grp["run_dir"]], axis=1)  # [step, seed]
+            curves = pd.concat(
+                [
+                    pd.Series([r.get("rollout/reward_mean", np.nan) for r in read_jsonl(Path(d) / METRICS)])
+                    .rolling(10, min_periods=1)
+                    .mean()
+                    for d in grp["run_dir"]
+                ],
+                axis=1,
+            )  # [step, seed]
             band = [mean_interval(row) for row in curves.to_numpy()]
             mean = np.array([iv.mean for iv in band])
-            ax.plot(curves.index, mean, color=styles[algo]["color"], ls=styles[algo]["ls"],
-                    label=f"{algorithm_label(algo)} (n = {curves.shape[1]})")
+            ax.plot(
+                curves.index,
+                mean,
+                color=styles[algo]["color"],
+                ls=styles[algo]["ls"],
+                label=f"{algorithm_label(algo)} (n = {curves.shape[1]})",
+            )
             if curves.shape[1] > 1:
-                ax.fill_between(curves.index, [iv.lo for iv in band], [iv.hi for iv in band],
-                                color=styles[algo]["color"], alpha=0.2, lw=0)
+                ax.fill_between(
+                    curves.index,
+                    [iv.lo for iv in band],
+                    [iv.hi for iv in band],
+                    color=styles[algo]["color"],
+                    alpha=0.2,
+                    lw=0,
+                )
         ax.set_title(delay_title(delay))
         ax.set_xlabel("optimizer step")
     legend(fig, axes)
@@ -260,8 +298,7 @@ def score_vs_delay(frame: pd.DataFrame, out: Path) -> list[Path]:
         lat = frame[~frame["delay"].str.isdigit() & (frame["group"] == g)]
         modes = sorted(lat["delay"].unique(), key=delay_order)
         for (algo, delay), grp in lat.groupby(["algorithm", "delay"]):
-            ax.axhline(grp[score].mean(), color=colors[algo], lw=1,
-                       ls=styles[modes.index(delay) % len(styles)])
+            ax.axhline(grp[score].mean(), color=colors[algo], lw=1, ls=styles[modes.index(delay) % len(styles)])
         for i, delay in enumerate(modes):  # one legend entry per line style
             ax.plot([], [], color="gray", lw=1, ls=styles[i % len(styles)], label=delay_title(delay))
         ax.set_title(f"G = {g}")
@@ -278,8 +315,14 @@ def score_vs_group(frame: pd.DataFrame, out: Path) -> list[Path]:
     groups = sorted(frame["group"].unique())
     if len(groups) < 2:  # nothing varies along G: say so instead of drawing one point per panel
         fig, ax = plt.subplots(figsize=(5, 2), layout="constrained")
-        ax.text(0.5, 0.5, f"This sweep has one group size (G = {groups[0]}):\nno score against G to draw.",
-                ha="center", va="center", transform=ax.transAxes)
+        ax.text(
+            0.5,
+            0.5,
+            f"This sweep has one group size (G = {groups[0]}):\nno score against G to draw.",
+            ha="center",
+            va="center",
+            transform=ax.transAxes,
+        )
         ax.set_axis_off()
         return save_both(fig, out, "score_vs_group")
     delays = sorted(frame["delay"].unique(), key=delay_order)
@@ -302,8 +345,11 @@ def ratio_diagnostics(frame: pd.DataFrame, out: Path) -> list[Path]:
     import numpy as np
 
     G, _ = _largest_group(frame)
-    panels = [("capped", "fraction capped / clipped"), ("ratio/ess_frac", "ESS / G"),
-              ("ratio/shortfall", "shortfall sum(rho - w) / sum(rho)")]
+    panels = [
+        ("capped", "fraction capped / clipped"),
+        ("ratio/ess_frac", "ESS / G"),
+        ("ratio/shortfall", "shortfall sum(rho - w) / sum(rho)"),
+    ]
     numeric = _numeric_delays(frame)
     own = dict.fromkeys(d for e in REGISTRY.values() for d in e.diagnostics)  # each estimator's clip statistic
     capped_cols = [c for c in own if c in numeric.columns]
@@ -315,8 +361,9 @@ def ratio_diagnostics(frame: pd.DataFrame, out: Path) -> list[Path]:
             _line_by_algorithm(ax, at, "x", col)
         ax.set_ylabel(label)
     legend(fig, axes[:1], fontsize=8)
-    fig.suptitle(f"Ratio diagnostics vs delay (G = {G}; capped: each estimator's own fraction, "
-                 f"the tables' 'own statistic')")
+    fig.suptitle(
+        f"Ratio diagnostics vs delay (G = {G}; capped: each estimator's own fraction, the tables' 'own statistic')"
+    )
     return save_both(fig, out, "ratio_diagnostics")
 
 
@@ -333,17 +380,25 @@ def staleness_vs_length(frame: pd.DataFrame, out: Path) -> list[Path]:
         bins = pd.cut(gdf["length_max"], bins=8)
         stats = gdf.groupby(bins, observed=True)["staleness"].mean()
         centers = [b.mid for b in stats.index]
-        ax.plot(centers, stats.values, marker="o", color=styles[algo]["color"],
-                label=f"{algorithm_label(algo)}, {delay_title(delay)}")
+        ax.plot(
+            centers,
+            stats.values,
+            marker="o",
+            color=styles[algo]["color"],
+            label=f"{algorithm_label(algo)}, {delay_title(delay)}",
+        )
     if named.empty:
-        ax.text(0.5, 0.5, "no runs of a named delay mode in this sweep", ha="center", va="center",
-                transform=ax.transAxes)
+        ax.text(
+            0.5, 0.5, "no runs of a named delay mode in this sweep", ha="center", va="center", transform=ax.transAxes
+        )
     else:
         ax.legend()
     ax.set_xlabel("longest response in the group (tokens)")
     ax.set_ylabel("mean staleness (optimizer updates)")
     modes = ", ".join(delay_title(d) for d in sorted(named["delay"].unique(), key=delay_order))
-    ax.set_title(f"{modes[:1].upper() + modes[1:]}: staleness by answer length" if modes else "Staleness by answer length")
+    ax.set_title(
+        f"{modes[:1].upper() + modes[1:]}: staleness by answer length" if modes else "Staleness by answer length"
+    )
     return save_both(fig, out, "staleness_vs_length")
 
 
@@ -362,11 +417,21 @@ def staleness_distribution(frame: pd.DataFrame, out: Path) -> list[Path]:
         runs = named[named["delay"] == delay]
         lags = np.array([r["staleness"] for d in runs["run_dir"] for r in read_jsonl(Path(d) / GROUPS)])
         values, counts = np.unique(lags, return_counts=True)
-        ax.bar(values + (i - (len(delays) - 1) / 2) * width, counts / counts.sum(), width=width,
-               label=f"{delay_title(delay)} ({runs['seed'].nunique()} seeds, mean {lags.mean():.2f})")
+        ax.bar(
+            values + (i - (len(delays) - 1) / 2) * width,
+            counts / counts.sum(),
+            width=width,
+            label=f"{delay_title(delay)} ({runs['seed'].nunique()} seeds, mean {lags.mean():.2f})",
+        )
     if named.empty:
-        ax.text(0.5, 0.5, "no runs of a named delay mode or trace in this sweep", ha="center", va="center",
-                transform=ax.transAxes)
+        ax.text(
+            0.5,
+            0.5,
+            "no runs of a named delay mode or trace in this sweep",
+            ha="center",
+            va="center",
+            transform=ax.transAxes,
+        )
     else:
         ax.legend(fontsize=8)
     ax.set_xlabel("staleness of a consumed group (optimizer updates)")

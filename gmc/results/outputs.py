@@ -60,45 +60,81 @@ class Output:
 
 
 TABLES: dict[str, Output] = {
-    "conclusions": Output("gmc.results.tables:conclusions_table", "verdicts on every difference",
-                          "Every difference of the primary outcome (and the secondary) judged resolved, equivalent "
-                          "within the margin, or inconclusive, after Holm's adjustment per family."),
-    "main": Output("gmc.results.tables:main_table", "scores per estimator and delay",
-                   "Scores per algorithm, delay and group size: mean ± 95% interval over seeds."),
-    "paired": Output("gmc.results.tables:paired_table", "paired differences",
-                     "Paired differences between estimators and each one's cost of staleness."),
-    "diagnostics": Output("gmc.results.tables:diagnostics_table", "staleness and clipping",
-                          "Staleness and each estimator's clip, cap and weight statistics."),
-    "league": Output("gmc.results.tables:league_table", "estimators ranked at the largest delay",
-                     "Every estimator at the largest delay ranked by final Pass@1 (95% intervals), its paired "
-                     "difference to GMC and cost of staleness with sign counts, and its own statistics."),
-    "runs": Output("gmc.results.tables:runs_table", "every run, one row per seed",
-                   "Every run's final scores, one row per seed, each seed's base model first."),
+    "conclusions": Output(
+        "gmc.results.tables:conclusions_table",
+        "verdicts on every difference",
+        "Every difference of the primary outcome (and the secondary) judged resolved, equivalent "
+        "within the margin, or inconclusive, after Holm's adjustment per family.",
+    ),
+    "main": Output(
+        "gmc.results.tables:main_table",
+        "scores per estimator and delay",
+        "Scores per algorithm, delay and group size: mean ± 95% interval over seeds.",
+    ),
+    "paired": Output(
+        "gmc.results.tables:paired_table",
+        "paired differences",
+        "Paired differences between estimators and each one's cost of staleness.",
+    ),
+    "diagnostics": Output(
+        "gmc.results.tables:diagnostics_table",
+        "staleness and clipping",
+        "Staleness and each estimator's clip, cap and weight statistics.",
+    ),
+    "league": Output(
+        "gmc.results.tables:league_table",
+        "estimators ranked at the largest delay",
+        "Every estimator at the largest delay ranked by final Pass@1 (95% intervals), its paired "
+        "difference to GMC and cost of staleness with sign counts, and its own statistics.",
+    ),
+    "runs": Output(
+        "gmc.results.tables:runs_table",
+        "every run, one row per seed",
+        "Every run's final scores, one row per seed, each seed's base model first.",
+    ),
 }
 """Every table of a sweep by name, the verdicts first."""
 
 TABLE_FORMATS = ("csv", "md", "tex", "html")
 
 FIGURES: dict[str, Output] = {
-    "score_vs_delay": Output("gmc.results.figures:score_vs_delay", "final score against delay",
-                             "Final score against the fixed delay, one panel per group size; horizontal lines: "
-                             "the named delay modes, one line style each."),
-    "reward_vs_step": Output("gmc.results.figures:reward_vs_step", "training curves",
-                             "Reward of the fresh rollouts against the optimizer step, one panel per delay, "
-                             "10-step moving average, largest group size."),
-    "score_vs_group": Output("gmc.results.figures:score_vs_group", "final score against group size",
-                             "Final score against the group size G, one panel per delay."),
-    "ratio_diagnostics": Output("gmc.results.figures:ratio_diagnostics", "clipping, ESS and shortfall",
-                                "Each estimator's capped or clipped fraction, ESS / G and the shortfall "
-                                "sum(rho - w) / sum(rho), mean over training, against the delay."),
-    "staleness_vs_length": Output("gmc.results.figures:staleness_vs_length", "staleness against length",
-                                  "Staleness against the group's longest response under each named delay mode the "
-                                  "sweep ran: under the latency model the delay depends on the trajectory (the "
-                                  "paper's Assumption 3 fails)."),
-    "staleness_distribution": Output("gmc.results.figures:staleness_distribution", "staleness distribution",
-                                     "The distribution of consumed staleness under each named delay mode the sweep "
-                                     "ran (the latency model; real asynchrony on Ray and replayed traces where a "
-                                     "preset runs them), side by side."),
+    "score_vs_delay": Output(
+        "gmc.results.figures:score_vs_delay",
+        "final score against delay",
+        "Final score against the fixed delay, one panel per group size; horizontal lines: "
+        "the named delay modes, one line style each.",
+    ),
+    "reward_vs_step": Output(
+        "gmc.results.figures:reward_vs_step",
+        "training curves",
+        "Reward of the fresh rollouts against the optimizer step, one panel per delay, "
+        "10-step moving average, largest group size.",
+    ),
+    "score_vs_group": Output(
+        "gmc.results.figures:score_vs_group",
+        "final score against group size",
+        "Final score against the group size G, one panel per delay.",
+    ),
+    "ratio_diagnostics": Output(
+        "gmc.results.figures:ratio_diagnostics",
+        "clipping, ESS and shortfall",
+        "Each estimator's capped or clipped fraction, ESS / G and the shortfall "
+        "sum(rho - w) / sum(rho), mean over training, against the delay.",
+    ),
+    "staleness_vs_length": Output(
+        "gmc.results.figures:staleness_vs_length",
+        "staleness against length",
+        "Staleness against the group's longest response under each named delay mode the "
+        "sweep ran: under the latency model the delay depends on the trajectory (the "
+        "paper's Assumption 3 fails).",
+    ),
+    "staleness_distribution": Output(
+        "gmc.results.figures:staleness_distribution",
+        "staleness distribution",
+        "The distribution of consumed staleness under each named delay mode the sweep "
+        "ran (the latency model; real asynchrony on Ray and replayed traces where a "
+        "preset runs them), side by side.",
+    ),
 }
 """Every figure of a sweep by name, the headline first."""
 
@@ -118,9 +154,9 @@ THEORY_FILES: tuple[str, ...] = (
 
 GRADIENT_LAB_TABLES: dict[str, str] = {
     "gradients": "one row per delay, group size, cap and estimator: bias against the on-policy target, excess "
-                 "over uncapped IS, cosine, second moment, variance and the estimator's own statistics",
+    "over uncapped IS, cosine, second moment, variance and the estimator's own statistics",
     "pairs": "the divergence of each pair of weights on the behaviour samples (trajectory log-ratio, k3 KL, "
-             "IS's ESS / G)",
+    "IS's ESS / G)",
     "claims": "the paper's claims fitted on the rows: exponents in G and eps, GMC's second moment over TIC's",
     "prompts": "the lab's prompts and the mean reward of the group that screened each at the behaviour weights",
 }
@@ -136,8 +172,11 @@ GRADIENT_LAB_FIGURES: dict[str, str] = {
 LAB_FOLDER = "gradient_lab"
 """Where a results folder (or a bundle) keeps the gradient lab's files."""
 
-GRADIENT_LAB_FILES: tuple[str, ...] = (*(f"{t}.csv" for t in GRADIENT_LAB_TABLES), "gradient_lab.md",
-                                       *(f"{f}.{ext}" for f in GRADIENT_LAB_FIGURES for ext in ("png", "pdf")))
+GRADIENT_LAB_FILES: tuple[str, ...] = (
+    *(f"{t}.csv" for t in GRADIENT_LAB_TABLES),
+    "gradient_lab.md",
+    *(f"{f}.{ext}" for f in GRADIENT_LAB_FIGURES for ext in ("png", "pdf")),
+)
 """What the workflow asks of the gradient lab (``gmc gradient-lab``), under ``<results>/gradient_lab/``;
 a bundle keeps its tables, Markdown and settings (``gmc report`` redraws the figures)."""
 

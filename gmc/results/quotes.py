@@ -81,13 +81,20 @@ def bundle_numbers(bundle: Path) -> set[str]:
     return {n for text in texts for n, _ in numbers(text)} | {m[1] for t in texts for m in DECIMAL.finditer(t)}
 
 
-VERDICT_WORD = re.compile(r"\b(not\s+resolved|none\s+resolved|unresolved|resolved|inconclusive|equivalent|no cost)\b",
-                          re.I)
+VERDICT_WORD = re.compile(
+    r"\b(not\s+resolved|none\s+resolved|unresolved|resolved|inconclusive|equivalent|no cost)\b", re.I
+)
 CLAUSE_END = re.compile(r"[;|]|\.(?=\s)|\n\s*\n")
 CONCLUSION = re.compile(rf"^- .*?: ({_SIGNED}) \[({_SIGNED}), ({_SIGNED})\], .*?\*\*(\w+)[^*]*\*\*", re.M)
-AGREES = {"resolved": {"resolved"}, "not resolved": {"equivalent", "inconclusive"},
-          "none resolved": {"equivalent", "inconclusive"}, "unresolved": {"equivalent", "inconclusive"},
-          "inconclusive": {"inconclusive"}, "equivalent": {"equivalent"}, "no cost": {"equivalent"}}
+AGREES = {
+    "resolved": {"resolved"},
+    "not resolved": {"equivalent", "inconclusive"},
+    "none resolved": {"equivalent", "inconclusive"},
+    "unresolved": {"equivalent", "inconclusive"},
+    "inconclusive": {"inconclusive"},
+    "equivalent": {"equivalent"},
+    "no cost": {"equivalent"},
+}
 """The verdicts of ``conclusions.md`` each word of prose may stand for."""
 
 
@@ -140,8 +147,10 @@ def misjudged(doc: str | Path) -> list[str]:
             given = _judged(estimate, judged[path])
             said = " ".join(word[1].lower().split())
             if given and not given & AGREES[said]:
-                out.append(f"{doc}:{_line(text, start + word.start())}: \"{word[1]}\" judges {estimate}, "
-                           f"which {path}/tables/conclusions.md finds {' or '.join(sorted(given))}")
+                out.append(
+                    f'{doc}:{_line(text, start + word.start())}: "{word[1]}" judges {estimate}, '
+                    f"which {path}/tables/conclusions.md finds {' or '.join(sorted(given))}"
+                )
     return out
 
 
@@ -216,5 +225,7 @@ def unquoted(doc: str | Path) -> list[str]:
 def quoted_bundles(doc: str | Path) -> dict[str, list[str]]:
     """What ``doc`` quotes: the files it includes and the bundles its number regions name."""
     text = Path(doc).read_text()
-    return {"include": [m["path"] for m in INCLUDE.finditer(text)],
-            "numbers": [m["path"] for m in NUMBERS.finditer(text)]}
+    return {
+        "include": [m["path"] for m in INCLUDE.finditer(text)],
+        "numbers": [m["path"] for m in NUMBERS.finditer(text)],
+    }

@@ -32,9 +32,13 @@ def stage_times(logs: list[str | Path]) -> dict:
         if not ends:
             raise ValueError(f"{path}: no finished job found (not a Snakemake log of a run?)")
         walls.append((max(ends) - min(b for b, _ in started.values())).total_seconds())
-    return {"wall_seconds": walls,
-            "rules": {r: {"jobs": len(d), "seconds": sum(d), "longest": max(d)}
-                      for r, d in sorted(rules.items(), key=lambda kv: -sum(kv[1]))}}
+    return {
+        "wall_seconds": walls,
+        "rules": {
+            r: {"jobs": len(d), "seconds": sum(d), "longest": max(d)}
+            for r, d in sorted(rules.items(), key=lambda kv: -sum(kv[1]))
+        },
+    }
 
 
 def _seconds(x: float) -> str:
@@ -47,9 +51,17 @@ def stages_markdown(stages: dict) -> str:
     walls = stages["wall_seconds"]
     rules = {r: v for r, v in stages["rules"].items() if v["seconds"] > 0}
     jobs = sum(v["jobs"] for v in stages["rules"].values())
-    lines = [f"Wall time {sum(walls) / 60:.1f} min ({_seconds(sum(walls))}"
-             + (f" over {len(walls)} invocations" if len(walls) > 1 else "") + f"), {jobs} jobs.", "",
-             "| stage (rule) | jobs | in all | mean | longest |", "|---|---|---|---|---|"]
-    lines += [f"| {r} | {v['jobs']} | {_seconds(v['seconds'])} | {_seconds(v['seconds'] / v['jobs'])} "
-              f"| {_seconds(v['longest'])} |" for r, v in sorted(rules.items(), key=lambda kv: -kv[1]["seconds"])]
+    lines = [
+        f"Wall time {sum(walls) / 60:.1f} min ({_seconds(sum(walls))}"
+        + (f" over {len(walls)} invocations" if len(walls) > 1 else "")
+        + f"), {jobs} jobs.",
+        "",
+        "| stage (rule) | jobs | in all | mean | longest |",
+        "|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r} | {v['jobs']} | {_seconds(v['seconds'])} | {_seconds(v['seconds'] / v['jobs'])} "
+        f"| {_seconds(v['longest'])} |"
+        for r, v in sorted(rules.items(), key=lambda kv: -kv[1]["seconds"])
+    ]
     return "\n".join(lines) + "\n"

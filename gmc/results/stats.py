@@ -126,8 +126,9 @@ def problem_paired_se(a, b) -> float:
     unpaired ``sqrt(se_a² + se_b²)`` up to estimation noise)."""
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     if a.ndim != 1 or a.shape != b.shape or len(a) < 2:
-        raise ValueError(f"per-problem scores of equal length (at least two problems) are needed, got {a.shape} "
-                         f"and {b.shape}")
+        raise ValueError(
+            f"per-problem scores of equal length (at least two problems) are needed, got {a.shape} and {b.shape}"
+        )
     d = a - b
     return float(d.std(ddof=1) / math.sqrt(len(d)))
 
@@ -243,5 +244,4 @@ def fit_power_law(x, y, y_se=None, level: float = LEVEL) -> PowerLaw:
     se_k = math.sqrt(cov[1, 1] * scale)
     half = t_quantile(n - 2, level) * se_k
     k = float(beta[1])
-    return PowerLaw(k, k - half, k + half, se_k, float(np.exp(beta[0])), n,
-                    math.nan if y_se is None else chi2_dof)
+    return PowerLaw(k, k - half, k + half, se_k, float(np.exp(beta[0])), n, math.nan if y_se is None else chi2_dof)

@@ -146,8 +146,15 @@ def aggregate(frame: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
         for col in cols:
             se = grp[col + SE] if col + SE in grp.columns else None
             iv = mean_interval(grp[col], se)
-            row.update({f"{col}:mean": iv.mean, f"{col}:std": iv.sd, f"{col}:lo": iv.lo, f"{col}:hi": iv.hi,
-                        f"{col}:half": iv.half})
+            row.update(
+                {
+                    f"{col}:mean": iv.mean,
+                    f"{col}:std": iv.sd,
+                    f"{col}:lo": iv.lo,
+                    f"{col}:hi": iv.hi,
+                    f"{col}:half": iv.half,
+                }
+            )
         rows.append(row)
     out = pd.DataFrame(rows)
     last = ["n_seeds", *(["shared_with"] if "shared_with" in out.columns else [])]
@@ -214,20 +221,35 @@ def diagnostics_table(runs: pd.DataFrame, base: pd.DataFrame, analysis: Analysis
 def paired_table(runs: pd.DataFrame, base: pd.DataFrame, analysis: AnalysisConfig) -> Rendered:
     """Paired differences (:func:`paired_differences`), judged per family (:func:`judge`)."""
     table = paired_differences(runs, margin=analysis.equivalence_margin)
-    return Rendered(table, paired_markdown(table, analysis.equivalence_margin),
-                    _latex(_paired_display(table)) if len(table) else "")
+    return Rendered(
+        table, paired_markdown(table, analysis.equivalence_margin), _latex(_paired_display(table)) if len(table) else ""
+    )
 
 
-PAIRED_COLUMNS = ["comparison", "delay", "group", "metric", "diff", "lo", "hi", "half", "se", "n_seeds", "n_sign",
-                  "excludes_zero", "same_test_as"]
+PAIRED_COLUMNS = [
+    "comparison",
+    "delay",
+    "group",
+    "metric",
+    "diff",
+    "lo",
+    "hi",
+    "half",
+    "se",
+    "n_seeds",
+    "n_sign",
+    "excludes_zero",
+    "same_test_as",
+]
 
 ONE_RUN = "one run"
 """``same_test_as`` and ``verdict`` of a difference whose two sides are one run in every seed (a
 shared run, :func:`gmc.sweep.resolve.shared_runs`): zero by construction, not a test."""
 
 
-def paired_differences(frame: pd.DataFrame, pairs=PAIRS, margin: float = AnalysisConfig().equivalence_margin
-                       ) -> pd.DataFrame:
+def paired_differences(
+    frame: pd.DataFrame, pairs=PAIRS, margin: float = AnalysisConfig().equivalence_margin
+) -> pd.DataFrame:
     """Paired differences, one row per (comparison, delay, group, metric): mean difference, 95%
     interval, its standard error, seeds paired, seeds with the mean's sign, and whether the
     interval excludes zero; then each family's (the table's differences in one metric) tests
@@ -303,17 +325,34 @@ def _difference_rows(comparison: str, both: pd.DataFrame, metrics: list[str]) ->
         # a run shared by both sides (gmc.sweep.resolve.shared_runs) is one evaluation: no noise between them
         one = grp["run_dir:a"] == grp["run_dir:b"] if "run_dir:a" in grp.columns else pd.Series(False, grp.index)
         # the runs a difference pairs, whichever side each is on: two differences of the same runs are one test
-        runs = frozenset(frozenset(pair) for pair in zip(grp["run_dir:a"], grp["run_dir:b"])) \
-            if "run_dir:a" in grp.columns else None
+        runs = (
+            frozenset(frozenset(pair) for pair in zip(grp["run_dir:a"], grp["run_dir:b"]))
+            if "run_dir:a" in grp.columns
+            else None
+        )
         for m in metrics:
             se_a = grp[f"{m}{SE}:a"].where(~one, 0.0) if f"{m}{SE}:a" in grp.columns else None
             se_b = grp[f"{m}{SE}:b"].where(~one, 0.0) if f"{m}{SE}:b" in grp.columns else None
             p = paired_difference(grp[f"{m}:a"], grp[f"{m}:b"], se_a, se_b, se_d=_problem_paired_se(grp, m))
             iv = p.interval
-            rows.append(dict(comparison=comparison, delay=delay, group=group, metric=m, diff=iv.mean, lo=iv.lo,
-                             hi=iv.hi, half=iv.half, se=iv.se, n_seeds=iv.n, n_sign=p.n_sign,
-                             excludes_zero=p.excludes_zero, same_test_as=ONE_RUN if len(grp) and one.all() else "",
-                             _runs=runs))
+            rows.append(
+                dict(
+                    comparison=comparison,
+                    delay=delay,
+                    group=group,
+                    metric=m,
+                    diff=iv.mean,
+                    lo=iv.lo,
+                    hi=iv.hi,
+                    half=iv.half,
+                    se=iv.se,
+                    n_seeds=iv.n,
+                    n_sign=p.n_sign,
+                    excludes_zero=p.excludes_zero,
+                    same_test_as=ONE_RUN if len(grp) and one.all() else "",
+                    _runs=runs,
+                )
+            )
     return rows
 
 
@@ -325,8 +364,13 @@ def _problem_paired_se(both: pd.DataFrame, metric: str):
     if not metric.startswith("eval/"):
         return None
     _, bench, key = metric.split("/")
-    benches = [bench] if bench != "mean" else sorted(
-        {c.split("/")[1] for c in both.columns if c.startswith("eval/") and c.endswith(f"/{key}{PROBLEMS}:a")})
+    benches = (
+        [bench]
+        if bench != "mean"
+        else sorted(
+            {c.split("/")[1] for c in both.columns if c.startswith("eval/") and c.endswith(f"/{key}{PROBLEMS}:a")}
+        )
+    )
     if not benches:
         return None
     out = []
@@ -356,8 +400,9 @@ def judge(table: pd.DataFrame, family: list[str], margin: float, prefix: str = "
         for _, grp in table.groupby(family, sort=False) if family else [(None, table)]:
             adjusted[grp.index] = holm(grp[f"{prefix}{col}"])
         table[f"{prefix}{col}_holm"] = adjusted
-    table[f"{prefix}verdict"] = [verdict(p, e) for p, e in zip(table[f"{prefix}p_holm"],
-                                                              table[f"{prefix}p_equivalent_holm"])]
+    table[f"{prefix}verdict"] = [
+        verdict(p, e) for p, e in zip(table[f"{prefix}p_holm"], table[f"{prefix}p_equivalent_holm"])
+    ]
     return table
 
 
@@ -366,8 +411,15 @@ def _interval(row, prefix: str) -> Interval:
     standard error and seeds)."""
     n, se = int(row[f"{prefix}n_seeds"]), float(row[f"{prefix}se"])
     sd = se * math.sqrt(n) if n else math.nan
-    return Interval(float(row[f"{prefix}diff"]), float(row[f"{prefix}lo"]), float(row[f"{prefix}hi"]),
-                    float(row[f"{prefix}half"]), n, sd, 0.0)
+    return Interval(
+        float(row[f"{prefix}diff"]),
+        float(row[f"{prefix}lo"]),
+        float(row[f"{prefix}hi"]),
+        float(row[f"{prefix}half"]),
+        n,
+        sd,
+        0.0,
+    )
 
 
 def verdict(p_holm: float, p_equivalent_holm: float) -> str:
@@ -418,13 +470,34 @@ def league_table(runs: pd.DataFrame, base: pd.DataFrame, analysis: AnalysisConfi
     def paired(a: pd.DataFrame, b: pd.DataFrame) -> dict:
         both = a.merge(b, on="seed", suffixes=(":a", ":b"))
         if both.empty:
-            return dict(diff=float("nan"), lo=float("nan"), hi=float("nan"), half=float("nan"), se=float("nan"),
-                        n_seeds=0, n_sign=0, excludes_zero=False)
-        p = paired_difference(both[f"{score}:a"], both[f"{score}:b"], both.get(f"{se}:a"), both.get(f"{se}:b"),
-                              se_d=_problem_paired_se(both, score))
+            return dict(
+                diff=float("nan"),
+                lo=float("nan"),
+                hi=float("nan"),
+                half=float("nan"),
+                se=float("nan"),
+                n_seeds=0,
+                n_sign=0,
+                excludes_zero=False,
+            )
+        p = paired_difference(
+            both[f"{score}:a"],
+            both[f"{score}:b"],
+            both.get(f"{se}:a"),
+            both.get(f"{se}:b"),
+            se_d=_problem_paired_se(both, score),
+        )
         iv = p.interval
-        return dict(diff=iv.mean, lo=iv.lo, hi=iv.hi, half=iv.half, se=iv.se, n_seeds=iv.n, n_sign=p.n_sign,
-                    excludes_zero=p.excludes_zero)
+        return dict(
+            diff=iv.mean,
+            lo=iv.lo,
+            hi=iv.hi,
+            half=iv.half,
+            se=iv.se,
+            n_seeds=iv.n,
+            n_sign=p.n_sign,
+            excludes_zero=p.excludes_zero,
+        )
 
     problems = [c for c in point.columns if c.endswith(PROBLEMS) and c.startswith("eval/")]
     keep = ["seed", score, *([se] if se in point.columns else []), *problems]
@@ -434,13 +507,21 @@ def league_table(runs: pd.DataFrame, base: pd.DataFrame, analysis: AnalysisConfi
         iv = mean_interval(grp[score], grp[se] if se in grp.columns else None)
         on_policy = point[(point["algorithm"] == algorithm) & (point["delay"] == "0")][keep]
         own = REGISTRY[algorithm].diagnostics if algorithm in REGISTRY else ()
-        row = dict(algorithm=algorithm, delay=delay, group=group, score=score, mean=iv.mean, lo=iv.lo, hi=iv.hi,
-                   half=iv.half, n_seeds=iv.n,
-                   **{f"vs_gmc:{k}": v for k, v in paired(grp[keep], gmc.iloc[:0] if algorithm == "gmc"
-                                                           else gmc).items()},
-                   **{f"staleness_cost:{k}": v for k, v in paired(grp[keep], on_policy).items()},
-                   own_statistic=own[0] if own else "",
-                   own_value=float(grp[own[0]].mean()) if own and own[0] in grp.columns else float("nan"))
+        row = dict(
+            algorithm=algorithm,
+            delay=delay,
+            group=group,
+            score=score,
+            mean=iv.mean,
+            lo=iv.lo,
+            hi=iv.hi,
+            half=iv.half,
+            n_seeds=iv.n,
+            **{f"vs_gmc:{k}": v for k, v in paired(grp[keep], gmc.iloc[:0] if algorithm == "gmc" else gmc).items()},
+            **{f"staleness_cost:{k}": v for k, v in paired(grp[keep], on_policy).items()},
+            own_statistic=own[0] if own else "",
+            own_value=float(grp[own[0]].mean()) if own and own[0] in grp.columns else float("nan"),
+        )
         for col in SHARED_DIAGNOSTICS:
             row[col] = float(grp[col].mean()) if col in grp.columns else float("nan")
         rows.append(row)
@@ -457,9 +538,15 @@ LEAGUE_KINDS = ("vs_gmc", "staleness_cost")
 
 def judge_league(table: pd.DataFrame, margin: float) -> pd.DataFrame:
     """:func:`judge` over the league's differences of both kinds as one family."""
-    long = pd.concat([table[[c for c in table.columns if c.startswith(f"{k}:")]].rename(
-        columns=lambda c: c.split(":", 1)[1]).assign(kind=k, row=table.index) for k in LEAGUE_KINDS],
-        ignore_index=True)
+    long = pd.concat(
+        [
+            table[[c for c in table.columns if c.startswith(f"{k}:")]]
+            .rename(columns=lambda c: c.split(":", 1)[1])
+            .assign(kind=k, row=table.index)
+            for k in LEAGUE_KINDS
+        ],
+        ignore_index=True,
+    )
     judged = judge(long, [], margin)
     table = table.copy()
     for k in LEAGUE_KINDS:
@@ -488,12 +575,23 @@ def _league_display(table: pd.DataFrame) -> pd.DataFrame:
     out = pd.DataFrame({"rank": table["rank"], "estimator": labels})
     out[f"{name} at delay {table['delay'].iloc[0]}"] = [
         f"{_fmt(m, h)} [{lo:.3f}, {hi:.3f}]" if not pd.isna(lo) else _fmt(m, h)
-        for m, h, lo, hi in zip(table["mean"], table["half"], table["lo"], table["hi"])]
+        for m, h, lo, hi in zip(table["mean"], table["half"], table["lo"], table["hi"])
+    ]
     for key, title in (("vs_gmc", "− GMC (sign)"), ("staleness_cost", "cost of staleness (sign)")):
-        out[title] = [_signed(*r) for r in zip(table[f"{key}:diff"], table[f"{key}:half"], table[f"{key}:n_sign"],
-                                                table[f"{key}:n_seeds"], table[f"{key}:verdict"])]
-    out["own statistic"] = [f"{s.removeprefix('ratio/')} {v:.3f}" if s and not pd.isna(v) else "-"
-                            for s, v in zip(table["own_statistic"], table["own_value"])]
+        out[title] = [
+            _signed(*r)
+            for r in zip(
+                table[f"{key}:diff"],
+                table[f"{key}:half"],
+                table[f"{key}:n_sign"],
+                table[f"{key}:n_seeds"],
+                table[f"{key}:verdict"],
+            )
+        ]
+    out["own statistic"] = [
+        f"{s.removeprefix('ratio/')} {v:.3f}" if s and not pd.isna(v) else "-"
+        for s, v in zip(table["own_statistic"], table["own_value"])
+    ]
     for col in SHARED_DIAGNOSTICS:
         out[col.removeprefix("ratio/")] = ["-" if pd.isna(v) else f"{v:.3f}" for v in table[col]]
     out["seeds"] = table["n_seeds"]
@@ -502,9 +600,13 @@ def _league_display(table: pd.DataFrame) -> pd.DataFrame:
 
 def judged_differences(paired: pd.DataFrame, which: str) -> list[str]:
     """One sentence per paired difference of verdict ``which`` (``resolved``, ``equivalent``)."""
-    return [f"{r.comparison} at delay {r.delay}, G = {r.group}, {pretty(r.metric)}: {r.diff:+.3f} "
-            f"[{r.lo:+.3f}, {r.hi:+.3f}], sign in {r.n_sign}/{r.n_seeds} seeds, p_holm {r.p_holm:.3f}"
-            + _same_test(r.same_test_as) for r in paired.itertuples() if r.verdict == which]
+    return [
+        f"{r.comparison} at delay {r.delay}, G = {r.group}, {pretty(r.metric)}: {r.diff:+.3f} "
+        f"[{r.lo:+.3f}, {r.hi:+.3f}], sign in {r.n_sign}/{r.n_seeds} seeds, p_holm {r.p_holm:.3f}"
+        + _same_test(r.same_test_as)
+        for r in paired.itertuples()
+        if r.verdict == which
+    ]
 
 
 def _same_test(same_test_as) -> str:
@@ -529,8 +631,24 @@ def outcomes(runs: pd.DataFrame) -> list[tuple[str, str, str]]:
     return out
 
 
-CONCLUSION_COLUMNS = ["role", "outcome", "table", "comparison", "delay", "group", "diff", "lo", "hi", "n_seeds",
-                      "p_holm", "p_equivalent_holm", "verdict", "family_size", "detectable", "same_test_as"]
+CONCLUSION_COLUMNS = [
+    "role",
+    "outcome",
+    "table",
+    "comparison",
+    "delay",
+    "group",
+    "diff",
+    "lo",
+    "hi",
+    "n_seeds",
+    "p_holm",
+    "p_equivalent_holm",
+    "verdict",
+    "family_size",
+    "detectable",
+    "same_test_as",
+]
 
 
 def conclusions_table(runs: pd.DataFrame, base: pd.DataFrame, analysis: AnalysisConfig) -> Rendered:
@@ -547,32 +665,75 @@ def conclusions_table(runs: pd.DataFrame, base: pd.DataFrame, analysis: Analysis
         fam = paired[(paired["metric"] == metric) & (paired["verdict"] != ONE_RUN)] if len(paired) else paired
         if len(fam):
             m, _, mde = family_detectable(fam)
-            rows += [dict(role=role, outcome=label, table="paired", comparison=r.comparison, delay=r.delay,
-                          group=r.group, diff=r.diff, lo=r.lo, hi=r.hi, n_seeds=r.n_seeds, p_holm=r.p_holm,
-                          p_equivalent_holm=r.p_equivalent_holm, verdict=r.verdict, family_size=m, detectable=mde,
-                          same_test_as=r.same_test_as)
-                     for r in fam.itertuples()]
+            rows += [
+                dict(
+                    role=role,
+                    outcome=label,
+                    table="paired",
+                    comparison=r.comparison,
+                    delay=r.delay,
+                    group=r.group,
+                    diff=r.diff,
+                    lo=r.lo,
+                    hi=r.hi,
+                    n_seeds=r.n_seeds,
+                    p_holm=r.p_holm,
+                    p_equivalent_holm=r.p_equivalent_holm,
+                    verdict=r.verdict,
+                    family_size=m,
+                    detectable=mde,
+                    same_test_as=r.same_test_as,
+                )
+                for r in fam.itertuples()
+            ]
         if len(league) and league["score"].iloc[0] == metric:
-            long = pd.concat([league[[c for c in league.columns if c.startswith(f"{k}:")]].rename(
-                columns=lambda c: c.split(":", 1)[1]).assign(
-                comparison=[f"{a} − gmc" if k == "vs_gmc" else f"{a}: stale − on-policy" for a in league["algorithm"]])
-                for k in LEAGUE_KINDS], ignore_index=True)
+            long = pd.concat(
+                [
+                    league[[c for c in league.columns if c.startswith(f"{k}:")]]
+                    .rename(columns=lambda c: c.split(":", 1)[1])
+                    .assign(
+                        comparison=[
+                            f"{a} − gmc" if k == "vs_gmc" else f"{a}: stale − on-policy" for a in league["algorithm"]
+                        ]
+                    )
+                    for k in LEAGUE_KINDS
+                ],
+                ignore_index=True,
+            )
             long = long[long["n_seeds"] > 0]
             m, _, mde = family_detectable(long)
             delay, group = league["delay"].iloc[0], league["group"].iloc[0]
-            rows += [dict(role=role, outcome=label, table="league", comparison=r.comparison, delay=delay,
-                          group=group, diff=r.diff, lo=r.lo, hi=r.hi, n_seeds=r.n_seeds, p_holm=r.p_holm,
-                          p_equivalent_holm=r.p_equivalent_holm, verdict=r.verdict, family_size=m, detectable=mde,
-                          same_test_as="")
-                     for r in long.itertuples()]
+            rows += [
+                dict(
+                    role=role,
+                    outcome=label,
+                    table="league",
+                    comparison=r.comparison,
+                    delay=delay,
+                    group=group,
+                    diff=r.diff,
+                    lo=r.lo,
+                    hi=r.hi,
+                    n_seeds=r.n_seeds,
+                    p_holm=r.p_holm,
+                    p_equivalent_holm=r.p_equivalent_holm,
+                    verdict=r.verdict,
+                    family_size=m,
+                    detectable=mde,
+                    same_test_as="",
+                )
+                for r in long.itertuples()
+            ]
     table = pd.DataFrame(rows, columns=CONCLUSION_COLUMNS)
     return Rendered(table, conclusions_markdown(table, margin), _latex(_conclusions_display(table)))
 
 
 def _conclusions_display(table: pd.DataFrame) -> pd.DataFrame:
     out = table[["outcome", "table", "comparison", "delay", "group"]].copy()
-    out["difference [95% interval]"] = [f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]" if not pd.isna(lo) else _fmt(d, float("nan"))
-                                        for d, lo, hi in zip(table["diff"], table["lo"], table["hi"])]
+    out["difference [95% interval]"] = [
+        f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]" if not pd.isna(lo) else _fmt(d, float("nan"))
+        for d, lo, hi in zip(table["diff"], table["lo"], table["hi"])
+    ]
     out["seeds"] = table["n_seeds"]
     out["p (Holm)"] = ["-" if pd.isna(p) else f"{p:.3f}" for p in table["p_holm"]]
     out["verdict"] = table["verdict"]
@@ -582,21 +743,33 @@ def _conclusions_display(table: pd.DataFrame) -> pd.DataFrame:
 def conclusions_markdown(table: pd.DataFrame, margin: float) -> str:
     """The conclusions as a document: per family its size and detectable difference, then its
     differences with their verdicts."""
-    lines = [f"Every difference of the sweep's outcomes, judged within its family (one table's "
-             f"differences in one outcome, each test counted once): **resolved** where Holm's adjusted p < {ALPHA}, **equivalent "
-             f"within ±{margin}** where two one-sided tests, adjusted likewise, place it inside the margin, "
-             "**inconclusive** otherwise. Intervals: 95% over seeds, evaluation noise folded in, "
-             "evaluated scores paired per problem.", ""]
+    lines = [
+        f"Every difference of the sweep's outcomes, judged within its family (one table's "
+        f"differences in one outcome, each test counted once): **resolved** where Holm's adjusted p < {ALPHA}, **equivalent "
+        f"within ±{margin}** where two one-sided tests, adjusted likewise, place it inside the margin, "
+        "**inconclusive** otherwise. Intervals: 95% over seeds, evaluation noise folded in, "
+        "evaluated scores paired per problem.",
+        "",
+    ]
     for (role, outcome, name), fam in table.groupby(["role", "outcome", "table"], sort=False):
-        lines += [f"## {outcome}, {role}: {name} table", "",
-                  f"{fam['family_size'].iloc[0]} tests; the smallest detectable at {POWER:.0%} power after "
-                  f"adjustment: ±{fam['detectable'].iloc[0]:.3f}.", ""]
+        lines += [
+            f"## {outcome}, {role}: {name} table",
+            "",
+            f"{fam['family_size'].iloc[0]} tests; the smallest detectable at {POWER:.0%} power after "
+            f"adjustment: ±{fam['detectable'].iloc[0]:.3f}.",
+            "",
+        ]
         for r in fam.itertuples():
-            words = {"resolved": "resolved", "equivalent": f"equivalent within ±{margin}",
-                     "inconclusive": "inconclusive"}[r.verdict]
+            words = {
+                "resolved": "resolved",
+                "equivalent": f"equivalent within ±{margin}",
+                "inconclusive": "inconclusive",
+            }[r.verdict]
             estimate = f"{r.diff:+.3f} [{r.lo:+.3f}, {r.hi:+.3f}]" if not pd.isna(r.lo) else f"{r.diff:+.3f}"
-            lines.append(f"- {r.comparison} at delay {r.delay}, G = {r.group}: {estimate}, {r.n_seeds} seeds, "
-                         f"p_holm {r.p_holm:.3f}: **{words}**{_same_test(r.same_test_as)}")
+            lines.append(
+                f"- {r.comparison} at delay {r.delay}, G = {r.group}: {estimate}, {r.n_seeds} seeds, "
+                f"p_holm {r.p_holm:.3f}: **{words}**{_same_test(r.same_test_as)}"
+            )
         lines.append("")
     if table.empty:
         lines.append("No differences: the sweep compares nothing.")
@@ -659,21 +832,26 @@ def _markdown(shown: pd.DataFrame) -> str:
 
 def _latex(shown: pd.DataFrame) -> str:
     def esc(x):
-        return (str(x).replace("_", r"\_").replace("±", r"$\pm$").replace("−", "$-$")
-                .replace("~", r"\textasciitilde{}"))
+        return str(x).replace("_", r"\_").replace("±", r"$\pm$").replace("−", "$-$").replace("~", r"\textasciitilde{}")
 
     cols = "l" * 3 + "r" * (len(shown.columns) - 3)
-    lines = [rf"\begin{{tabular}}{{{cols}}}", r"\toprule", " & ".join(esc(c) for c in shown.columns) + r" \\",
-             r"\midrule"]
+    lines = [
+        rf"\begin{{tabular}}{{{cols}}}",
+        r"\toprule",
+        " & ".join(esc(c) for c in shown.columns) + r" \\",
+        r"\midrule",
+    ]
     lines += [" & ".join(esc(v) for v in row) + r" \\" for row in shown.itertuples(index=False)]
     lines += [r"\bottomrule", r"\end{tabular}"]
     return "\n".join(lines) + "\n"
 
 
-_HTML_STYLE = ("body{font:14px/1.45 system-ui,sans-serif;margin:1.2em;color:#1e293b}"
-               "table{border-collapse:collapse;margin:.6em 0}th,td{padding:.25em .6em;border-bottom:1px solid #cbd5e1;"
-               "white-space:nowrap}th{text-align:left;background:#f1f5f9}td:not(:first-child){text-align:right}"
-               "p,li{max-width:60em}")
+_HTML_STYLE = (
+    "body{font:14px/1.45 system-ui,sans-serif;margin:1.2em;color:#1e293b}"
+    "table{border-collapse:collapse;margin:.6em 0}th,td{padding:.25em .6em;border-bottom:1px solid #cbd5e1;"
+    "white-space:nowrap}th{text-align:left;background:#f1f5f9}td:not(:first-child){text-align:right}"
+    "p,li{max-width:60em}"
+)
 
 
 def _inline_html(text: str) -> str:
@@ -701,9 +879,12 @@ def markdown_html(markdown: str, title: str) -> str:
                 rows.append([c.strip() for c in lines[i].strip().strip("|").split("|")])
                 i += 1
             head, rest = rows[0], [r for r in rows[1:] if not all(set(c) <= set("-: ") for c in r)]
-            body.append("<table><thead><tr>" + "".join(f"<th>{_inline_html(c)}</th>" for c in head) + "</tr></thead>"
-                        "<tbody>" + "".join("<tr>" + "".join(f"<td>{_inline_html(c)}</td>" for c in r) + "</tr>"
-                                            for r in rest) + "</tbody></table>")
+            body.append(
+                "<table><thead><tr>" + "".join(f"<th>{_inline_html(c)}</th>" for c in head) + "</tr></thead>"
+                "<tbody>"
+                + "".join("<tr>" + "".join(f"<td>{_inline_html(c)}</td>" for c in r) + "</tr>" for r in rest)
+                + "</tbody></table>"
+            )
         elif line.startswith("- "):
             items = []
             while i < len(lines) and lines[i].startswith("- "):
@@ -716,9 +897,12 @@ def markdown_html(markdown: str, title: str) -> str:
                 para.append(lines[i])
                 i += 1
             body.append(f"<p>{_inline_html(' '.join(para))}</p>")
-    return (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
-            f"<style>{_HTML_STYLE}</style></head><body>\n<h1>{html.escape(title)}</h1>\n" + "\n".join(body)
-            + "\n</body></html>\n")
+    return (
+        f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+        f"<style>{_HTML_STYLE}</style></head><body>\n<h1>{html.escape(title)}</h1>\n"
+        + "\n".join(body)
+        + "\n</body></html>\n"
+    )
 
 
 def to_markdown(table: pd.DataFrame) -> str:
@@ -729,13 +913,15 @@ def to_latex(table: pd.DataFrame) -> str:
     return _latex(_display(table))
 
 
-PAIRED_NOTE = (f"Paired differences at equal (delay, G, seed), and each estimator's cost of staleness "
-               "(A: stale − on-policy, the estimator at the row's delay minus itself at delay 0, equal G "
-               f"and seed): mean ± half-width of the {LEVEL:.0%} t-interval over seeds (evaluation noise "
-               "folded in, evaluated scores paired per problem), (seeds with the mean's sign / seeds paired). "
-               "The table's differences in one outcome are a family, each test counted once (a difference "
-               "of one shared run is none, two of the same runs are one): * resolved (Holm-adjusted p < "
-               f"{ALPHA}), ≈ equivalent within ±{{margin}} (two one-sided tests, adjusted likewise).")
+PAIRED_NOTE = (
+    f"Paired differences at equal (delay, G, seed), and each estimator's cost of staleness "
+    "(A: stale − on-policy, the estimator at the row's delay minus itself at delay 0, equal G "
+    f"and seed): mean ± half-width of the {LEVEL:.0%} t-interval over seeds (evaluation noise "
+    "folded in, evaluated scores paired per problem), (seeds with the mean's sign / seeds paired). "
+    "The table's differences in one outcome are a family, each test counted once (a difference "
+    "of one shared run is none, two of the same runs are one): * resolved (Holm-adjusted p < "
+    f"{ALPHA}), ≈ equivalent within ±{{margin}} (two one-sided tests, adjusted likewise)."
+)
 
 
 def paired_markdown(paired: pd.DataFrame, margin: float = AnalysisConfig().equivalence_margin) -> str:

@@ -64,8 +64,9 @@ class PromptCursor:
         self._order = self._permutation()
 
 
-def training_records(train_data: str, synthetic: SyntheticTask, seed: int, source: str = "local",
-                     root: str | None = None) -> list[Record]:
+def training_records(
+    train_data: str, synthetic: SyntheticTask, seed: int, source: str = "local", root: str | None = None
+) -> list[Record]:
     """The records a run trains on: 5,000 synthetic problems, a registered training set or a file."""
     if train_data == "synthetic":
         return synthetic.generate("train", 5000, seed=seed)
@@ -99,12 +100,18 @@ def merged(stats: Sequence[RolloutStats]) -> RolloutStats:
     the largest mismatch, and the filter's counts (None where no call filtered)."""
     mismatches = [s.mismatch for s in stats if s.mismatch is not None]
     zero_variance = [s.zero_variance for s in stats if s.zero_variance is not None]
-    return RolloutStats(samples=sum(s.samples for s in stats), tokens=sum(s.tokens for s in stats),
-                        seconds=sum(s.seconds for s in stats), behaviour_seconds=sum(s.behaviour_seconds for s in stats),
-                        reward_sum=sum(s.reward_sum for s in stats), length_max=max(s.length_max for s in stats),
-                        truncated=sum(s.truncated for s in stats), mismatch=max(mismatches) if mismatches else None,
-                        zero_variance=sum(zero_variance) if zero_variance else None,
-                        refills=sum(s.refills for s in stats))
+    return RolloutStats(
+        samples=sum(s.samples for s in stats),
+        tokens=sum(s.tokens for s in stats),
+        seconds=sum(s.seconds for s in stats),
+        behaviour_seconds=sum(s.behaviour_seconds for s in stats),
+        reward_sum=sum(s.reward_sum for s in stats),
+        length_max=max(s.length_max for s in stats),
+        truncated=sum(s.truncated for s in stats),
+        mismatch=max(mismatches) if mismatches else None,
+        zero_variance=sum(zero_variance) if zero_variance else None,
+        refills=sum(s.refills for s in stats),
+    )
 
 
 def rollout_metrics(stats: Sequence[RolloutStats]) -> dict[str, float]:
@@ -139,9 +146,19 @@ class Collector:
     engine generates in (the trainer's autocast, for an engine that samples with the trainer's
     own module)."""
 
-    def __init__(self, engine, tokenizer, grader, *, group_size: int, sampling: SamplingConfig,
-                 behaviour: Behaviour, logprobs: Callable[[Rows], torch.Tensor] | None = None,
-                 thinking: bool = False, generation: Callable[[], contextlib.AbstractContextManager] | None = None):
+    def __init__(
+        self,
+        engine,
+        tokenizer,
+        grader,
+        *,
+        group_size: int,
+        sampling: SamplingConfig,
+        behaviour: Behaviour,
+        logprobs: Callable[[Rows], torch.Tensor] | None = None,
+        thinking: bool = False,
+        generation: Callable[[], contextlib.AbstractContextManager] | None = None,
+    ):
         if behaviour == "trainer" and logprobs is None:
             raise ValueError("behaviour log-probs from the trainer need its logprobs pass")
         self.engine, self.tokenizer, self.grader = engine, tokenizer, grader
@@ -164,20 +181,31 @@ class Collector:
             sample_groups = self.engine.generate(prompts, G, self.sampling)
         flat = [s for g in sample_groups for s in g]
         grades = self.grader.grade_batch([s.text for s in flat], [r.answer for _, r in records for _ in range(G)])
-        groups = [self._group(index, sample_groups[k], grades[k * G : (k + 1) * G], version)
-                  for k, (index, _) in enumerate(records)]
+        groups = [
+            self._group(index, sample_groups[k], grades[k * G : (k + 1) * G], version)
+            for k, (index, _) in enumerate(records)
+        ]
         t1, mismatch = time.perf_counter(), None
         if self.behaviour == "trainer":
             behaviour = self.logprobs(Rows.from_groups(groups)).cpu()
             for g, lp in zip(groups, per_group(behaviour, groups)):
                 g.behaviour_logp = lp
-            mismatch = max(float((torch.tensor(s.logprobs) - behaviour[i, : s.length]).abs().max()) if s.length else 0.0
-                           for i, s in enumerate(flat))
+            mismatch = max(
+                float((torch.tensor(s.logprobs) - behaviour[i, : s.length]).abs().max()) if s.length else 0.0
+                for i, s in enumerate(flat)
+            )
         t2 = time.perf_counter()
         lengths = [s.length for s in flat]
-        stats = RolloutStats(samples=len(flat), tokens=sum(lengths), seconds=t2 - t0, behaviour_seconds=t2 - t1,
-                             reward_sum=sum(g.reward for g in grades), length_max=max(lengths),
-                             truncated=sum(s.finish_reason == "length" for s in flat), mismatch=mismatch)
+        stats = RolloutStats(
+            samples=len(flat),
+            tokens=sum(lengths),
+            seconds=t2 - t0,
+            behaviour_seconds=t2 - t1,
+            reward_sum=sum(g.reward for g in grades),
+            length_max=max(lengths),
+            truncated=sum(s.finish_reason == "length" for s in flat),
+            mismatch=mismatch,
+        )
         return Collected(groups, stats)
 
     def _group(self, index: int, samples, grades, version: int) -> Group:
@@ -217,17 +245,31 @@ def rollout_side(cfg, update: Update, tokenizer, behaviour: Behaviour, grader_wo
     from gmc.rollouts.engines import make_engine
     from gmc.tasks.grading import Grader
 
-    engine = make_engine(cfg.engine, update.model, tokenizer, model_path=cfg.model, seed=cfg.seed,
-                         settings=getattr(cfg, cfg.engine, None), dtype=cfg.model_dtype, fp32_head=cfg.fp32_lm_head)
+    engine = make_engine(
+        cfg.engine,
+        update.model,
+        tokenizer,
+        model_path=cfg.model,
+        seed=cfg.seed,
+        settings=getattr(cfg, cfg.engine, None),
+        dtype=cfg.model_dtype,
+        fp32_head=cfg.fp32_lm_head,
+    )
     from gmc.policy.model import DTYPES
 
     entry = ENGINES[cfg.engine]
     sampler_dtype = DTYPES[cfg.sampling.dtype] if cfg.sampling.dtype else update.compute_dtype
-    return Collector(engine, tokenizer, Grader(workers=grader_workers, start_method=entry.grading_start),
-                     group_size=cfg.group_size,
-                     sampling=cfg.sampling, behaviour=behaviour,
-                     logprobs=lambda rows: update.logprobs(update.model, rows), thinking=cfg.thinking,
-                     generation=(lambda: precision(update.model, sampler_dtype)) if entry.shares_model else None)
+    return Collector(
+        engine,
+        tokenizer,
+        Grader(workers=grader_workers, start_method=entry.grading_start),
+        group_size=cfg.group_size,
+        sampling=cfg.sampling,
+        behaviour=behaviour,
+        logprobs=lambda rows: update.logprobs(update.model, rows),
+        thinking=cfg.thinking,
+        generation=(lambda: precision(update.model, sampler_dtype)) if entry.shares_model else None,
+    )
 
 
 class RunRollouts:

@@ -47,8 +47,9 @@ class HFDecoder:
             out = self.model(**inputs, use_cache=True, logits_to_keep=1)
             return out.logits[:, -1], out.past_key_values
         out = self.model.get_decoder()(**inputs, use_cache=True)
-        return head_logits(out.last_hidden_state[:, -1], self.model.get_output_embeddings().weight, True), \
-            out.past_key_values
+        return head_logits(
+            out.last_hidden_state[:, -1], self.model.get_output_embeddings().weight, True
+        ), out.past_key_values
 
     def prefill(self, ids: Tensor, mask: Tensor, copies: int = 1) -> Tensor:
         logits, self.cache = self._logits(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask))
@@ -61,8 +62,12 @@ class HFDecoder:
 
     def step(self, tokens: Tensor) -> Tensor:
         self.mask = torch.cat([self.mask, self.mask.new_ones(self.mask.shape[0], 1)], dim=1)
-        logits, self.cache = self._logits(input_ids=tokens.unsqueeze(-1), attention_mask=self.mask,
-                                          position_ids=self.positions, past_key_values=self.cache)
+        logits, self.cache = self._logits(
+            input_ids=tokens.unsqueeze(-1),
+            attention_mask=self.mask,
+            position_ids=self.positions,
+            past_key_values=self.cache,
+        )
         self.positions = self.positions + 1
         return logits
 
@@ -89,10 +94,14 @@ class Qwen3Decoder:
     @staticmethod
     def supports(model) -> bool:
         c = model.config
-        return (c.model_type == "qwen3" and not getattr(c, "attention_bias", False) and c.hidden_act == "silu"
-                and all(t == "full_attention" for t in (getattr(c, "layer_types", None) or ["full_attention"]))
-                and (getattr(c, "rope_parameters", None) or {}).get("rope_type", "default") not in ("dynamic", "longrope")
-                and getattr(model.get_output_embeddings(), "bias", None) is None)
+        return (
+            c.model_type == "qwen3"
+            and not getattr(c, "attention_bias", False)
+            and c.hidden_act == "silu"
+            and all(t == "full_attention" for t in (getattr(c, "layer_types", None) or ["full_attention"]))
+            and (getattr(c, "rope_parameters", None) or {}).get("rope_type", "default") not in ("dynamic", "longrope")
+            and getattr(model.get_output_embeddings(), "bias", None) is None
+        )
 
     def __init__(self, model, capacity: int, fp32_head: bool = False):
         c = model.config
@@ -102,12 +111,21 @@ class Qwen3Decoder:
         self.head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
         self.embed, self.norm, self.layers, self.rotary = inner.embed_tokens, inner.norm, inner.layers, inner.rotary_emb
         self.head = model.get_output_embeddings().weight
-        self.qkv = [torch.cat([layer.self_attn.q_proj.weight, layer.self_attn.k_proj.weight,
-                               layer.self_attn.v_proj.weight]) for layer in self.layers]
+        self.qkv = [
+            torch.cat([layer.self_attn.q_proj.weight, layer.self_attn.k_proj.weight, layer.self_attn.v_proj.weight])
+            for layer in self.layers
+        ]
         self.gate_up = [torch.cat([layer.mlp.gate_proj.weight, layer.mlp.up_proj.weight]) for layer in self.layers]
         # q and k heads are normalised in one call: one weight row per head
-        self.qk_norm = [torch.cat([layer.self_attn.q_norm.weight.expand(self.heads, -1),
-                                   layer.self_attn.k_norm.weight.expand(self.kv_heads, -1)]) for layer in self.layers]
+        self.qk_norm = [
+            torch.cat(
+                [
+                    layer.self_attn.q_norm.weight.expand(self.heads, -1),
+                    layer.self_attn.k_norm.weight.expand(self.kv_heads, -1),
+                ]
+            )
+            for layer in self.layers
+        ]
         self.capacity = capacity
 
     def prefill(self, ids: Tensor, mask: Tensor, copies: int = 1) -> Tensor:
@@ -157,12 +175,20 @@ class Qwen3Decoder:
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             qkv = F.linear(_rms_norm(x, layer.input_layernorm), self.qkv[i]).view(N, q, H + 2 * KV, D)
-            qk = self.qk_norm[i] * F.rms_norm(qkv[:, :, : H + KV].float(), (D,), eps=attn.q_norm.variance_epsilon).to(x.dtype)
+            qk = self.qk_norm[i] * F.rms_norm(qkv[:, :, : H + KV].float(), (D,), eps=attn.q_norm.variance_epsilon).to(
+                x.dtype
+            )
             qs, ks = _rotate(qk.transpose(1, 2), cos, sin).split([H, KV], dim=1)
             self.keys[i][:, :, start:end] = ks
             self.values[i][:, :, start:end] = qkv[:, :, H + KV :].transpose(1, 2)
-            out = F.scaled_dot_product_attention(qs, self.keys[i][:, :, :end], self.values[i][:, :, :end],
-                                                 attn_mask=attend, scale=attn.scaling, enable_gqa=True)
+            out = F.scaled_dot_product_attention(
+                qs,
+                self.keys[i][:, :, :end],
+                self.values[i][:, :, :end],
+                attn_mask=attend,
+                scale=attn.scaling,
+                enable_gqa=True,
+            )
             x = x + attn.o_proj(out.transpose(1, 2).reshape(N, q, H * D))
             gate, up = F.linear(_rms_norm(x, layer.post_attention_layernorm), self.gate_up[i]).chunk(2, dim=-1)
             x = x + layer.mlp.down_proj(F.silu(gate) * up)

@@ -109,12 +109,22 @@ class DelayConfig:
 
     def __post_init__(self) -> None:
         if self.publish_every > 1 and self.mode != "ray":
-            raise ConfigError(f"the {self.mode!r} mode generates with the trainer's own weights at every step; a "
-                              "publish interval is real asynchrony's (delay.mode: ray)", "publish_every")
-        if self.warmup == "history" and self.mode == "fixed" and self.history_steps is not None \
-                and self.history_steps < self.d:
-            raise ConfigError(f"a history of {self.history_steps} updates cannot fill a queue of d = {self.d} "
-                              "batches: give at least d", "history_steps")
+            raise ConfigError(
+                f"the {self.mode!r} mode generates with the trainer's own weights at every step; a "
+                "publish interval is real asynchrony's (delay.mode: ray)",
+                "publish_every",
+            )
+        if (
+            self.warmup == "history"
+            and self.mode == "fixed"
+            and self.history_steps is not None
+            and self.history_steps < self.d
+        ):
+            raise ConfigError(
+                f"a history of {self.history_steps} updates cannot fill a queue of d = {self.d} "
+                "batches: give at least d",
+                "history_steps",
+            )
 
     @property
     def history_length(self) -> int:
@@ -123,7 +133,6 @@ class DelayConfig:
         if self.warmup != "history":
             return 0
         return self.d if self.history_steps is None else self.history_steps
-
 
 
 @dataclass(frozen=True)
@@ -165,19 +174,47 @@ class DelayMode:
 
 
 LATENCY_KEYS = ("slots", "alpha", "beta", "noise_scale", "noise_sigma", "step_time")
-RAY_KEYS = ("workers", "max_staleness", "transport", "ray_address", "worker_device", "worker_gpus", "worker_threads",
-            "groups_per_task", "tasks_per_worker", "partial_rollouts", "publish_every")
+RAY_KEYS = (
+    "workers",
+    "max_staleness",
+    "transport",
+    "ray_address",
+    "worker_device",
+    "worker_gpus",
+    "worker_threads",
+    "groups_per_task",
+    "tasks_per_worker",
+    "partial_rollouts",
+    "publish_every",
+)
 
 DELAY_MODES: dict[str, DelayMode] = {
-    "sync": DelayMode("gmc.rollouts.sources:sync_source", "synchronous", (), named_point=False,
-                      on_policy=lambda cfg: True),
-    "fixed": DelayMode("gmc.rollouts.sources:fixed_source", "fixed delay", ("d", "warmup"), named_point=False,
-                       on_policy=lambda cfg: cfg.d == 0),
+    "sync": DelayMode(
+        "gmc.rollouts.sources:sync_source", "synchronous", (), named_point=False, on_policy=lambda cfg: True
+    ),
+    "fixed": DelayMode(
+        "gmc.rollouts.sources:fixed_source",
+        "fixed delay",
+        ("d", "warmup"),
+        named_point=False,
+        on_policy=lambda cfg: cfg.d == 0,
+    ),
     "latency": DelayMode("gmc.rollouts.sources:latency_source", "latency model", LATENCY_KEYS, named_point=True),
-    "ray": DelayMode("gmc.rollouts.ray.source:ray_source", "real asynchrony (Ray)", RAY_KEYS, named_point=True,
-                     in_process=False, check="gmc.rollouts.ray.admission:check_ray_mode"),
-    "trace": DelayMode("gmc.rollouts.sources:trace_source", "replayed trace", ("trace",), named_point=False,
-                       check="gmc.rollouts.sources:check_trace_mode"),
+    "ray": DelayMode(
+        "gmc.rollouts.ray.source:ray_source",
+        "real asynchrony (Ray)",
+        RAY_KEYS,
+        named_point=True,
+        in_process=False,
+        check="gmc.rollouts.ray.admission:check_ray_mode",
+    ),
+    "trace": DelayMode(
+        "gmc.rollouts.sources:trace_source",
+        "replayed trace",
+        ("trace",),
+        named_point=False,
+        check="gmc.rollouts.sources:check_trace_mode",
+    ),
 }
 """Every delay mode by config name (``delay.mode``); the one place to add one."""
 

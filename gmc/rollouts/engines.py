@@ -99,16 +99,31 @@ class Engine:
 
 
 ENGINES: dict[str, Engine] = {
-    "hf": Engine("gmc.rollouts.hf_engine:hf_engine", "Hugging Face KV-cache decoding", ("cpu", "cuda"), settings=HFConfig,
-                 shares_model=True),
-    "vllm": Engine("gmc.rollouts.vllm_engine:vllm_engine", "vLLM", ("cuda", "cpu"), settings=VLLMConfig, own_threads=True),
+    "hf": Engine(
+        "gmc.rollouts.hf_engine:hf_engine",
+        "Hugging Face KV-cache decoding",
+        ("cpu", "cuda"),
+        settings=HFConfig,
+        shares_model=True,
+    ),
+    "vllm": Engine(
+        "gmc.rollouts.vllm_engine:vllm_engine", "vLLM", ("cuda", "cpu"), settings=VLLMConfig, own_threads=True
+    ),
 }
 """Every rollout engine by config name (``engine``); the one place to add one. ``vllm`` runs on
 CPU only with vLLM's CPU build (``make test-vllm``)."""
 
 
-def make_engine(name: str, model, tokenizer, model_path: str | None = None, seed: int = 0, settings=None,
-                dtype: str | None = None, fp32_head: bool = False):
+def make_engine(
+    name: str,
+    model,
+    tokenizer,
+    model_path: str | None = None,
+    seed: int = 0,
+    settings=None,
+    dtype: str | None = None,
+    fp32_head: bool = False,
+):
     """The engine ``name`` for ``model`` (see :class:`Engine`); ``settings`` default to the
     engine's settings class's defaults; ``fp32_head``: its LM head in float32."""
     if name not in ENGINES:

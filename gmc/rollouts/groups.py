@@ -62,8 +62,15 @@ class Group:
 
     @cached_property
     def nbytes(self) -> int:
-        tensors = (self.prompt_ids, self.response_ids, self.response_mask, self.rewards, self.behaviour_logp,
-                   self.sampler_logp, self.token_versions)
+        tensors = (
+            self.prompt_ids,
+            self.response_ids,
+            self.response_mask,
+            self.rewards,
+            self.behaviour_logp,
+            self.sampler_logp,
+            self.token_versions,
+        )
         unique = {id(t): t for t in tensors if t is not None}  # behaviour may be the sampler's tensor
         return sum(t.numel() * t.element_size() for t in unique.values())
 
@@ -105,5 +112,8 @@ class Batch:
 
 def staleness_stats(batch: list[Group]) -> dict[str, float]:
     s = [g.staleness for g in batch]
-    return {"async/staleness_mean": sum(s) / len(s), "async/staleness_max": float(max(s)),
-            "async/staleness_min": float(min(s))}
+    return {
+        "async/staleness_mean": sum(s) / len(s),
+        "async/staleness_max": float(max(s)),
+        "async/staleness_min": float(min(s)),
+    }

@@ -37,8 +37,15 @@ class HFEngine(RandomStreams):
     version the call started with)."""
     version: int = 0
 
-    def __init__(self, model, tokenizer, seed: int = 0, batch_size: int = 256, token_seconds: float = 0.0,
-                 fp32_head: bool = False):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        seed: int = 0,
+        batch_size: int = 256,
+        token_seconds: float = 0.0,
+        fp32_head: bool = False,
+    ):
         self.model, self.fp32_head = model, fp32_head
         self.token_seconds = token_seconds
         self.tokenizer = tokenizer
@@ -64,20 +71,28 @@ class HFEngine(RandomStreams):
             groups += self._generate_batch(prompts[start : start + per_batch], n, sampling, call, start)
         return groups
 
-    def _generate_batch(self, prompts: list[str], n: int, sampling: SamplingConfig, call: int,
-                        first: int) -> list[list[Sample]]:
+    def _generate_batch(
+        self, prompts: list[str], n: int, sampling: SamplingConfig, call: int, first: int
+    ) -> list[list[Sample]]:
         """Prompts ``first, first+1, ...`` of call ``call``, decoded together."""
         enc = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
         ids, mask = enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device)
         rows = torch.arange(len(prompts) * n, device=self.device)
         keys = stream_keys(self.seed, call, first + rows // n, rows % n)
-        prompt_ids = [[t for t, m in zip(r, k) if m] for r, k in zip(enc["input_ids"].tolist(), enc["attention_mask"].tolist())]
+        prompt_ids = [
+            [t for t, m in zip(r, k) if m] for r, k in zip(enc["input_ids"].tolist(), enc["attention_mask"].tolist())
+        ]
         was_training = self.model.training
         self.model.eval()
         try:
             decoder = make_decoder(self.model, ids.shape[1] + sampling.max_new_tokens, self.fp32_head)
-            tokens, logps, lengths, versions = self._decode(decoder, decoder.prefill(ids, mask, copies=n), sampling,
-                                                            keys, [prompt_ids[row // n] for row in range(len(keys))])
+            tokens, logps, lengths, versions = self._decode(
+                decoder,
+                decoder.prefill(ids, mask, copies=n),
+                sampling,
+                keys,
+                [prompt_ids[row // n] for row in range(len(keys))],
+            )
         finally:
             self.model.train(was_training)
         tok_rows, lp_rows, lengths = tokens.tolist(), logps.tolist(), lengths.tolist()
@@ -85,12 +100,21 @@ class HFEngine(RandomStreams):
         samples = []
         for row, (toks, lps, end, vs) in enumerate(zip(tok_rows, lp_rows, lengths, version_rows)):
             reason = "stop" if toks[end - 1] in self.eos_ids else "length"
-            samples.append(Sample(toks[:end], self.tokenizer.decode(toks[:end], skip_special_tokens=True), lps[:end],
-                                  reason, prompt_ids[row // n], vs[:end] if vs is not None else None))
+            samples.append(
+                Sample(
+                    toks[:end],
+                    self.tokenizer.decode(toks[:end], skip_special_tokens=True),
+                    lps[:end],
+                    reason,
+                    prompt_ids[row // n],
+                    vs[:end] if vs is not None else None,
+                )
+            )
         return [samples[i * n : (i + 1) * n] for i in range(len(prompts))]
 
-    def _decode(self, decoder, logits: Tensor, sampling: SamplingConfig, keys: Tensor,
-                prompts: list[list[int]]) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    def _decode(
+        self, decoder, logits: Tensor, sampling: SamplingConfig, keys: Tensor, prompts: list[list[int]]
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
         """Sample until every row has ended (an end-of-turn id) or the token limit, row ``i``
         from the stream ``keys[i]`` after its prompt ``prompts[i]``; returns the tokens and
         log-probs ``[N, T]``, each row's length (end token included) and, where the weights may
@@ -99,7 +123,9 @@ class HFEngine(RandomStreams):
         eos = torch.tensor(sorted(self.eos_ids), device=self.device)
         tokens = torch.full((N, T), self.pad_id, dtype=torch.long, device=self.device)
         logps = torch.zeros(N, T, device=self.device)
-        versions = torch.full((N, T), self.version, dtype=torch.long, device=self.device) if self.newer_weights else None
+        versions = (
+            torch.full((N, T), self.version, dtype=torch.long, device=self.device) if self.newer_weights else None
+        )
         lengths = torch.full((N,), T, dtype=torch.long, device=self.device)
         rows = torch.arange(N, device=self.device)  # the output row of each decoder row
         done = torch.zeros(N, dtype=torch.bool, device=self.device)

@@ -103,8 +103,10 @@ class FixedDelaySource(SyncSource):
     def _next(self, version: int) -> list[Group]:
         if not self.started:
             if self.warmup == "history" and self.d:
-                raise ValueError(f"a fixed delay of {self.d} with warmup: history starts from its history's last "
-                                 f"{self.d} batches (load_history), which were not given")
+                raise ValueError(
+                    f"a fixed delay of {self.d} with warmup: history starts from its history's last "
+                    f"{self.d} batches (load_history), which were not given"
+                )
             self.prefill(version)
         self.queue.append(self._generate(self.batch_prompts, version))
         if self.warmup == "ramp" and len(self.queue) <= self.d:
@@ -126,7 +128,9 @@ class FixedDelaySource(SyncSource):
 
     def load_history(self, batches: list[list[Group]]) -> None:
         if len(batches) != self.d:
-            raise ValueError(f"a queue of d = {self.d} starts from the history's last {self.d} batches, got {len(batches)}")
+            raise ValueError(
+                f"a queue of d = {self.d} starts from the history's last {self.d} batches, got {len(batches)}"
+            )
         self.queue, self.started = deque(batches), True
 
     def load_prefill(self, state: dict, collected: list[Any]) -> None:
@@ -265,21 +269,35 @@ class LatencySource(SyncSource):
         return self.ready + [item.group for item in self.in_flight]
 
     def state_dict(self) -> dict:
-        return {"clock": self.clock, "seq": self.seq, "idle_time": self.idle_time, "started": self.started,
-                "ready": [g.state() for g in self.ready],
-                "in_flight": [(i.completes_at, i.seq, i.group.state()) for i in self.in_flight],
-                "rng": self.rng.bit_generator.state}
+        return {
+            "clock": self.clock,
+            "seq": self.seq,
+            "idle_time": self.idle_time,
+            "started": self.started,
+            "ready": [g.state() for g in self.ready],
+            "in_flight": [(i.completes_at, i.seq, i.group.state()) for i in self.in_flight],
+            "rng": self.rng.bit_generator.state,
+        }
 
     def load_state_dict(self, state: dict) -> None:
-        self.clock, self.seq, self.idle_time, self.started = state["clock"], state["seq"], state["idle_time"], state["started"]
+        self.clock, self.seq, self.idle_time, self.started = (
+            state["clock"],
+            state["seq"],
+            state["idle_time"],
+            state["started"],
+        )
         self.ready = [Group.from_state(s) for s in state["ready"]]
         self.in_flight = [_InFlight(c, s, Group.from_state(g)) for c, s, g in state["in_flight"]]
         heapq.heapify(self.in_flight)
         self.rng.bit_generator.state = state["rng"]
 
     def stats(self) -> dict[str, float]:
-        return {**super().stats(), "async/clock": self.clock, "async/trainer_idle": self.idle_time,
-                "async/in_flight": float(len(self.in_flight))}
+        return {
+            **super().stats(),
+            "async/clock": self.clock,
+            "async/trainer_idle": self.idle_time,
+            "async/in_flight": float(len(self.in_flight)),
+        }
 
 
 def read_trace(path: str | Path) -> list[dict]:
@@ -314,8 +332,11 @@ def check_trace(cfg: DelayConfig, steps: int, prompts_per_step: int) -> None:
         raise ConfigError(f"the trace {cfg.trace} records {recorded} steps, the run has {steps}", "steps")
     bad = {s: n for s, n in per_step.items() if n != prompts_per_step}
     if bad or len(per_step) != steps:
-        raise ConfigError(f"the trace {cfg.trace} records {sorted(set(per_step.values()))} groups per step, the run "
-                          f"consumes {prompts_per_step}", "prompts_per_step")
+        raise ConfigError(
+            f"the trace {cfg.trace} records {sorted(set(per_step.values()))} groups per step, the run "
+            f"consumes {prompts_per_step}",
+            "prompts_per_step",
+        )
 
 
 class TraceSource(SyncSource):
@@ -333,8 +354,9 @@ class TraceSource(SyncSource):
 
     def _next(self, version: int) -> list[Group]:
         first = self.generated_through is None
-        due = [i for i, row in enumerate(self.trace)
-               if row["version"] == version or (first and row["version"] < version)]
+        due = [
+            i for i, row in enumerate(self.trace) if row["version"] == version or (first and row["version"] < version)
+        ]
         for v in sorted({self.trace[i]["version"] for i in due}):  # one collector call per version
             lines = [i for i in due if self.trace[i]["version"] == v]
             out = self.rollouts.collect([self.trace[i]["prompt_index"] for i in lines], max(v, version))
@@ -344,8 +366,10 @@ class TraceSource(SyncSource):
         lines = [i for i, row in enumerate(self.trace) if row["consumed_version"] == version]
         missing = [i for i in lines if i not in self.held]
         if missing:
-            raise ValueError(f"the trace consumes at step {version} groups generated at later versions "
-                             f"({[self.trace[i]['version'] for i in missing]})")
+            raise ValueError(
+                f"the trace consumes at step {version} groups generated at later versions "
+                f"({[self.trace[i]['version'] for i in missing]})"
+            )
         return [self.held.pop(i) for i in lines]
 
     def queued_groups(self) -> list[Group]:

@@ -115,8 +115,9 @@ def end_token_ids(tokenizer, model=None) -> set[int]:
     if getattr(tokenizer, "chat_template", None):
         marker = "GMC_END_OF_ANSWER"
         try:
-            text = tokenizer.apply_chat_template([{"role": "user", "content": "q"},
-                                                  {"role": "assistant", "content": marker}], tokenize=False)
+            text = tokenizer.apply_chat_template(
+                [{"role": "user", "content": "q"}, {"role": "assistant", "content": marker}], tokenize=False
+            )
         except Exception:  # a template that cannot render an assistant turn names no end token
             text = ""
         if marker in text:

@@ -34,8 +34,15 @@ class VLLMEngine(RandomStreams):
     reloaded is refused.
     """
 
-    def __init__(self, model_path: str, seed: int = 0, cfg: VLLMConfig = VLLMConfig(), dtype: str = "bfloat16",
-                 stop_token_ids: set[int] | None = None, fp32_head: bool = False):
+    def __init__(
+        self,
+        model_path: str,
+        seed: int = 0,
+        cfg: VLLMConfig = VLLMConfig(),
+        dtype: str = "bfloat16",
+        stop_token_ids: set[int] | None = None,
+        fp32_head: bool = False,
+    ):
         try:
             import vllm
         except ImportError as e:
@@ -52,11 +59,18 @@ class VLLMEngine(RandomStreams):
         self.seed = seed
         self.weight_dtype = getattr(torch, cfg.dtype or dtype)
         """The dtype of vLLM's weights, which :meth:`sync_weights` hands them over in."""
-        self.llm = vllm.LLM(model=model_path, dtype=cfg.dtype or dtype, seed=seed,
-                            gpu_memory_utilization=cfg.gpu_memory_utilization, max_model_len=cfg.max_model_len,
-                            enforce_eager=cfg.enforce_eager, enable_sleep_mode=cfg.sleep,
-                            enable_prefix_caching=True, logprobs_mode="processed_logprobs",
-                            hf_overrides={"head_dtype": "float32"} if fp32_head else None)
+        self.llm = vllm.LLM(
+            model=model_path,
+            dtype=cfg.dtype or dtype,
+            seed=seed,
+            gpu_memory_utilization=cfg.gpu_memory_utilization,
+            max_model_len=cfg.max_model_len,
+            enforce_eager=cfg.enforce_eager,
+            enable_sleep_mode=cfg.sleep,
+            enable_prefix_caching=True,
+            logprobs_mode="processed_logprobs",
+            hf_overrides={"head_dtype": "float32"} if fp32_head else None,
+        )
         self.tokenizer = self.llm.get_tokenizer()
         self.stop_token_ids = sorted(stop_token_ids if stop_token_ids is not None else end_token_ids(self.tokenizer))
         self.asleep: set[str] = set()  # the parts of vLLM's memory that are asleep
@@ -66,22 +80,40 @@ class VLLMEngine(RandomStreams):
 
     def generate(self, prompts: list[str], n: int, sampling: SamplingConfig) -> list[list[Sample]]:
         if self.weights_discarded:
-            raise RuntimeError("vLLM discarded its weights when it slept (level 2) and nothing reloaded them: "
-                               "sync_weights(model) must come between release_memory() and generate()")
+            raise RuntimeError(
+                "vLLM discarded its weights when it slept (level 2) and nothing reloaded them: "
+                "sync_weights(model) must come between release_memory() and generate()"
+            )
         call = self._next_call()
         index = torch.arange(len(prompts) * n)
         keys = stream_keys(self.seed, call, index // n, index % n) & ((1 << 63) - 1)
-        params = [self._vllm.SamplingParams(
-            n=1, temperature=sampling.temperature, top_p=sampling.top_p, max_tokens=sampling.max_new_tokens,
-            logprobs=0, seed=key, stop_token_ids=self.stop_token_ids) for key in keys.tolist()]
+        params = [
+            self._vllm.SamplingParams(
+                n=1,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                max_tokens=sampling.max_new_tokens,
+                logprobs=0,
+                seed=key,
+                stop_token_ids=self.stop_token_ids,
+            )
+            for key in keys.tolist()
+        ]
         self._wake()
         outputs = self.llm.generate([p for p in prompts for _ in range(n)], params, use_tqdm=False)
         samples = []
         for out in outputs:
             c = out.outputs[0]
             lps = [d[t].logprob for t, d in zip(c.token_ids, c.logprobs or [])]
-            samples.append(Sample(list(c.token_ids), c.text, lps, "stop" if c.finish_reason == "stop" else "length",
-                                  list(out.prompt_token_ids)))
+            samples.append(
+                Sample(
+                    list(c.token_ids),
+                    c.text,
+                    lps,
+                    "stop" if c.finish_reason == "stop" else "length",
+                    list(out.prompt_token_ids),
+                )
+            )
         return [samples[i * n : (i + 1) * n] for i in range(len(prompts))]
 
     def release_memory(self) -> None:
@@ -120,5 +152,11 @@ def vllm_engine(model, tokenizer, model_path, seed, settings: VLLMConfig, dtype,
     at the end-of-turn ids of ``model`` and ``tokenizer``; ``fp32_head``: its LM head in float32
     (vLLM's ``head_dtype``)."""
     dtype = dtype or str(next(model.parameters()).dtype).removeprefix("torch.")
-    return VLLMEngine(model_path, seed=seed, cfg=settings, dtype=dtype, stop_token_ids=end_token_ids(tokenizer, model),
-                      fp32_head=fp32_head)
+    return VLLMEngine(
+        model_path,
+        seed=seed,
+        cfg=settings,
+        dtype=dtype,
+        stop_token_ids=end_token_ids(tokenizer, model),
+        fp32_head=fp32_head,
+    )

@@ -194,39 +194,68 @@ class TrainConfig:
         if self.behaviour_logprobs is None:
             object.__setattr__(self, "behaviour_logprobs", "sampler" if bypass else "trainer")
         elif bypass and self.behaviour_logprobs != "sampler":
-            raise ConfigError("bypass mode takes the sampler's log-probs as the behaviour: 'sampler' (or unset)",
-                              "behaviour_logprobs")
+            raise ConfigError(
+                "bypass mode takes the sampler's log-probs as the behaviour: 'sampler' (or unset)", "behaviour_logprobs"
+            )
         elif self.rollout_correction is not None and not bypass and self.behaviour_logprobs != "trainer":
-            raise ConfigError("the decoupled correction needs the trainer's log-probs at the generating version: "
-                              "'trainer' (or unset); the sampler's as the behaviour is rollout_correction.bypass_mode",
-                              "behaviour_logprobs")
+            raise ConfigError(
+                "the decoupled correction needs the trainer's log-probs at the generating version: "
+                "'trainer' (or unset); the sampler's as the behaviour is rollout_correction.bypass_mode",
+                "behaviour_logprobs",
+            )
         # training samples: a greedy policy has no log-probs to weight, so 0 is refused here; the
         # log-probs are those of softmax(logits / temperature)
         if not self.sampling.temperature > 0:
-            raise ConfigError("training needs a temperature > 0: a greedy policy has no log-probs to weight "
-                              f"(got {self.sampling.temperature})", "sampling.temperature")
+            raise ConfigError(
+                "training needs a temperature > 0: a greedy policy has no log-probs to weight "
+                f"(got {self.sampling.temperature})",
+                "sampling.temperature",
+            )
         if self.sampling.top_p != 1:
-            raise ConfigError("training needs 1: the ratios are of softmax(logits / temperature), and a "
-                              f"nucleus-truncated sampler is another distribution (got {self.sampling.top_p})",
-                              "sampling.top_p")
-        if self.sampling.dtype is not None and not ENGINES[self.engine].shares_model \
-                and self.sampling.dtype != getattr(getattr(self, self.engine), "dtype", self.sampling.dtype):
-            raise ConfigError(f"the {self.engine} engine samples in its own {self.engine}.dtype "
-                              f"({getattr(self, self.engine).dtype}); set that, or leave sampling.dtype unset",
-                              "sampling.dtype")
-        if self.sampling.dtype == "float32" and self.model_dtype != "float32" and self.master_weights is not True \
-                and ENGINES[self.engine].shares_model:
-            raise ConfigError(f"the {self.engine} engine samples with the trainer's {self.model_dtype} parameters "
-                              f"(master_weights: {self.master_weights}): it cannot sample in float32", "sampling.dtype")
+            raise ConfigError(
+                "training needs 1: the ratios are of softmax(logits / temperature), and a "
+                f"nucleus-truncated sampler is another distribution (got {self.sampling.top_p})",
+                "sampling.top_p",
+            )
+        if (
+            self.sampling.dtype is not None
+            and not ENGINES[self.engine].shares_model
+            and self.sampling.dtype != getattr(getattr(self, self.engine), "dtype", self.sampling.dtype)
+        ):
+            raise ConfigError(
+                f"the {self.engine} engine samples in its own {self.engine}.dtype "
+                f"({getattr(self, self.engine).dtype}); set that, or leave sampling.dtype unset",
+                "sampling.dtype",
+            )
+        if (
+            self.sampling.dtype == "float32"
+            and self.model_dtype != "float32"
+            and self.master_weights is not True
+            and ENGINES[self.engine].shares_model
+        ):
+            raise ConfigError(
+                f"the {self.engine} engine samples with the trainer's {self.model_dtype} parameters "
+                f"(master_weights: {self.master_weights}): it cannot sample in float32",
+                "sampling.dtype",
+            )
         if self.prompts_per_step % self.updates_per_batch:
-            raise ConfigError(f"prompts_per_step ({self.prompts_per_step}) must split into updates_per_batch "
-                              f"({self.updates_per_batch}) mini-batches of whole groups", "updates_per_batch")
+            raise ConfigError(
+                f"prompts_per_step ({self.prompts_per_step}) must split into updates_per_batch "
+                f"({self.updates_per_batch}) mini-batches of whole groups",
+                "updates_per_batch",
+            )
         if self.zero_variance_filter and self.delay.mode in ("ray", "trace"):
-            raise ConfigError(f"the {self.delay.mode} mode does not generate its groups in process, where the filter "
-                              "refills a batch (sync, fixed, latency)", "zero_variance_filter")
+            raise ConfigError(
+                f"the {self.delay.mode} mode does not generate its groups in process, where the filter "
+                "refills a batch (sync, fixed, latency)",
+                "zero_variance_filter",
+            )
         if self.behaviour_logprobs == "sampler" and self.sampling.temperature != 1:
-            raise ConfigError("'sampler' needs sampling.temperature 1 and sampling.top_p 1, so that the sampler's "
-                              "log-probs are the policy's", "behaviour_logprobs")
+            raise ConfigError(
+                "'sampler' needs sampling.temperature 1 and sampling.top_p 1, so that the sampler's "
+                "log-probs are the policy's",
+                "behaviour_logprobs",
+            )
 
 
 def history_config(cfg: TrainConfig) -> TrainConfig | None:
@@ -239,9 +268,17 @@ def history_config(cfg: TrainConfig) -> TrainConfig | None:
     steps = cfg.delay.history_length
     if steps == 0:
         return None
-    return dataclasses.replace(cfg, algorithm=cfg.delay.history_algorithm, steps=steps, delay=DelayConfig(mode="sync"),
-                               lr_schedule="constant", keep_checkpoints="last", tracking_uri=None, experiment=None,
-                               rollout_correction=None)
+    return dataclasses.replace(
+        cfg,
+        algorithm=cfg.delay.history_algorithm,
+        steps=steps,
+        delay=DelayConfig(mode="sync"),
+        lr_schedule="constant",
+        keep_checkpoints="last",
+        tracking_uri=None,
+        experiment=None,
+        rollout_correction=None,
+    )
 
 
 def load_train_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:

@@ -104,8 +104,13 @@ def benchmark_records(name: str, cfg: EvalConfig):
     return records[: cfg.limit] if cfg.limit else records
 
 
-def summarize(name: str, golds: list[str], greedy_correct: list[bool] | None,
-              sample_correct: list[list[bool]], ids: list[str] | None = None) -> dict:
+def summarize(
+    name: str,
+    golds: list[str],
+    greedy_correct: list[bool] | None,
+    sample_correct: list[list[bool]],
+    ids: list[str] | None = None,
+) -> dict:
     """An evaluation's summary: greedy accuracy, Pass@1 with its standard error across problems,
     pass@k, and per problem what the scores average (``per_problem``: greedy 0/1, correct samples
     out of ``k``) with a fingerprint of the problems (``problems_sha256``), so that two
@@ -123,8 +128,11 @@ def summarize(name: str, golds: list[str], greedy_correct: list[bool] | None,
         var = sum((p - mean) ** 2 for p in per_problem) / max(1, n_problems - 1)
         out["pass_at_1"] = mean
         out["pass_at_1_se"] = math.sqrt(var / n_problems)
-        out["pass_at_k"] = {str(kk): sum(pass_at_k(k, sum(row), kk) for row in sample_correct) / n_problems
-                            for kk in range(1, k + 1) if kk == 1 or kk & (kk - 1) == 0 or kk == k}
+        out["pass_at_k"] = {
+            str(kk): sum(pass_at_k(k, sum(row), kk) for row in sample_correct) / n_problems
+            for kk in range(1, k + 1)
+            if kk == 1 or kk & (kk - 1) == 0 or kk == k
+        }
         per["correct"] = [sum(row) for row in sample_correct]
     out["per_problem"] = per
     if ids is not None:
@@ -144,7 +152,9 @@ def _generate(engine, prompts: list[str], k: int, sampling: SamplingConfig, bar)
     return groups
 
 
-def evaluate(model_path: str, out: str | Path, cfg: EvalConfig = EvalConfig(), progress: bool = True) -> dict[str, dict]:
+def evaluate(
+    model_path: str, out: str | Path, cfg: EvalConfig = EvalConfig(), progress: bool = True
+) -> dict[str, dict]:
     """Evaluate one checkpoint on ``cfg.benchmarks``; returns the summaries by benchmark."""
     from gmc.policy.model import load_policy
 
@@ -152,8 +162,9 @@ def evaluate(model_path: str, out: str | Path, cfg: EvalConfig = EvalConfig(), p
     tasks = {name: benchmark_records(name, cfg) for name in cfg.benchmarks}  # bad data fails before the model loads
     model, tokenizer = load_policy(model_path, cfg.model_dtype, cfg.device)
     model.eval()
-    engine = make_engine(cfg.engine, model, tokenizer, model_path=model_path, seed=cfg.seed,
-                         settings=getattr(cfg, cfg.engine, None))
+    engine = make_engine(
+        cfg.engine, model, tokenizer, model_path=model_path, seed=cfg.seed, settings=getattr(cfg, cfg.engine, None)
+    )
     summaries = {}
     with Grader(start_method=ENGINES[cfg.engine].grading_start) as grader:
         for name in cfg.benchmarks:
@@ -164,15 +175,30 @@ def evaluate(model_path: str, out: str | Path, cfg: EvalConfig = EvalConfig(), p
             rows = []
             greedy_correct = None
             k = cfg.k_for(name)
-            bar = tqdm(total=len(records) * (int(cfg.greedy) + k), desc=f"evaluate {name} ({len(records)} problems)",
-                       unit="completion", disable=not progress)
+            bar = tqdm(
+                total=len(records) * (int(cfg.greedy) + k),
+                desc=f"evaluate {name} ({len(records)} problems)",
+                unit="completion",
+                disable=not progress,
+            )
             if cfg.greedy:
                 groups = _generate(engine, prompts, 1, SamplingConfig(0.0, 1.0, cfg.max_new_tokens), bar)
                 grades = grader.grade_batch([g[0].text for g in groups], golds)
                 greedy_correct = [g.correct for g in grades]
-                rows += [{"id": r.id, "mode": "greedy", "sample": 0, "completion": g[0].text, "answer": gr.answer,
-                          "gold": r.answer, "correct": gr.correct, "reason": gr.reason, "length": g[0].length}
-                         for r, g, gr in zip(records, groups, grades)]
+                rows += [
+                    {
+                        "id": r.id,
+                        "mode": "greedy",
+                        "sample": 0,
+                        "completion": g[0].text,
+                        "answer": gr.answer,
+                        "gold": r.answer,
+                        "correct": gr.correct,
+                        "reason": gr.reason,
+                        "length": g[0].length,
+                    }
+                    for r, g, gr in zip(records, groups, grades)
+                ]
             sample_correct: list[list[bool]] = []
             if k:
                 sampling = SamplingConfig(cfg.temperature, cfg.top_p, cfg.max_new_tokens)
@@ -181,13 +207,31 @@ def evaluate(model_path: str, out: str | Path, cfg: EvalConfig = EvalConfig(), p
                 for i, (r, g) in enumerate(zip(records, groups)):
                     row_grades = grades[i * k : (i + 1) * k]
                     sample_correct.append([gr.correct for gr in row_grades])
-                    rows += [{"id": r.id, "mode": "sample", "sample": j, "completion": s.text, "answer": gr.answer,
-                              "gold": r.answer, "correct": gr.correct, "reason": gr.reason, "length": s.length}
-                             for j, (s, gr) in enumerate(zip(g, row_grades))]
+                    rows += [
+                        {
+                            "id": r.id,
+                            "mode": "sample",
+                            "sample": j,
+                            "completion": s.text,
+                            "answer": gr.answer,
+                            "gold": r.answer,
+                            "correct": gr.correct,
+                            "reason": gr.reason,
+                            "length": s.length,
+                        }
+                        for j, (s, gr) in enumerate(zip(g, row_grades))
+                    ]
             bar.close()
             summary = summarize(name, golds, greedy_correct, sample_correct, [r.id for r in records])
-            summary.update({"model": str(model_path), "temperature": cfg.temperature, "top_p": cfg.top_p,
-                            "max_new_tokens": cfg.max_new_tokens, "seconds": round(time.time() - start, 2)})
+            summary.update(
+                {
+                    "model": str(model_path),
+                    "temperature": cfg.temperature,
+                    "top_p": cfg.top_p,
+                    "max_new_tokens": cfg.max_new_tokens,
+                    "seconds": round(time.time() - start, 2),
+                }
+            )
             with atomic_path(out / f"{name}.completions.jsonl") as tmp:
                 tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
             write_json(out / f"{name}.json", summary)

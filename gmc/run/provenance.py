@@ -24,8 +24,18 @@ def git_revision() -> str:
     return "unknown"
 
 
-PACKAGES = ("gmc", "torch", "transformers", "tokenizers", "numpy", "math-verify", "mlflow", "bitsandbytes", "vllm",
-            "ray")
+PACKAGES = (
+    "gmc",
+    "torch",
+    "transformers",
+    "tokenizers",
+    "numpy",
+    "math-verify",
+    "mlflow",
+    "bitsandbytes",
+    "vllm",
+    "ray",
+)
 """The packages whose versions a run records."""
 
 
@@ -42,5 +52,10 @@ def package_versions() -> dict[str, str]:
 def provenance(**extra: Any) -> dict[str, Any]:
     """``run.json`` of a new run: a fresh run id, the git revision, package and Python versions,
     and ``extra`` (seed, device, ...)."""
-    return {"run_id": uuid.uuid4().hex, "git_revision": git_revision(), "packages": package_versions(),
-            "python": platform.python_version(), **extra}
+    return {
+        "run_id": uuid.uuid4().hex,
+        "git_revision": git_revision(),
+        "packages": package_versions(),
+        "python": platform.python_version(),
+        **extra,
+    }

@@ -65,8 +65,9 @@ class RandomModelConfig(Qwen3Shape):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.tokenizer_vocab + 8 > self.vocab_rows:
-            raise ConfigError(f"must exceed the tokenizer's entries ({self.tokenizer_vocab} + 8), got {self.vocab_rows}",
-                              "vocab_rows")
+            raise ConfigError(
+                f"must exceed the tokenizer's entries ({self.tokenizer_vocab} + 8), got {self.vocab_rows}", "vocab_rows"
+            )
 
 
 def qwen3_style_tokenizer(texts: list[str], vocab_size: int):
@@ -81,8 +82,12 @@ def qwen3_style_tokenizer(texts: list[str], vocab_size: int):
     return tokenizer
 
 
-def build_random_qwen3(out: str | Path, cfg: RandomModelConfig = RandomModelConfig(),
-                       data_root: str | None = None, data_source: str = "local") -> dict:
+def build_random_qwen3(
+    out: str | Path,
+    cfg: RandomModelConfig = RandomModelConfig(),
+    data_root: str | None = None,
+    data_source: str = "local",
+) -> dict:
     """Build the tokenizer and the random model and save both (bfloat16) under ``out``;
     returns a summary dict (also written to ``build_summary.json``)."""
     import torch
@@ -97,15 +102,33 @@ def build_random_qwen3(out: str | Path, cfg: RandomModelConfig = RandomModelConf
     tokenizer = qwen3_style_tokenizer(texts, cfg.tokenizer_vocab)
     end_of_text = tokenizer.convert_tokens_to_ids("<|endoftext|>")
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    model = qwen3_model(cfg, cfg.vocab_rows, max_position_embeddings=40960, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
-                        bos_token_id=end_of_text, eos_token_id=im_end, pad_token_id=end_of_text)
+    model = qwen3_model(
+        cfg,
+        cfg.vocab_rows,
+        max_position_embeddings=40960,
+        rope_theta=1_000_000.0,
+        rms_norm_eps=1e-6,
+        bos_token_id=end_of_text,
+        eos_token_id=im_end,
+        pad_token_id=end_of_text,
+    )
     model = model.to(torch.bfloat16).eval()
     model.generation_config = GenerationConfig(
-        bos_token_id=end_of_text, eos_token_id=[im_end, end_of_text], pad_token_id=end_of_text,
-        do_sample=True, temperature=0.6, top_p=0.95, top_k=20,
+        bos_token_id=end_of_text,
+        eos_token_id=[im_end, end_of_text],
+        pad_token_id=end_of_text,
+        do_sample=True,
+        temperature=0.6,
+        top_p=0.95,
+        top_k=20,
     )
-    summary = {"parameters": count_parameters(model), "vocab_rows": cfg.vocab_rows, "tokenizer_entries": len(tokenizer),
-               "eos_token_ids": [im_end, end_of_text], "config": to_dict(cfg),
-               "seconds": round(time.time() - start, 1)}
+    summary = {
+        "parameters": count_parameters(model),
+        "vocab_rows": cfg.vocab_rows,
+        "tokenizer_entries": len(tokenizer),
+        "eos_token_ids": [im_end, end_of_text],
+        "config": to_dict(cfg),
+        "seconds": round(time.time() - start, 1),
+    }
     save_model(out, model, tokenizer, summary)
     return summary

@@ -99,8 +99,11 @@ def nonfinite_tensors(state_dict: dict) -> list[str]:
     """Names of the floating-point tensors of ``state_dict`` holding a NaN or an infinity."""
     import torch
 
-    return [name for name, t in state_dict.items()
-            if torch.is_tensor(t) and t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    return [
+        name
+        for name, t in state_dict.items()
+        if torch.is_tensor(t) and t.is_floating_point() and not bool(torch.isfinite(t).all())
+    ]
 
 
 def fsync_path(path: Path) -> None:
@@ -139,17 +142,26 @@ class RunDir:
             fh.close()
             if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 raise
-            raise RunDirBusy(f"{self.path}: in use by {_describe(holder)}; wait for it to end or choose another "
-                             "--out") from None
+            raise RunDirBusy(
+                f"{self.path}: in use by {_describe(holder)}; wait for it to end or choose another --out"
+            ) from None
         fh.seek(0)
         last = _parse_owner(fh.read())
         if last:
-            log.warning("%s: the last owner (%s) ended without closing the run; taking over", self.path,
-                        _describe(last))
+            log.warning(
+                "%s: the last owner (%s) ended without closing the run; taking over", self.path, _describe(last)
+            )
         fh.seek(0)
         fh.truncate()
-        fh.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                             "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}))
+        fh.write(
+            json.dumps(
+                {
+                    "pid": os.getpid(),
+                    "host": socket.gethostname(),
+                    "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                }
+            )
+        )
         fh.flush()
         self._lock = fh
 
@@ -193,8 +205,9 @@ class RunDir:
                 if self.finished:
                     raise FileExistsError(f"{self.path}: a finished run is already there; choose another --out")
                 if self.has_checkpoint():
-                    raise FileExistsError(f"{self.path}: holds a checkpoint; pass --resume to continue it, "
-                                          "or choose another --out")
+                    raise FileExistsError(
+                        f"{self.path}: holds a checkpoint; pass --resume to continue it, or choose another --out"
+                    )
                 return False
             self._check_config(config)
             return self.has_checkpoint()
@@ -215,27 +228,39 @@ class RunDir:
         if saved == current:
             return
         if saved is None:
-            raise ConfigMismatch(f"{self.path}: holds run files ({', '.join(present)}) but no readable {CONFIG}, "
-                                 "so its run cannot be told apart from another; move it away or choose another --out")
+            raise ConfigMismatch(
+                f"{self.path}: holds run files ({', '.join(present)}) but no readable {CONFIG}, "
+                "so its run cannot be told apart from another; move it away or choose another --out"
+            )
         old, new = flatten(saved if isinstance(saved, dict) else {}), flatten(current)
         changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
         raise ConfigMismatch(
             f"{self.path}: holds a run made with another config (changed: {', '.join(changed)}); resuming would "
             f"mix two runs. To continue the run as it was started: gmc train --resume --out {self.path} (its "
-            f"{CONFIG} is the config); to start another, choose another --out")
+            f"{CONFIG} is the config); to start another, choose another --out"
+        )
 
     def clean_interrupted_writes(self) -> list[Path]:
         """Remove what interrupted atomic writes left behind (``.<name>.*.tmp``, ``.model.old``)."""
-        leftovers = [p for folder in (self.path, self.path / LOGPROBS) if folder.is_dir() for p in folder.iterdir()
-                     if p.name.startswith(".") and (p.name.endswith(".tmp") or p.name == f".{MODEL}.old")]
+        leftovers = [
+            p
+            for folder in (self.path, self.path / LOGPROBS)
+            if folder.is_dir()
+            for p in folder.iterdir()
+            if p.name.startswith(".") and (p.name.endswith(".tmp") or p.name == f".{MODEL}.old")
+        ]
         for p in leftovers:
             if p.is_dir() and not p.is_symlink():
                 shutil.rmtree(p, ignore_errors=True)
             else:
                 p.unlink(missing_ok=True)
         if leftovers:
-            log.info("%s: removed %d leftover(s) of interrupted writes: %s", self.path, len(leftovers),
-                     ", ".join(sorted(p.name for p in leftovers)))
+            log.info(
+                "%s: removed %d leftover(s) of interrupted writes: %s",
+                self.path,
+                len(leftovers),
+                ", ".join(sorted(p.name for p in leftovers)),
+            )
         return leftovers
 
     def unfinish(self) -> None:
@@ -256,8 +281,11 @@ class RunDir:
     def logs(self, updates_per_batch: int = 1):
         """The run's step logs opened for appending, as a :class:`StepLogs` (of a run making
         ``updates_per_batch`` updates per step)."""
-        with (self.path / METRICS).open("a") as metrics, (self.path / GROUPS).open("a") as groups, \
-                (self.path / TRACE).open("a") as trace:
+        with (
+            (self.path / METRICS).open("a") as metrics,
+            (self.path / GROUPS).open("a") as groups,
+            (self.path / TRACE).open("a") as trace,
+        ):
             yield StepLogs(metrics, groups, trace, updates_per_batch)
 
     def truncate_logs(self, step: int) -> None:
@@ -312,11 +340,14 @@ class RunDir:
             if path == self.previous:
                 if self.checkpoint.exists():  # keep it out of the next rotation, for inspection
                     os.replace(self.checkpoint, self.path / REJECTED)
-                log.warning("%s: resuming from the previous checkpoint %s (step %s)", self.path, path.name,
-                            state.get("step"))
+                log.warning(
+                    "%s: resuming from the previous checkpoint %s (step %s)", self.path, path.name, state.get("step")
+                )
             return state
-        raise CheckpointError(f"no usable checkpoint in {self.path}: {'; '.join(errors)}. Move these files away "
-                              "to start the run afresh, or restore them from a copy")
+        raise CheckpointError(
+            f"no usable checkpoint in {self.path}: {'; '.join(errors)}. Move these files away "
+            "to start the run afresh, or restore them from a copy"
+        )
 
     def read_checkpoint(self, path: Path) -> dict:
         """The checkpoint at ``path`` once it verifies (a full zip test, the config's fingerprint),
@@ -372,8 +403,19 @@ class StepLogs:
         metrics.write(json.dumps(record) + "\n")
         group_file.write("".join(json.dumps(g) + "\n" for g in groups))
         K = self.updates_per_batch
-        trace.write("".join(json.dumps({**{k: g[k] for k in TRACE_FIELDS}, "version": g["version"] // K,
-                                        "consumed_version": g["consumed_version"] // K}) + "\n" for g in groups))
+        trace.write(
+            "".join(
+                json.dumps(
+                    {
+                        **{k: g[k] for k in TRACE_FIELDS},
+                        "version": g["version"] // K,
+                        "consumed_version": g["consumed_version"] // K,
+                    }
+                )
+                + "\n"
+                for g in groups
+            )
+        )
         for f in self.files:
             f.flush()
 
@@ -384,13 +426,27 @@ def group_record(step: int, g) -> dict:
     version (optimizer update) that consumed it and their difference, its length and reward, the latency model's virtual times
     and, under real asynchrony, its wall clock times and ``versions``, the sorted versions its
     tokens came from (more than one under partial rollouts; ``version`` is the oldest)."""
-    record = {"step": step, "prompt_index": g.prompt_index, "worker": g.worker, "version": g.version,
-              "consumed_version": g.consumed_version, "staleness": g.staleness, "length_max": g.max_length,
-              "length_mean": float(g.lengths.float().mean()), "reward_mean": float(g.rewards.mean()),
-              "submitted_at": g.submitted_at, "completed_at": g.completed_at}
+    record = {
+        "step": step,
+        "prompt_index": g.prompt_index,
+        "worker": g.worker,
+        "version": g.version,
+        "consumed_version": g.consumed_version,
+        "staleness": g.staleness,
+        "length_max": g.max_length,
+        "length_mean": float(g.lengths.float().mean()),
+        "reward_mean": float(g.rewards.mean()),
+        "submitted_at": g.submitted_at,
+        "completed_at": g.completed_at,
+    }
     if g.finish_wall is not None:
-        record.update(submit_wall=g.submit_wall, finish_wall=g.finish_wall, consume_wall=g.consume_wall,
-                      generation_seconds=g.generation_seconds, versions=g.versions)
+        record.update(
+            submit_wall=g.submit_wall,
+            finish_wall=g.finish_wall,
+            consume_wall=g.consume_wall,
+            generation_seconds=g.generation_seconds,
+            versions=g.versions,
+        )
     return record
 
 

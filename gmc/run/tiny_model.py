@@ -69,8 +69,11 @@ class TinyModelConfig(Qwen3Shape):
 
     def __post_init__(self) -> None:
         if self.accept_accuracy is not None and self.synthetic.validation_fraction == 0:
-            raise ConfigError("the acceptance rule judges a warm start on the validation split, which needs "
-                              "synthetic.validation_fraction > 0", "accept_accuracy")
+            raise ConfigError(
+                "the acceptance rule judges a warm start on the validation split, which needs "
+                "synthetic.validation_fraction > 0",
+                "accept_accuracy",
+            )
 
 
 REPLACEMENT_STRIDE = 1000
@@ -89,15 +92,21 @@ def build_tiny_model(out: str | Path, cfg: TinyModelConfig = TinyModelConfig(), 
         if cfg.accept_accuracy is None:
             break
         score = validation_accuracy(model, tokenizer, cfg, summary["max_new_tokens"])
-        attempts.append({"seed": seed, "validation_greedy_accuracy": score,
-                         "accepted": score >= cfg.accept_accuracy})
-        log.info("warm start of seed %d: validation greedy accuracy %.3f (the rule asks %.3f): %s", seed, score,
-                 cfg.accept_accuracy, "accepted" if attempts[-1]["accepted"] else "rejected")
+        attempts.append({"seed": seed, "validation_greedy_accuracy": score, "accepted": score >= cfg.accept_accuracy})
+        log.info(
+            "warm start of seed %d: validation greedy accuracy %.3f (the rule asks %.3f): %s",
+            seed,
+            score,
+            cfg.accept_accuracy,
+            "accepted" if attempts[-1]["accepted"] else "rejected",
+        )
         if attempts[-1]["accepted"]:
             break
     else:
-        raise RuntimeError(f"no warm start of seed {cfg.seed} met the acceptance rule (validation greedy accuracy >= "
-                           f"{cfg.accept_accuracy}) in {cfg.max_attempts} attempts: {attempts}")
+        raise RuntimeError(
+            f"no warm start of seed {cfg.seed} met the acceptance rule (validation greedy accuracy >= "
+            f"{cfg.accept_accuracy}) in {cfg.max_attempts} attempts: {attempts}"
+        )
     summary.update(attempts=attempts, replaced=len(attempts) > 1, config=to_dict(cfg))
     save_model(out, model, tokenizer, summary)
     return summary
@@ -114,9 +123,14 @@ def validation_accuracy(model, tokenizer, cfg: TinyModelConfig, max_new_tokens: 
 
     problems = cfg.synthetic.generate("validation", cfg.accept_problems, seed=0)
     model.eval()
-    groups = HFEngine(model, tokenizer, seed=0).generate([PLAIN_TEMPLATE.format(problem=r.problem) for r in problems],
-                                                         1, SamplingConfig(temperature=0.0, max_new_tokens=max_new_tokens))
-    return sum(bool(fast_verdict(r.answer, extract_answer(g[0].text) or "")) for r, g in zip(problems, groups)) / len(problems)
+    groups = HFEngine(model, tokenizer, seed=0).generate(
+        [PLAIN_TEMPLATE.format(problem=r.problem) for r in problems],
+        1,
+        SamplingConfig(temperature=0.0, max_new_tokens=max_new_tokens),
+    )
+    return sum(bool(fast_verdict(r.answer, extract_answer(g[0].text) or "")) for r, g in zip(problems, groups)) / len(
+        problems
+    )
 
 
 def _warm_start(cfg: TinyModelConfig, progress: bool):
@@ -140,8 +154,15 @@ def _warm_start(cfg: TinyModelConfig, progress: bool):
     noise = random.Random(cfg.seed)
     targets = [" " + solution_steps(r.meta["expression"], int(noise.random() < cfg.answer_noise)) for r in train]
     tokenizer = train_tokenizer([p + t for p, t in zip(prompts, targets)], cfg.vocab_size)
-    model = qwen3_model(cfg, len(tokenizer), max_position_embeddings=512, bos_token_id=None,
-                        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, rope_theta=10000.0)
+    model = qwen3_model(
+        cfg,
+        len(tokenizer),
+        max_position_embeddings=512,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        rope_theta=10000.0,
+    )
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 50))
     eos = tokenizer.eos_token
@@ -154,7 +175,9 @@ def _warm_start(cfg: TinyModelConfig, progress: bool):
         model.eval()
         groups = engine.generate([PLAIN_TEMPLATE.format(problem=r.problem) for r in held_out], 1, greedy)
         model.train()
-        return sum(bool(fast_verdict(r.answer, extract_answer(g[0].text) or "")) for r, g in zip(held_out, groups)) / len(held_out)
+        return sum(
+            bool(fast_verdict(r.answer, extract_answer(g[0].text) or "")) for r, g in zip(held_out, groups)
+        ) / len(held_out)
 
     gen = torch.Generator().manual_seed(cfg.seed)
     acc, step, history = 0.0, 0, []
@@ -169,8 +192,12 @@ def _warm_start(cfg: TinyModelConfig, progress: bool):
         pad = (enc["attention_mask"] == 0).sum(1)
         for row, (p, n) in enumerate(zip(pad.tolist(), n_prompt)):
             labels[row, : p + n] = -100
-        fwd = model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
-                    position_ids=position_ids_from_mask(enc["attention_mask"]), labels=labels)
+        fwd = model(
+            input_ids=enc["input_ids"],
+            attention_mask=enc["attention_mask"],
+            position_ids=position_ids_from_mask(enc["attention_mask"]),
+            labels=labels,
+        )
         fwd.loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -189,7 +216,14 @@ def _warm_start(cfg: TinyModelConfig, progress: bool):
     if step % cfg.eval_every:
         acc = accuracy()
     model.eval()
-    summary = {"steps": step, "greedy_accuracy": acc, "seconds": round(time.time() - start, 1),
-               "threads": torch.get_num_threads(), "seed": cfg.seed, "max_new_tokens": greedy.max_new_tokens,
-               "parameters": count_parameters(model), "history": history}
+    summary = {
+        "steps": step,
+        "greedy_accuracy": acc,
+        "seconds": round(time.time() - start, 1),
+        "threads": torch.get_num_threads(),
+        "seed": cfg.seed,
+        "max_new_tokens": greedy.max_new_tokens,
+        "parameters": count_parameters(model),
+        "history": history,
+    }
     return model, tokenizer, summary

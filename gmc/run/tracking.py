@@ -123,8 +123,16 @@ def _sweep_parent(client, experiment_id: str, root: Path, create: bool) -> str |
     return client.create_run(experiment_id, run_name=f"sweep {root.name}", tags={SWEEP_TAG: str(root)}).info.run_id
 
 
-def _run_for(client, experiment_id: str, run_dir: Path, run_id: str, config: dict[str, Any],
-             create_parent: bool, start_ms: int | None = None, tags: dict[str, str] | None = None):
+def _run_for(
+    client,
+    experiment_id: str,
+    run_dir: Path,
+    run_id: str,
+    config: dict[str, Any],
+    create_parent: bool,
+    start_ms: int | None = None,
+    tags: dict[str, str] | None = None,
+):
     """The MLflow run of a run directory (created with its parameters and ``tags``, started at
     ``start_ms`` (else now), on first use), nested under its sweep's parent run when there is one."""
     run = _find_run(client, experiment_id, RUN_TAG, run_id)
@@ -152,8 +160,11 @@ def _append(client, mlflow_run_id: str, records: list[dict[str, Any]], synced: i
     new = [r for r in records if int(r["step"]) >= synced]
     if not new:
         return synced
-    metrics = [Metric(k, v, int(r["time"] * 1000) if "time" in r else default_ms, int(r["step"]))
-               for r in new for k, v in metric_items(r)]
+    metrics = [
+        Metric(k, v, int(r["time"] * 1000) if "time" in r else default_ms, int(r["step"]))
+        for r in new
+        for k, v in metric_items(r)
+    ]
     synced = int(new[-1]["step"]) + 1
     batches = [metrics[i : i + _BATCH] for i in range(0, len(metrics), _BATCH)] or [[]]
     for i, batch in enumerate(batches):
@@ -192,8 +203,9 @@ class LiveTracker:
             log.warning("MLflow: could not finish the run (gmc mlflow-sync brings it up to date): %s", e)
 
 
-def live_tracker(uri: str | None, experiment: str | None, run_dir: Path, run_id: str,
-                 config: dict[str, Any]) -> LiveTracker | None:
+def live_tracker(
+    uri: str | None, experiment: str | None, run_dir: Path, run_id: str, config: dict[str, Any]
+) -> LiveTracker | None:
     """A ``LiveTracker`` when a tracking URI is configured (explicitly or by
     ``MLFLOW_TRACKING_URI``); None otherwise."""
     uri = resolve_uri(uri, default=None)
@@ -243,7 +255,9 @@ def _shared_source(run_dir: Path) -> tuple[Path, Path, str]:
     point's name."""
     root = sweep_root(run_dir)
     if root is None:
-        raise ValueError(f"{run_dir / SHARED}: a shared point outside a sweep's results folder (<results>/train/<point>)")
+        raise ValueError(
+            f"{run_dir / SHARED}: a shared point outside a sweep's results folder (<results>/train/<point>)"
+        )
     trained = json.loads((run_dir / SHARED).read_text())["run"]
     point = run_dir.resolve().relative_to(root / "train")
     return root / "train" / trained, root / "configs" / "train" / f"{point}.yaml", trained
@@ -292,8 +306,7 @@ def sync_run(run_dir: str | Path, uri: str | None = None, experiment: str | None
     return mlflow_run_id
 
 
-def sync_sweep(results: str | Path, uri: str | None = None, experiment: str | None = None,
-               finish: bool = False) -> str:
+def sync_sweep(results: str | Path, uri: str | None = None, experiment: str | None = None, finish: bool = False) -> str:
     """The parent run of the sweep in ``results`` (created if absent); returns its id. With
     ``finish``: the base model's scores are logged to it (``<results>/eval/base``; where each
     seed has its own base model, ``eval/base/seed~<s>`` as ``seed-<s>/eval/...``, since MLflow

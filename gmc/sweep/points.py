@@ -105,8 +105,7 @@ def sweep_points(config: dict[str, Any]) -> list[Point]:
     refs = sweep["references"]
     points += itertools.product(refs["algorithms"], refs["delays"], sweep["group_sizes"], sweep["seeds"])
     for delay, section in _delay_sections(config).items():
-        points += itertools.product([s for s in section["algorithms"]], [delay], section["group_sizes"],
-                                    sweep["seeds"])
+        points += itertools.product([s for s in section["algorithms"]], [delay], section["group_sizes"], sweep["seeds"])
     return list(dict.fromkeys(Point(a, str(d), int(g), int(s)) for a, d, g, s in points))
 
 

@@ -40,8 +40,11 @@ def warmup_values(config: dict[str, Any]) -> dict[str, Any]:
     """The warm-up settings of the sweep's runs (``sweep.warmup``, ``sweep.history``)."""
     if config["sweep"]["warmup"] != "history":
         return {"warmup": config["sweep"]["warmup"]}
-    return {"warmup": "history", "history_steps": history_steps(config),
-            "history_algorithm": config["sweep"]["history"]["algorithm"]}
+    return {
+        "warmup": "history",
+        "history_steps": history_steps(config),
+        "history_algorithm": config["sweep"]["history"]["algorithm"],
+    }
 
 
 def delay_values(config: dict[str, Any], delay: str) -> dict[str, Any]:
@@ -94,8 +97,10 @@ def run_values(config: dict[str, Any], point: Point) -> dict[str, Any]:
     samples = config["sweep"].get("samples_per_step")
     if samples is not None:
         if samples % point.group:
-            raise ConfigError(f"{samples} rollouts per step do not split into groups of {point.group} "
-                              f"(run {point.path})", "sweep.samples_per_step")
+            raise ConfigError(
+                f"{samples} rollouts per step do not split into groups of {point.group} (run {point.path})",
+                "sweep.samples_per_step",
+            )
         values["prompts_per_step"] = samples // point.group
     if variant:
         values["algorithm"] = variant["algorithm"]
@@ -120,8 +125,11 @@ def resolve_run(config: dict[str, Any], point: Point) -> TrainConfig:
     except ConfigError as e:
         variant = config.get("variants", {}).get(point.algorithm, {})
         key = e.key and e.key.split(".", 1)[0].split("[", 1)[0]
-        where = f"variants.{point.algorithm}.train.{e.key}" if key in variant.get("train", {}) \
+        where = (
+            f"variants.{point.algorithm}.train.{e.key}"
+            if key in variant.get("train", {})
             else _section_key(e.key, point)
+        )
         raise ConfigError(f"{e.reason} (run {point.path})", where) from None
 
 
@@ -139,9 +147,16 @@ def _section_key(key: str | None, point: Point) -> str | None:
         if point.delay.startswith(TRACE_PREFIX):
             return f"traces.{point.delay.removeprefix(TRACE_PREFIX)}.file"
         return f"{point.delay}.{key}"
-    homes = {"model": "model.name", "algorithm": "sweep.algorithms", "group_size": "sweep.group_sizes",
-             "seed": "sweep.seeds", "data_source": "data.source", "data_root": "data.root",
-             "tracking_uri": "mlflow.tracking_uri", "experiment": "mlflow.experiment"}
+    homes = {
+        "model": "model.name",
+        "algorithm": "sweep.algorithms",
+        "group_size": "sweep.group_sizes",
+        "seed": "sweep.seeds",
+        "data_source": "data.source",
+        "data_root": "data.root",
+        "tracking_uri": "mlflow.tracking_uri",
+        "experiment": "mlflow.experiment",
+    }
     if top == "synthetic":
         return key
     return homes.get(top, f"train.{key}")
@@ -158,8 +173,12 @@ def resolve_eval(config: dict[str, Any]) -> EvalConfig:
 
 
 def eval_values(config: dict[str, Any]) -> dict[str, Any]:
-    return dict(config["evaluate"], data_source=config["data"]["source"], data_root=config["data"]["root"],
-                synthetic=config["synthetic"])
+    return dict(
+        config["evaluate"],
+        data_source=config["data"]["source"],
+        data_root=config["data"]["root"],
+        synthetic=config["synthetic"],
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -207,8 +226,10 @@ def check_shared(member: TrainConfig, run: TrainConfig) -> tuple:
     """The on-policy class two runs share; a ValueError when they are not provably identical."""
     a, b = _share_key(member), _share_key(run)
     if a is None or a != b:
-        raise ValueError(f"{member.algorithm} and {run.algorithm} do not train the same run: "
-                         f"{on_policy_class(member)} vs {on_policy_class(run)}, or other settings differ")
+        raise ValueError(
+            f"{member.algorithm} and {run.algorithm} do not train the same run: "
+            f"{on_policy_class(member)} vs {on_policy_class(run)}, or other settings differ"
+        )
     return a[0]
 
 
@@ -258,7 +279,9 @@ def lab_history(config: dict[str, Any], points: list[Point]) -> str:
     group = config["sweep"]["group_sizes"][0] if lab["history_group_size"] is None else lab["history_group_size"]
     histories = shared_histories(config, [p for p in points if p.seed == seed and p.group == group])
     if not histories:
-        raise ConfigError(f"the gradient lab measures a history of the sweep, and no run at seed {seed} and group "
-                          f"size {group} starts from one (sweep.warmup: history, a seed and group size of the sweep)",
-                          "gradient_lab.history_seed")
+        raise ConfigError(
+            f"the gradient lab measures a history of the sweep, and no run at seed {seed} and group "
+            f"size {group} starts from one (sweep.warmup: history, a seed and group size of the sweep)",
+            "gradient_lab.history_seed",
+        )
     return next(iter(histories.values()))[0]

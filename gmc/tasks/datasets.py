@@ -69,19 +69,48 @@ class DatasetSpec:
 
 
 BENCHMARKS: dict[str, DatasetSpec] = {
-    "math500": DatasetSpec("benchmarks/math500/test.jsonl", "HuggingFaceH4/MATH-500", id_field="unique_id",
-                           label="MATH500", solution_field="solution"),
-    "aime24": DatasetSpec("benchmarks/aime24/test.jsonl", "HuggingFaceH4/aime_2024", hub_split="train", id_field="id",
-                          label="AIME 2024", k=16, solution_field="solution"),
+    "math500": DatasetSpec(
+        "benchmarks/math500/test.jsonl",
+        "HuggingFaceH4/MATH-500",
+        id_field="unique_id",
+        label="MATH500",
+        solution_field="solution",
+    ),
+    "aime24": DatasetSpec(
+        "benchmarks/aime24/test.jsonl",
+        "HuggingFaceH4/aime_2024",
+        hub_split="train",
+        id_field="id",
+        label="AIME 2024",
+        k=16,
+        solution_field="solution",
+    ),
     "aime25": DatasetSpec("benchmarks/aime25/test.jsonl", "math-ai/aime25", id_field="id", label="AIME 2025", k=16),
-    "amc23": DatasetSpec("benchmarks/amc23/test.jsonl", "math-ai/amc23", hub_problem_field="question", id_field="id",
-                         label="AMC 2023", k=16),
-    "minerva_math": DatasetSpec("benchmarks/minerva_math/test.jsonl", "math-ai/minervamath",
-                                hub_problem_field="question", id_field="idx", label="Minerva Math",
-                                solution_field="solution"),
-    "olympiadbench": DatasetSpec("benchmarks/olympiadbench/test.jsonl", "math-ai/olympiadbench",
-                                 hub_problem_field="question", hub_answer_field="final_answer", id_field="id",
-                                 label="OlympiadBench", solution_field="solution"),
+    "amc23": DatasetSpec(
+        "benchmarks/amc23/test.jsonl",
+        "math-ai/amc23",
+        hub_problem_field="question",
+        id_field="id",
+        label="AMC 2023",
+        k=16,
+    ),
+    "minerva_math": DatasetSpec(
+        "benchmarks/minerva_math/test.jsonl",
+        "math-ai/minervamath",
+        hub_problem_field="question",
+        id_field="idx",
+        label="Minerva Math",
+        solution_field="solution",
+    ),
+    "olympiadbench": DatasetSpec(
+        "benchmarks/olympiadbench/test.jsonl",
+        "math-ai/olympiadbench",
+        hub_problem_field="question",
+        hub_answer_field="final_answer",
+        id_field="id",
+        label="OlympiadBench",
+        solution_field="solution",
+    ),
 }
 """The six evaluation benchmarks of method.md section 5; the one place to add one."""
 
@@ -89,8 +118,14 @@ SYNTHETIC = DatasetSpec("", "", label="synthetic arithmetic", k=4)
 """The generated benchmark ``synthetic`` (the synthetic task's test split): no file, no hub copy."""
 
 TRAIN_SETS: dict[str, DatasetSpec] = {
-    "math": DatasetSpec("train/math/train.jsonl", "DigitalLearningGmbH/MATH-lighteval", hub_split="train",
-                        hub_answer_field="solution", hub_answer_from_boxed=True, label="MATH train split"),
+    "math": DatasetSpec(
+        "train/math/train.jsonl",
+        "DigitalLearningGmbH/MATH-lighteval",
+        hub_split="train",
+        hub_answer_field="solution",
+        hub_answer_from_boxed=True,
+        label="MATH train split",
+    ),
 }
 """Training sets: the MATH training split."""
 
@@ -126,15 +161,19 @@ def read_rows(path: str | os.PathLike) -> list[tuple[int, dict[str, Any]]]:
     its 1-based line (JSONL) or row number."""
     path = Path(path)
     if not path.exists():
-        raise DataError(f"{path}: file not found (set the data root with --data-root, data.root or "
-                        f"${DEFAULT_DATA_ROOT_ENV}; `gmc prepare-data --source hub` fills it)")
+        raise DataError(
+            f"{path}: file not found (set the data root with --data-root, data.root or "
+            f"${DEFAULT_DATA_ROOT_ENV}; `gmc prepare-data --source hub` fills it)"
+        )
     suffix = path.suffix.lower()
     if suffix == ".parquet":
         import pandas as pd
 
         frame = pd.read_parquet(path)
-        rows = [(i + 1, {k: v.tolist() if hasattr(v, "tolist") else v for k, v in row.items()})  # numpy -> Python
-                for i, row in enumerate(frame.to_dict(orient="records"))]
+        rows = [
+            (i + 1, {k: v.tolist() if hasattr(v, "tolist") else v for k, v in row.items()})  # numpy -> Python
+            for i, row in enumerate(frame.to_dict(orient="records"))
+        ]
     elif suffix == ".json":
         data = path.read_bytes()
         try:
@@ -182,19 +221,33 @@ def _parse_int(digits: str) -> int | str:
 
 def _check_types(row: dict, where: str, lineno: int, name: str, problem_field: str, answer_field: str) -> None:
     if not isinstance(row[problem_field], str):
-        raise DataError(f"{where}:{lineno}: field {problem_field!r} must be text, got "
-                        f"{type(row[problem_field]).__name__} (dataset {name!r})")
+        raise DataError(
+            f"{where}:{lineno}: field {problem_field!r} must be text, got "
+            f"{type(row[problem_field]).__name__} (dataset {name!r})"
+        )
     answer = row[answer_field]
     parts = answer if isinstance(answer, (list, tuple)) else [answer]
     for part in parts:
-        if isinstance(part, bool) or not isinstance(part, (str, int, float)) or (
-                isinstance(part, float) and not math.isfinite(part)):
-            raise DataError(f"{where}:{lineno}: field {answer_field!r} must be text, a finite number or a list of "
-                            f"them, got {part!r} (dataset {name!r})")
+        if (
+            isinstance(part, bool)
+            or not isinstance(part, (str, int, float))
+            or (isinstance(part, float) and not math.isfinite(part))
+        ):
+            raise DataError(
+                f"{where}:{lineno}: field {answer_field!r} must be text, a finite number or a list of "
+                f"them, got {part!r} (dataset {name!r})"
+            )
 
 
-def records_from_rows(rows, name: str, spec: DatasetSpec, where: str, problem_field: str,
-                      answer_field: str, answer_from_boxed: bool = False) -> list[Record]:
+def records_from_rows(
+    rows,
+    name: str,
+    spec: DatasetSpec,
+    where: str,
+    problem_field: str,
+    answer_field: str,
+    answer_from_boxed: bool = False,
+) -> list[Record]:
     """Normalise raw rows; missing fields raise, duplicates (same problem text) are reported."""
     out: list[Record] = []
     seen: dict[str, int] = {}
@@ -235,8 +288,9 @@ def _spec(name: str) -> DatasetSpec:
     )
 
 
-def load_dataset(name: str, source: str = "local", root: str | os.PathLike | None = None,
-                 limit: int | None = None) -> list[Record]:
+def load_dataset(
+    name: str, source: str = "local", root: str | os.PathLike | None = None, limit: int | None = None
+) -> list[Record]:
     """Load a registered benchmark or training set.
 
     ``source='local'`` reads ``<root>/<spec.local>``; ``source='hub'`` calls
@@ -274,12 +328,24 @@ def hub_records(name: str, spec: DatasetSpec, rows) -> list[Record]:
     mapped through the spec's hub field names."""
     rows = list(enumerate(rows, start=1))
     where = f"hub:{spec.hub_id}[{spec.hub_split}]"
-    return records_from_rows(rows, name, spec, where, spec.hub_problem_field or spec.problem_field,
-                             spec.hub_answer_field or spec.answer_field, spec.hub_answer_from_boxed)
+    return records_from_rows(
+        rows,
+        name,
+        spec,
+        where,
+        spec.hub_problem_field or spec.problem_field,
+        spec.hub_answer_field or spec.answer_field,
+        spec.hub_answer_from_boxed,
+    )
 
 
-def load_file(path: str | os.PathLike, name: str | None = None, problem_field: str = "problem",
-              answer_field: str = "answer", id_field: str | None = None) -> list[Record]:
+def load_file(
+    path: str | os.PathLike,
+    name: str | None = None,
+    problem_field: str = "problem",
+    answer_field: str = "answer",
+    id_field: str | None = None,
+) -> list[Record]:
     """Load any local JSONL/JSON/Parquet file of problems as records."""
     path = Path(path)
     spec = DatasetSpec(local=str(path), hub_id="", id_field=id_field)
@@ -299,6 +365,7 @@ def format_prompt(tokenizer, problem: str, thinking: bool = False) -> str:
     :data:`PLAIN_TEMPLATE`."""
     if getattr(tokenizer, "chat_template", None):
         messages = [{"role": "user", "content": f"{problem}\n{INSTRUCTION}"}]
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                             enable_thinking=thinking)
+        return tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True, enable_thinking=thinking
+        )
     return PLAIN_TEMPLATE.format(problem=problem)

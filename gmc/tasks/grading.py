@@ -238,8 +238,13 @@ def _end_pool(pool, grace: float) -> None:
 class Grader:
     """A pool of grading processes. Use :meth:`grade_batch`; :meth:`close` when done."""
 
-    def __init__(self, workers: int | None = None, timeout: float = 5.0, close_grace: float = CLOSE_GRACE,
-                 start_method: StartMethod = "fork"):
+    def __init__(
+        self,
+        workers: int | None = None,
+        timeout: float = 5.0,
+        close_grace: float = CLOSE_GRACE,
+        start_method: StartMethod = "fork",
+    ):
         if start_method not in _CONTEXTS:
             raise ValueError(f"start_method must be one of {list(_CONTEXTS)}, got {start_method!r}")
         self.workers = workers or max(1, min(os.cpu_count() or 1, 8))
@@ -276,7 +281,9 @@ class Grader:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def grade_batch(self, completions: Sequence[str], golds: Sequence[str], timeout: float | None = None) -> list[Grade]:
+    def grade_batch(
+        self, completions: Sequence[str], golds: Sequence[str], timeout: float | None = None
+    ) -> list[Grade]:
         if len(completions) != len(golds):
             raise ValueError(f"grade_batch: {len(completions)} completions but {len(golds)} gold answers")
         timeout = self.timeout if timeout is None else timeout
@@ -337,8 +344,9 @@ def grade(completion: str, gold: str, timeout: float = 5.0) -> Grade:
     return grade_batch([completion], [gold], timeout=timeout)[0]
 
 
-def grade_oracle(benchmarks: Sequence[str] | None = None, root=None, timeout: float = 5.0,
-                 grader: Grader | None = None) -> dict[str, dict]:
+def grade_oracle(
+    benchmarks: Sequence[str] | None = None, root=None, timeout: float = 5.0, grader: Grader | None = None
+) -> dict[str, dict]:
     """Grade each benchmark's own reference solution against its gold answer.
 
     Returns, per benchmark, the agreement (fraction graded correct), counts and the reasons of
@@ -351,7 +359,9 @@ def grade_oracle(benchmarks: Sequence[str] | None = None, root=None, timeout: fl
     names = list(benchmarks) if benchmarks else list(REFERENCE_SOLUTION_FIELDS)
     for name in names:
         if name not in REFERENCE_SOLUTION_FIELDS:
-            raise DataError(f"benchmark {name!r} has no reference solutions; choose from {sorted(REFERENCE_SOLUTION_FIELDS)}")
+            raise DataError(
+                f"benchmark {name!r} has no reference solutions; choose from {sorted(REFERENCE_SOLUTION_FIELDS)}"
+            )
     own = grader is None
     grader = grader or Grader(timeout=timeout)
     try:
@@ -362,8 +372,12 @@ def grade_oracle(benchmarks: Sequence[str] | None = None, root=None, timeout: fl
             solutions = [r.meta[field] if isinstance(r.meta[field], str) else "\n".join(r.meta[field]) for r in records]
             grades = grader.grade_batch(solutions, [r.answer for r in records], timeout=timeout)
             correct = sum(g.correct for g in grades)
-            table[name] = {"n": len(records), "correct": correct, "agreement": correct / len(records),
-                           "reasons": dict(Counter(g.reason for g in grades))}
+            table[name] = {
+                "n": len(records),
+                "correct": correct,
+                "agreement": correct / len(records),
+                "reasons": dict(Counter(g.reason for g in grades)),
+            }
         return table
     finally:
         if own:

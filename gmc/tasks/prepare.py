@@ -85,8 +85,13 @@ def describe(name: str, root: str | os.PathLike) -> dict[str, Any]:
     spec = _spec(name)
     path = Path(root) / spec.local
     rows = len(load_dataset(name, source="local", root=root))
-    return {"file": spec.local, "rows": rows, "bytes": path.stat().st_size, "sha256": sha256(path),
-            "hub_id": spec.hub_id}
+    return {
+        "file": spec.local,
+        "rows": rows,
+        "bytes": path.stat().st_size,
+        "sha256": sha256(path),
+        "hub_id": spec.hub_id,
+    }
 
 
 def prepare(names: list[str], root: str | os.PathLike | None = None, source: str = "local") -> dict[str, Any]:
@@ -101,8 +106,12 @@ def prepare(names: list[str], root: str | os.PathLike | None = None, source: str
             sets[name] = {"generated": True}
             continue
         if Path(name).suffix in FILE_SUFFIXES:  # a training file given by path
-            sets[name] = {"file": name, "rows": len(load_file(name)), "bytes": Path(name).stat().st_size,
-                          "sha256": sha256(name)}
+            sets[name] = {
+                "file": name,
+                "rows": len(load_file(name)),
+                "bytes": Path(name).stat().st_size,
+                "sha256": sha256(name),
+            }
             continue
         if source == "hub":
             download(name, root)
@@ -118,5 +127,6 @@ def check_manifest(manifest: dict[str, Any], root: str | os.PathLike | None = No
         for key in ("rows", "sha256"):
             if entry[key] != want[key]:
                 where = Path(entry["file"]) if name == entry["file"] else Path(current["root"]) / entry["file"]
-                raise DataError(f"{where}: {key} {entry[key]} differs from the manifest's {want[key]} "
-                                f"(dataset {name!r})")
+                raise DataError(
+                    f"{where}: {key} {entry[key]} differs from the manifest's {want[key]} (dataset {name!r})"
+                )

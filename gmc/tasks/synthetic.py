@@ -47,20 +47,24 @@ class SyntheticTask:
 
     def __post_init__(self) -> None:
         if self.min_operands > self.max_operands:
-            raise ConfigError(f"must be >= min_operands ({self.min_operands}), got {self.max_operands}",
-                              "max_operands")
+            raise ConfigError(f"must be >= min_operands ({self.min_operands}), got {self.max_operands}", "max_operands")
         if self.min_digits > self.max_digits:
             raise ConfigError(f"must be >= min_digits ({self.min_digits}), got {self.max_digits}", "max_digits")
         if not self.operators or set(self.operators) - set("+-*"):
             raise ConfigError(f"must be a non-empty subset of '+-*', got {self.operators!r}", "operators")
         if self.test_fraction + self.validation_fraction >= 1:
-            raise ConfigError(f"test_fraction + validation_fraction must stay below 1, got {self.test_fraction} + "
-                              f"{self.validation_fraction}", "validation_fraction")
+            raise ConfigError(
+                f"test_fraction + validation_fraction must stay below 1, got {self.test_fraction} + "
+                f"{self.validation_fraction}",
+                "validation_fraction",
+            )
 
     def _expression(self, rng: random.Random) -> str:
         n = rng.randint(self.min_operands, self.max_operands)
-        terms = [str(rng.randint(10 ** (d - 1) if d > 1 else 0, 10**d - 1))
-                 for d in (rng.randint(self.min_digits, self.max_digits) for _ in range(n))]
+        terms = [
+            str(rng.randint(10 ** (d - 1) if d > 1 else 0, 10**d - 1))
+            for d in (rng.randint(self.min_digits, self.max_digits) for _ in range(n))
+        ]
         out = terms[0]
         for t in terms[1:]:
             out += rng.choice(self.operators) + t
@@ -91,8 +95,15 @@ class SyntheticTask:
             if problem in seen or self.split_of(problem) != split:
                 continue
             seen.add(problem)
-            out.append(Record(f"synthetic-{split}-{len(out)}", problem, str(eval_expression(expr)), "synthetic",
-                              {"expression": expr}))
+            out.append(
+                Record(
+                    f"synthetic-{split}-{len(out)}",
+                    problem,
+                    str(eval_expression(expr)),
+                    "synthetic",
+                    {"expression": expr},
+                )
+            )
         return out
 
 

@@ -63,8 +63,7 @@ def continuation_config(history: Path, steps: int) -> TrainConfig:
         cfg = from_dict(TrainConfig, saved)
     except (OSError, yaml.YAMLError) as e:
         raise ConfigError(f"--history {history}: its config.yaml cannot be read ({e})") from None
-    delay = DelayConfig(mode="fixed", d=0, warmup="history", history_steps=cfg.steps,
-                        history_algorithm=cfg.algorithm)
+    delay = DelayConfig(mode="fixed", d=0, warmup="history", history_steps=cfg.steps, history_algorithm=cfg.algorithm)
     return dataclasses.replace(cfg, steps=steps, delay=delay, keep_checkpoints="none")
 
 
@@ -96,8 +95,9 @@ class _Lab:
         """The weights at the history's end (0) and after each of the lab's delays, on-policy."""
         snap = lambda: {k: v.detach().clone() for k, v in self.model.state_dict().items()}  # noqa: E731
         out = {0: snap()}
-        for step in tqdm(range(max(self.lab.delays)), desc="gradient lab: continuing the history",
-                         disable=not self.progress):
+        for step in tqdm(
+            range(max(self.lab.delays)), desc="gradient lab: continuing the history", disable=not self.progress
+        ):
             self.trainer.train_step()
             self.trainer.step += 1
             if step + 1 in self.lab.delays:
@@ -134,17 +134,23 @@ class _Lab:
             if len(kept) == cfg.prompts:
                 self.prompts = kept
                 return rates
-        raise ValueError(f"{len(kept)} of {cfg.prompt_pool} screened prompts have groups of {cfg.focus_group_size} "
-                         f"answers neither all right nor all wrong, {cfg.prompts} needed: raise prompt_pool or "
-                         "measure a policy that learns")
+        raise ValueError(
+            f"{len(kept)} of {cfg.prompt_pool} screened prompts have groups of {cfg.focus_group_size} "
+            f"answers neither all right nor all wrong, {cfg.prompts} needed: raise prompt_pool or "
+            "measure a policy that learns"
+        )
 
     def update(self, algorithm: str, eps: float | None = None):
         from gmc.policy.update import Update
 
-        cfg = self.run if eps is None else dataclasses.replace(
-            self.run, estimator=dataclasses.replace(self.run.estimator, eps=eps))
-        return Update.from_config(dataclasses.replace(cfg, algorithm=algorithm), self.model,
-                                  self.trainer.tokenizer.pad_token_id)
+        cfg = (
+            self.run
+            if eps is None
+            else dataclasses.replace(self.run, estimator=dataclasses.replace(self.run.estimator, eps=eps))
+        )
+        return Update.from_config(
+            dataclasses.replace(cfg, algorithm=algorithm), self.model, self.trainer.tokenizer.pad_token_id
+        )
 
     def gradients(self, update, batches: list[list], on_policy: bool) -> tuple[np.ndarray, list[dict]]:
         """Each batch's gradient ``[batches, parameters]`` and statistics."""
@@ -170,8 +176,11 @@ def _moments(g: np.ndarray) -> dict[str, float]:
     """Second moment ``E||g||^2`` with its standard error, and the variance ``tr Cov g``."""
     sq = np.einsum("ij,ij->i", g, g)
     mean = g.mean(0)
-    return {"second_moment": float(sq.mean()), "second_moment_se": float(sq.std(ddof=1) / math.sqrt(len(sq))),
-            "variance": float((sq.sum() - len(g) * mean @ mean) / (len(g) - 1))}
+    return {
+        "second_moment": float(sq.mean()),
+        "second_moment_se": float(sq.std(ddof=1) / math.sqrt(len(sq))),
+        "variance": float((sq.sum() - len(g) * mean @ mean) / (len(g) - 1)),
+    }
 
 
 def _cosine(a: np.ndarray, b: np.ndarray) -> float:
@@ -186,12 +195,22 @@ def _row(g: np.ndarray, target: np.ndarray, reference: np.ndarray | None, stats:
     target_mean = target.mean(0)
     target_norm = float(np.linalg.norm(target_mean))  # 0 where no on-policy group had two rewards
     keys = sorted({k for s in stats for k in s if k.startswith("ratio/")})
-    return dict(bias=bias[0], bias_lo=bias[1], bias_hi=bias[2], bias_se=bias[3],
-                excess=excess[0], excess_lo=excess[1], excess_hi=excess[2], excess_se=excess[3],
-                rel_bias=bias[0] / target_norm if target_norm > 0 else math.nan, cosine=_cosine(g.mean(0), target_mean),
-                **_moments(g), target_norm=target_norm,
-                target_second_moment=_moments(target)["second_moment"],
-                **{k: float(np.mean([s[k] for s in stats if k in s])) for k in keys})
+    return dict(
+        bias=bias[0],
+        bias_lo=bias[1],
+        bias_hi=bias[2],
+        bias_se=bias[3],
+        excess=excess[0],
+        excess_lo=excess[1],
+        excess_hi=excess[2],
+        excess_se=excess[3],
+        rel_bias=bias[0] / target_norm if target_norm > 0 else math.nan,
+        cosine=_cosine(g.mean(0), target_mean),
+        **_moments(g),
+        target_norm=target_norm,
+        target_second_moment=_moments(target)["second_moment"],
+        **{k: float(np.mean([s[k] for s in stats if k in s])) for k in keys},
+    )
 
 
 def measure(history: Path, cfg: GradientLabConfig, progress: bool = True) -> dict[str, pd.DataFrame]:
@@ -200,24 +219,41 @@ def measure(history: Path, cfg: GradientLabConfig, progress: bool = True) -> dic
     algorithms = list(dict.fromkeys([*cfg.algorithms, "is"]))
     every = [*algorithms, *cfg.league_algorithms()]
     focus = (max(cfg.delays), cfg.focus_group_size)
-    plan = [(d, G, [(a, None) for a in algorithms]
-             + ([(a, None) for a in cfg.league_algorithms()] + [(a, e) for a in ("tic", "gmc") for e in cfg.eps_values]
-                if (d, G) == focus else []))
-            for d in [*cfg.delays] for G in sorted({*cfg.group_sizes, cfg.focus_group_size})
-            if G in cfg.group_sizes or (d, G) == focus]
+    plan = [
+        (
+            d,
+            G,
+            [(a, None) for a in algorithms]
+            + (
+                [(a, None) for a in cfg.league_algorithms()] + [(a, e) for a in ("tic", "gmc") for e in cfg.eps_values]
+                if (d, G) == focus
+                else []
+            ),
+        )
+        for d in [*cfg.delays]
+        for G in sorted({*cfg.group_sizes, cfg.focus_group_size})
+        if G in cfg.group_sizes or (d, G) == focus
+    ]
     with tempfile.TemporaryDirectory(prefix="gradient-lab-") as scratch:
         lab = _Lab(history, cfg, Path(scratch) / "continuation", progress)
         try:
             weights = lab.weights()
             classes = {a: _class_of(a, lab.run) or a for a in every}  # no class: its own target
             n = cfg.batches
-            lab.bar = tqdm(total=sum(n * (len(ests) + len({classes[a] for a, _ in ests})) for _, _, ests in plan),
-                           desc="gradient lab: gradients", unit="batch", disable=not progress)
+            lab.bar = tqdm(
+                total=sum(n * (len(ests) + len({classes[a] for a, _ in ests})) for _, _, ests in plan),
+                desc="gradient lab: gradients",
+                unit="batch",
+                disable=not progress,
+            )
             lab.load(0, weights)
             screened = lab.choose_prompts()
-            behaviour = {G: [lab.sample(G, lab.run.behaviour_logprobs) for _ in range(n)]
-                         for G in tqdm(sorted({G for _, G, _ in plan}), desc="gradient lab: behaviour samples",
-                                       disable=not progress)}
+            behaviour = {
+                G: [lab.sample(G, lab.run.behaviour_logprobs) for _ in range(n)]
+                for G in tqdm(
+                    sorted({G for _, G, _ in plan}), desc="gradient lab: behaviour samples", disable=not progress
+                )
+            }
             rows, pairs, squares = [], [], {}
             for d, G, ests in plan:
                 if d != lab.loaded:
@@ -228,17 +264,30 @@ def measure(history: Path, cfg: GradientLabConfig, progress: bool = True) -> dic
                     if classes[a] not in targets:
                         targets[classes[a]], _ = lab.gradients(lab.update(a), on_policy, True)
                 g_is, is_stats = lab.gradients(lab.update("is"), behaviour[G], False)
-                pairs.append(dict(delay=d, G=G, **{k: float(np.mean([s[f"ratio/{k}"] for s in is_stats]))
-                                                   for k in PAIR_STATS}))
+                pairs.append(
+                    dict(delay=d, G=G, **{k: float(np.mean([s[f"ratio/{k}"] for s in is_stats])) for k in PAIR_STATS})
+                )
                 for a, e in ests:
-                    g, stats = (g_is, is_stats) if (a, e) == ("is", None) else \
-                        lab.gradients(lab.update(a, e), behaviour[G], False)
+                    g, stats = (
+                        (g_is, is_stats)
+                        if (a, e) == ("is", None)
+                        else lab.gradients(lab.update(a, e), behaviour[G], False)
+                    )
                     same = classes[a] == classes["is"]
                     eps = lab.run.estimator.eps if e is None else e
                     if e is None:
                         squares[(d, G, a)] = np.einsum("ij,ij->i", g, g)
-                    rows.append(dict(delay=d, G=G, eps=eps, algorithm=a, eps_row=e is not None, n=n,
-                                     **_row(g, targets[classes[a]], g_is if same else None, stats)))
+                    rows.append(
+                        dict(
+                            delay=d,
+                            G=G,
+                            eps=eps,
+                            algorithm=a,
+                            eps_row=e is not None,
+                            n=n,
+                            **_row(g, targets[classes[a]], g_is if same else None, stats),
+                        )
+                    )
             lab.bar.close()
         finally:
             lab.close()
@@ -279,17 +328,32 @@ def lab_claims(gradients: pd.DataFrame, squares: dict[tuple, np.ndarray]) -> pd.
     for d, G in sorted({(d, G) for d, G, _ in squares}):
         if (d, G, "tic") in squares and (d, G, "gmc") in squares:
             R, lo, hi = paired_ratio(squares[(d, G, "gmc")], squares[(d, G, "tic")])
-            moments.append(dict(claim="second moment", x="G", variant="language_model", delay=d, at=f"G={G:g}",
-                                algorithm="gmc / tic", exponent=R, lo=lo, hi=hi, n_points=len(squares[(d, G, "gmc")]),
-                                reference=1.0, covers_reference=bool(lo <= 1 <= hi)))
+            moments.append(
+                dict(
+                    claim="second moment",
+                    x="G",
+                    variant="language_model",
+                    delay=d,
+                    at=f"G={G:g}",
+                    algorithm="gmc / tic",
+                    exponent=R,
+                    lo=lo,
+                    hi=hi,
+                    n_points=len(squares[(d, G, "gmc")]),
+                    reference=1.0,
+                    covers_reference=bool(lo <= 1 <= hi),
+                )
+            )
     return pd.concat([*fits, pd.DataFrame(moments)], ignore_index=True)
 
 
 # ---------------------------------------------------------------------------------------------
 # files, figures, entry point
 
-def run_gradient_lab(history: str | Path, out: str | Path, cfg: GradientLabConfig,
-                     progress: bool = True) -> dict[str, pd.DataFrame]:
+
+def run_gradient_lab(
+    history: str | Path, out: str | Path, cfg: GradientLabConfig, progress: bool = True
+) -> dict[str, pd.DataFrame]:
     """Measure (:func:`measure`) and write the tables, their Markdown and the figures under ``out``."""
     history, out = Path(history), Path(out)
     if not (history / "summary.json").exists():
@@ -298,8 +362,7 @@ def run_gradient_lab(history: str | Path, out: str | Path, cfg: GradientLabConfi
     tables = measure(history, cfg, progress)
     for name in GRADIENT_LAB_TABLES:
         write_csv(tables[name], out / f"{name}.csv")
-    write_json(out / LAB_CONFIG, {**to_dict(cfg), "history": str(history),
-                                  "seconds": round(time.time() - start, 1)})
+    write_json(out / LAB_CONFIG, {**to_dict(cfg), "history": str(history), "seconds": round(time.time() - start, 1)})
     lab_report(out)
     return tables
 

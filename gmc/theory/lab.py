@@ -172,8 +172,14 @@ def fixed_policy_experiment(
         p_mu = world.seq_probs(theta_pi + drift * direction)
         log_rho = np.log(p_pi) - np.log(p_mu)
         rho = np.exp(log_rho)
-        point = dict(drift=drift, kl_mu_pi=float(p_mu @ -log_rho), rho_second_moment=float(p_mu @ rho**2),
-                     rho_max_dev=float(np.abs(rho - 1).max()), G=G, n_rep=n_rep)
+        point = dict(
+            drift=drift,
+            kl_mu_pi=float(p_mu @ -log_rho),
+            rho_second_moment=float(p_mu @ rho**2),
+            rho_max_dev=float(np.abs(rho - 1).max()),
+            G=G,
+            n_rep=n_rep,
+        )
         counts = rng.multinomial(G, p_mu, size=n_rep).astype(np.float64)  # [n, N]
         counts_on = rng.multinomial(G, p_pi, size=n_rep).astype(np.float64)
         m = counts @ rho / G
@@ -185,11 +191,24 @@ def fixed_policy_experiment(
         on_policy = _group_norm_estimate(counts_on, np.ones_like(r), r, S, rbar_on, sd_on, G)
         norm_is = _group_norm_estimate(counts, rho, r, S, rbar, sd, G)
         is_bias = _bias_norm(norm_is, on_policy)
-        is_row = dict(variant="group_norm", algorithm="is", bias=is_bias[0], bias_lo=is_bias[1], bias_hi=is_bias[2],
-                      bias_se=is_bias[3], excess=0.0, excess_lo=0.0, excess_hi=0.0, excess_se=float("nan"),
-                      rel_bias=is_bias[0] / float(np.linalg.norm(on_policy.mean(0))),
-                      second_moment=float((norm_is**2).sum(1).mean()), shortfall=0.0, shortfall_se=0.0,
-                      frac_capped=0.0, exact_bias=float("nan"))
+        is_row = dict(
+            variant="group_norm",
+            algorithm="is",
+            bias=is_bias[0],
+            bias_lo=is_bias[1],
+            bias_hi=is_bias[2],
+            bias_se=is_bias[3],
+            excess=0.0,
+            excess_lo=0.0,
+            excess_hi=0.0,
+            excess_se=float("nan"),
+            rel_bias=is_bias[0] / float(np.linalg.norm(on_policy.mean(0))),
+            second_moment=float((norm_is**2).sum(1).mean()),
+            shortfall=0.0,
+            shortfall_se=0.0,
+            frac_capped=0.0,
+            exact_bias=float("nan"),
+        )
 
         for eps in eps_values:
             cap = 1.0 + eps
@@ -206,24 +225,40 @@ def fixed_policy_experiment(
             exact_tic_bias = float(np.linalg.norm(S.T @ (p_mu * w_tic * A_exact) - g_true))
             for algorithm in ("tic", "gmc"):
                 frac = float((m > cap).mean() if algorithm == "gmc" else (counts @ (rho > cap)).mean() / G)
-                for variant, est, reference in (("exact_baseline", est_exact[algorithm], g_is),
-                                                ("group_norm", est_norm[algorithm], norm_is)):
+                for variant, est, reference in (
+                    ("exact_baseline", est_exact[algorithm], g_is),
+                    ("group_norm", est_norm[algorithm], norm_is),
+                ):
                     # the cap's own bias E[g - g_is], by control variate: 0 on every group the cap
                     # leaves alone. With the exact baseline E[g_is] = grad J, so it is the bias.
                     excess = _bias_norm(est - reference)
                     bias = excess if variant == "exact_baseline" else _bias_norm(est, on_policy)
                     target = g_true if variant == "exact_baseline" else on_policy.mean(0)
                     sf = short[algorithm]
-                    rows.append(dict(
-                        point, eps=eps, variant=variant, algorithm=algorithm,
-                        bias=bias[0], bias_lo=bias[1], bias_hi=bias[2], bias_se=bias[3],
-                        excess=excess[0], excess_lo=excess[1], excess_hi=excess[2], excess_se=excess[3],
-                        rel_bias=bias[0] / float(np.linalg.norm(target)),
-                        second_moment=float((est**2).sum(1).mean()),
-                        shortfall=float(sf.mean()), shortfall_se=float(sf.std(ddof=1) / math.sqrt(n_rep)),
-                        frac_capped=frac,
-                        exact_bias=exact_tic_bias if (algorithm == "tic" and variant == "exact_baseline") else float("nan"),
-                    ))
+                    rows.append(
+                        dict(
+                            point,
+                            eps=eps,
+                            variant=variant,
+                            algorithm=algorithm,
+                            bias=bias[0],
+                            bias_lo=bias[1],
+                            bias_hi=bias[2],
+                            bias_se=bias[3],
+                            excess=excess[0],
+                            excess_lo=excess[1],
+                            excess_hi=excess[2],
+                            excess_se=excess[3],
+                            rel_bias=bias[0] / float(np.linalg.norm(target)),
+                            second_moment=float((est**2).sum(1).mean()),
+                            shortfall=float(sf.mean()),
+                            shortfall_se=float(sf.std(ddof=1) / math.sqrt(n_rep)),
+                            frac_capped=frac,
+                            exact_bias=exact_tic_bias
+                            if (algorithm == "tic" and variant == "exact_baseline")
+                            else float("nan"),
+                        )
+                    )
             rows.append(dict(point, eps=eps, **is_row))
     columns = ["variant", "drift", "kl_mu_pi", "rho_second_moment", "rho_max_dev", "G", "eps", "algorithm"]
     frame = pd.DataFrame(rows)
@@ -244,11 +279,23 @@ def bias_slopes(fixed: pd.DataFrame) -> pd.DataFrame:
     for key, grp in capped.groupby(["variant", "drift", "eps", "algorithm"]):
         grp = grp.sort_values("G")
         b, e = _fit(grp, "G", "bias"), _fit(grp, "G", "excess")
-        rows.append(dict(zip(["variant", "drift", "eps", "algorithm"], key),
-                         slope=b.exponent, slope_lo=b.lo, slope_hi=b.hi, n_points=b.n,
-                         excess_slope=e.exponent, excess_lo=e.lo, excess_hi=e.hi, excess_points=e.n,
-                         bias_at_min_G=float(grp["bias"].iloc[0]), bias_at_max_G=float(grp["bias"].iloc[-1]),
-                         excess_at_min_G=float(grp["excess"].iloc[0]), excess_at_max_G=float(grp["excess"].iloc[-1])))
+        rows.append(
+            dict(
+                zip(["variant", "drift", "eps", "algorithm"], key),
+                slope=b.exponent,
+                slope_lo=b.lo,
+                slope_hi=b.hi,
+                n_points=b.n,
+                excess_slope=e.exponent,
+                excess_lo=e.lo,
+                excess_hi=e.hi,
+                excess_points=e.n,
+                bias_at_min_G=float(grp["bias"].iloc[0]),
+                bias_at_max_G=float(grp["bias"].iloc[-1]),
+                excess_at_min_G=float(grp["excess"].iloc[0]),
+                excess_at_max_G=float(grp["excess"].iloc[-1]),
+            )
+        )
     return pd.DataFrame(rows)
 
 
@@ -271,12 +318,27 @@ def claim_fits(fixed: pd.DataFrame, pair: str = "drift", claims: tuple[str, ...]
         for (variant, at_pair, at, algorithm), grp in capped.groupby(["variant", pair, fixed_axis, "algorithm"]):
             fit = _fit(grp.sort_values(x), x, "excess")
             ref = CLAIM_EXPONENTS[(claim, algorithm)]
-            rows.append({"claim": claim, "x": x, "variant": variant, pair: at_pair,
-                         "rho_max_dev": float(grp["rho_max_dev"].iloc[0]), "at": f"{fixed_axis}={at:g}",
-                         "algorithm": algorithm, "exponent": fit.exponent, "lo": fit.lo, "hi": fit.hi,
-                         "n_points": fit.n, "chi2_dof": fit.chi2_dof, "x_min": float(grp[x].min()),
-                         "x_max": float(grp[x].max()), "reference": ref, "covers_reference": fit.covers(ref),
-                         "excludes_zero": bool(fit.lo > 0 or fit.hi < 0)})
+            rows.append(
+                {
+                    "claim": claim,
+                    "x": x,
+                    "variant": variant,
+                    pair: at_pair,
+                    "rho_max_dev": float(grp["rho_max_dev"].iloc[0]),
+                    "at": f"{fixed_axis}={at:g}",
+                    "algorithm": algorithm,
+                    "exponent": fit.exponent,
+                    "lo": fit.lo,
+                    "hi": fit.hi,
+                    "n_points": fit.n,
+                    "chi2_dof": fit.chi2_dof,
+                    "x_min": float(grp[x].min()),
+                    "x_max": float(grp[x].max()),
+                    "reference": ref,
+                    "covers_reference": fit.covers(ref),
+                    "excludes_zero": bool(fit.lo > 0 or fit.hi < 0),
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -352,10 +414,17 @@ def delayed_run(
         if len(history) > delay + 1:
             history.pop(0)
     final = float("nan") if diverged else world.expected_reward(theta)
-    tail = rewards[-max(1, iters // 10):]
+    tail = rewards[-max(1, iters // 10) :]
     return dict(
-        algorithm=algorithm, delay=delay, eps=eps, G=G, seed=seed, iters=iters, lr=lr,
-        initial_reward=rewards[0], final_reward=final,
+        algorithm=algorithm,
+        delay=delay,
+        eps=eps,
+        G=G,
+        seed=seed,
+        iters=iters,
+        lr=lr,
+        initial_reward=rewards[0],
+        final_reward=final,
         tail_mean_reward=float("nan") if diverged else float(np.mean(tail)),
         max_reward=float(np.max(rewards)),
         diverged=bool(diverged or final < rewards[0] - 0.05),
@@ -363,8 +432,9 @@ def delayed_run(
     )
 
 
-def delayed_experiment(world, algorithms, delays, eps_values, group_sizes, seeds, iters, lr,
-                       groups_per_step, target, progress=True) -> pd.DataFrame:
+def delayed_experiment(
+    world, algorithms, delays, eps_values, group_sizes, seeds, iters, lr, groups_per_step, target, progress=True
+) -> pd.DataFrame:
     combos = list(itertools.product(algorithms, delays, eps_values, group_sizes, seeds))
     rows = [
         delayed_run(world, m, d, e, g, iters, lr, groups_per_step, s, target)
@@ -378,10 +448,18 @@ def summarise_delayed(runs: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for key, grp in runs.groupby(["algorithm", "delay", "eps", "G"]):
         iv = mean_interval(grp["tail_mean_reward"])
-        rows.append(dict(zip(["algorithm", "delay", "eps", "G"], key), final_reward=iv.mean,
-                         final_reward_std=iv.sd, final_reward_lo=iv.lo, final_reward_hi=iv.hi,
-                         diverged=float(grp["diverged"].mean()), iters_to_target=float(grp["iters_to_target"].median()),
-                         seeds=len(grp)))
+        rows.append(
+            dict(
+                zip(["algorithm", "delay", "eps", "G"], key),
+                final_reward=iv.mean,
+                final_reward_std=iv.sd,
+                final_reward_lo=iv.lo,
+                final_reward_hi=iv.hi,
+                diverged=float(grp["diverged"].mean()),
+                iters_to_target=float(grp["iters_to_target"].median()),
+                seeds=len(grp),
+            )
+        )
     return pd.DataFrame(rows)
 
 
@@ -420,9 +498,17 @@ class TheoryConfig:
 
     @classmethod
     def quick(cls) -> TheoryConfig:
-        return cls(group_sizes=(2, 8, 32, 128, 512), eps_values=(0.1, 0.4, 1.6), drifts=(0.5,),
-                   n_rep=1000, delays=(0, 16, 64), delayed_eps=(0.2,), delayed_group_sizes=(8,),
-                   seeds=(0,), iters=200)
+        return cls(
+            group_sizes=(2, 8, 32, 128, 512),
+            eps_values=(0.1, 0.4, 1.6),
+            drifts=(0.5,),
+            n_rep=1000,
+            delays=(0, 16, 64),
+            delayed_eps=(0.2,),
+            delayed_group_sizes=(8,),
+            seeds=(0,),
+            iters=200,
+        )
 
 
 def run_theory(out: str | Path, cfg: TheoryConfig, progress: bool = True) -> dict[str, pd.DataFrame]:
@@ -432,16 +518,32 @@ def run_theory(out: str | Path, cfg: TheoryConfig, progress: bool = True) -> dic
     out = Path(out)
     start = time.time()
     world = TabularWorld(cfg.V, cfg.T)
-    fixed = fixed_policy_experiment(world, list(cfg.group_sizes), list(cfg.eps_values),
-                                    list(cfg.drifts), cfg.n_rep, cfg.seed, progress)
+    fixed = fixed_policy_experiment(
+        world, list(cfg.group_sizes), list(cfg.eps_values), list(cfg.drifts), cfg.n_rep, cfg.seed, progress
+    )
     slopes = bias_slopes(fixed)
     claims = claim_fits(fixed)
-    runs = delayed_experiment(world, DELAYED_ALGORITHMS, list(cfg.delays), list(cfg.delayed_eps),
-                              list(cfg.delayed_group_sizes), list(cfg.seeds), cfg.iters, cfg.lr,
-                              cfg.groups_per_step, cfg.target_reward, progress)
+    runs = delayed_experiment(
+        world,
+        DELAYED_ALGORITHMS,
+        list(cfg.delays),
+        list(cfg.delayed_eps),
+        list(cfg.delayed_group_sizes),
+        list(cfg.seeds),
+        cfg.iters,
+        cfg.lr,
+        cfg.groups_per_step,
+        cfg.target_reward,
+        progress,
+    )
     summary = summarise_delayed(runs)
-    tables = {"fixed_policy": fixed, "bias_slopes": slopes, "claims": claims, "delayed_runs": runs,
-              "delayed_summary": summary}
+    tables = {
+        "fixed_policy": fixed,
+        "bias_slopes": slopes,
+        "claims": claims,
+        "delayed_runs": runs,
+        "delayed_summary": summary,
+    }
     for name, frame in tables.items():
         write_csv(frame, out / f"{name}.csv")
     theory_figures(tables, out)

@@ -28,10 +28,24 @@ PAPER = yaml.safe_load((PRESETS / "paper.yaml").read_text())
 
 
 KEPT = [
-    "data.source", "train.train_data", "train.model_dtype", "train.optimizer",
-    "train.lr", "train.lr_schedule", "train.checkpoint_every", "train.sampling.temperature", "train.sampling.top_p",
-    "train.estimator.eps", "sweep.algorithms", "latency.enabled", "latency.algorithms",
-    "latency.delay.alpha", "latency.delay.step_time", "evaluate.benchmarks", "evaluate.temperature", "evaluate.top_p",
+    "data.source",
+    "train.train_data",
+    "train.model_dtype",
+    "train.optimizer",
+    "train.lr",
+    "train.lr_schedule",
+    "train.checkpoint_every",
+    "train.sampling.temperature",
+    "train.sampling.top_p",
+    "train.estimator.eps",
+    "sweep.algorithms",
+    "latency.enabled",
+    "latency.algorithms",
+    "latency.delay.alpha",
+    "latency.delay.step_time",
+    "evaluate.benchmarks",
+    "evaluate.temperature",
+    "evaluate.top_p",
     "evaluate.model_dtype",
 ]
 """Settings of paper.yaml the smoke run keeps as they are (one seed instead of paper.yaml's
@@ -77,13 +91,21 @@ def test_smoke_preset_dry_run_plans_the_expected_jobs(tmp_path, snakemake):
         parts = line.split()
         if len(parts) == 2 and parts[1].isdigit():
             counts[parts[0]] = int(parts[1])
-    runs = (len(SMOKE["sweep"]["algorithms"]) * len(SMOKE["sweep"]["delays"]) * len(SMOKE["sweep"]["group_sizes"])
-            + len(SMOKE["latency"]["algorithms"]) * len(SMOKE["latency"]["group_sizes"]))
+    runs = len(SMOKE["sweep"]["algorithms"]) * len(SMOKE["sweep"]["delays"]) * len(SMOKE["sweep"]["group_sizes"]) + len(
+        SMOKE["latency"]["algorithms"]
+    ) * len(SMOKE["latency"]["group_sizes"])
     # gmc at delay 0 trains no run of its own (tic's, one on-policy class), at every group size
     shared = len(SMOKE["sweep"]["group_sizes"])
     assert runs == 15 and counts["train"] == counts["evaluate"] == runs - shared and counts["share_run"] == shared
-    for rule in ("build_random_model", "evaluate_base", "prepare_data", "mlflow_sync", "tables",
-                 "figures_from_results", "theory_lab"):
+    for rule in (
+        "build_random_model",
+        "evaluate_base",
+        "prepare_data",
+        "mlflow_sync",
+        "tables",
+        "figures_from_results",
+        "theory_lab",
+    ):
         assert counts[rule] == 1, rule
     assert "fetch_model" not in counts and "build_tiny_model" not in counts
 
@@ -96,14 +118,17 @@ needs_run = pytest.mark.skipif(not RESULTS, reason="set GMC_PAPER_SMOKE_RESULTS 
 
 def run_dirs() -> list[Path]:
     """The trained runs (a point that shares another's run holds only ``shared.json``)."""
-    return sorted(d for d in Path(RESULTS, "train").glob("algo~*/delay~*/group~*/seed~*")
-                  if not (d / "shared.json").exists())
+    return sorted(
+        d for d in Path(RESULTS, "train").glob("algo~*/delay~*/group~*/seed~*") if not (d / "shared.json").exists()
+    )
 
 
 @needs_run
 def test_every_run_trained_the_paper_code_path():
     dirs = run_dirs()
-    assert len(dirs) == 13 and len(list(Path(RESULTS, "train").glob("algo~gmc/delay~0/group~*/seed~*/shared.json"))) == 2
+    assert (
+        len(dirs) == 13 and len(list(Path(RESULTS, "train").glob("algo~gmc/delay~0/group~*/seed~*/shared.json"))) == 2
+    )
     # the budget splits every step: even the smallest step (fewest rows, the shortest MATH prompt
     # and one response token each) holds more padded tokens than one forward may take
     from transformers import AutoTokenizer

@@ -60,8 +60,9 @@ def test_bound_zero_with_one_worker_equals_the_synchronous_loop(tmp_path, train_
 
 
 def test_two_workers_train_within_the_bound_and_the_trace_replays(tmp_path, train_small):
-    metrics = train_small(tmp_path / "ray", steps=5, prompts_per_step=4, **REAL,
-                          **{"delay.workers": 2, "delay.max_staleness": 2})
+    metrics = train_small(
+        tmp_path / "ray", steps=5, prompts_per_step=4, **REAL, **{"delay.workers": 2, "delay.max_staleness": 2}
+    )
     groups = check_records(tmp_path / "ray", 5, 4, bound=2)
     assert max(g["staleness"] for g in groups) >= 1  # the workers ran ahead
     assert all(r["async/weight_sync_bytes"] > 0 and r["async/weight_sync_seconds"] >= 0 for r in metrics)
@@ -69,13 +70,21 @@ def test_two_workers_train_within_the_bound_and_the_trace_replays(tmp_path, trai
     assert {"async/trainer_idle_seconds", "async/worker_idle_seconds", "async/buffer_groups"} <= set(metrics[0])
     # the recorded pattern, replayed in one process with another estimator: the same lags, group by group
     trace = tmp_path / "ray" / "staleness_trace.jsonl"
-    train_small(tmp_path / "replay", steps=5, prompts_per_step=4, algorithm="tic",
-                **{"delay.mode": "trace", "delay.trace": str(trace), "sampling.max_new_tokens": 24})
+    train_small(
+        tmp_path / "replay",
+        steps=5,
+        prompts_per_step=4,
+        algorithm="tic",
+        **{"delay.mode": "trace", "delay.trace": str(trace), "sampling.max_new_tokens": 24},
+    )
     replay = consumed(tmp_path / "replay")
-    assert [(g["prompt_index"], g["version"], g["consumed_version"]) for g in replay] == \
-        [(g["prompt_index"], g["version"], g["consumed_version"]) for g in groups]
+    assert [(g["prompt_index"], g["version"], g["consumed_version"]) for g in replay] == [
+        (g["prompt_index"], g["version"], g["consumed_version"]) for g in groups
+    ]
     with pytest.raises(ValueError, match="^prompts_per_step: the trace"):
-        train_small(tmp_path / "wrong", steps=5, prompts_per_step=3, **{"delay.mode": "trace", "delay.trace": str(trace)})
+        train_small(
+            tmp_path / "wrong", steps=5, prompts_per_step=3, **{"delay.mode": "trace", "delay.trace": str(trace)}
+        )
 
 
 def test_weights_sent_every_second_step_label_the_groups_and_are_counted(tmp_path, train_small, small_config):
@@ -84,15 +93,23 @@ def test_weights_sent_every_second_step_label_the_groups_and_are_counted(tmp_pat
     bound cannot wait out, or one outside real asynchrony, is refused naming the key."""
     from gmc.settings import ConfigError
 
-    metrics = train_small(tmp_path / "ray", steps=5, prompts_per_step=4, **REAL,
-                          **{"delay.workers": 2, "delay.max_staleness": 2, "delay.publish_every": 2})
+    metrics = train_small(
+        tmp_path / "ray",
+        steps=5,
+        prompts_per_step=4,
+        **REAL,
+        **{"delay.workers": 2, "delay.max_staleness": 2, "delay.publish_every": 2},
+    )
     groups = check_records(tmp_path / "ray", 5, 4, bound=2)
     assert {g["version"] for g in groups} <= {0, 2, 4}
     assert [r["async/weights_version"] for r in metrics] == [0.0, 2.0, 2.0, 4.0, 4.0]
     assert [r["async/weight_sync_bytes"] > 0 for r in metrics] == [False, True, False, True, False]
     with pytest.raises(ConfigError, match="delay.publish_every"):
-        Trainer(small_config(**REAL, **{"delay.max_staleness": 1, "delay.publish_every": 3}), tmp_path / "long",
-                progress=False)
+        Trainer(
+            small_config(**REAL, **{"delay.max_staleness": 1, "delay.publish_every": 3}),
+            tmp_path / "long",
+            progress=False,
+        )
     with pytest.raises(ConfigError, match="publish_every"):
         small_config(**{"delay.d": 2, "delay.publish_every": 2})
 
@@ -101,8 +118,13 @@ def test_generation_runs_ahead_as_far_as_the_bound_admits(tmp_path, train_small)
     """Generation-bound (decoding slowed to 0.01 s a token): each worker keeps a task queued behind
     the one it generates, so more than a step's groups are in flight and the lags spread past 1,
     within the bound; the trainer waits for groups, the workers hardly for work."""
-    metrics = train_small(tmp_path / "ray", steps=8, prompts_per_step=4, **REAL,
-                          **{"delay.workers": 2, "delay.max_staleness": 4, "hf.token_seconds": 0.01})
+    metrics = train_small(
+        tmp_path / "ray",
+        steps=8,
+        prompts_per_step=4,
+        **REAL,
+        **{"delay.workers": 2, "delay.max_staleness": 4, "hf.token_seconds": 0.01},
+    )
     groups = check_records(tmp_path / "ray", 8, 4, bound=4)
     assert max(r["async/in_flight"] for r in metrics) > 4  # more than one step's groups
     assert max(g["staleness"] for g in groups) >= 2
@@ -114,15 +136,23 @@ def test_partial_rollouts_take_new_weights_mid_answer(tmp_path, train_small, sma
     some groups' tokens come from more than one version, the oldest being the group's version."""
     from gmc.run.config import ConfigError
 
-    train_small(tmp_path / "ray", steps=6, prompts_per_step=4, behaviour_logprobs="sampler", **REAL,
-                **{"delay.workers": 2, "delay.max_staleness": 4, "delay.partial_rollouts": True,
-                   "hf.token_seconds": 0.01})
+    train_small(
+        tmp_path / "ray",
+        steps=6,
+        prompts_per_step=4,
+        behaviour_logprobs="sampler",
+        **REAL,
+        **{"delay.workers": 2, "delay.max_staleness": 4, "delay.partial_rollouts": True, "hf.token_seconds": 0.01},
+    )
     groups = check_records(tmp_path / "ray", 6, 4, bound=4)
     assert all(g["versions"][0] == g["version"] and g["versions"] == sorted(set(g["versions"])) for g in groups)
     assert any(len(g["versions"]) > 1 for g in groups)
     with pytest.raises(ConfigError, match="delay.partial_rollouts: partial rollouts need behaviour_logprobs: sampler"):
-        Trainer(small_config(behaviour_logprobs="trainer", **REAL, **{"delay.partial_rollouts": True}),
-                tmp_path / "refused", progress=False)
+        Trainer(
+            small_config(behaviour_logprobs="trainer", **REAL, **{"delay.partial_rollouts": True}),
+            tmp_path / "refused",
+            progress=False,
+        )
 
 
 @pytest.mark.parametrize("transport, workers", [("object_store", 2), ("collective", 2), ("collective", 1)])
@@ -132,10 +162,21 @@ def test_a_killed_worker_is_restarted_and_nothing_is_lost_or_trained_twice(tmp_p
     worker back before the next step's publish makes the waiting trainer publish its weights
     again) and the run ends with every batch full."""
     # decoding slowed to 0.05 s per token, so that the kill lands while a task is generating
-    trainer = Trainer(small_config(steps=8, prompts_per_step=4, **REAL, **{"delay.workers": workers, "delay.max_staleness": 1,
-                                                                           "hf.token_seconds": 0.05,
-                                                                           "delay.transport": transport}),
-                      tmp_path / "run", progress=False)
+    trainer = Trainer(
+        small_config(
+            steps=8,
+            prompts_per_step=4,
+            **REAL,
+            **{
+                "delay.workers": workers,
+                "delay.max_staleness": 1,
+                "hf.token_seconds": 0.05,
+                "delay.transport": transport,
+            },
+        ),
+        tmp_path / "run",
+        progress=False,
+    )
     pool = trainer.source.pool
     killed = []
     real_step = trainer.train_step
@@ -166,8 +207,11 @@ def test_a_worker_killed_unseen_fails_a_broadcast_that_reaches_the_others_again(
     """A worker killed where only the collective broadcast notices it: the publish finds it dead,
     forms the group again without it and broadcasts to the others, which then load that version;
     the source watches the dead worker until Ray has restarted it."""
-    trainer = Trainer(small_config(steps=2, **REAL, **{"delay.workers": 2, "delay.transport": "collective"}),
-                      tmp_path / "run", progress=False)
+    trainer = Trainer(
+        small_config(steps=2, **REAL, **{"delay.workers": 2, "delay.transport": "collective"}),
+        tmp_path / "run",
+        progress=False,
+    )
     source, pool = trainer.source, trainer.source.pool
     try:
         with source.lock:  # the dispatcher cannot see the death first
@@ -187,8 +231,19 @@ def test_a_killed_driver_resumes_with_the_bound_holding(tmp_path, small_config):
     from gmc.run.config import to_dict
 
     config = tmp_path / "train.yaml"
-    config.write_text(yaml.safe_dump(to_dict(small_config(steps=6, prompts_per_step=4, checkpoint_every=2, **REAL,
-                                                          **{"delay.workers": 2, "delay.max_staleness": 2}))))
+    config.write_text(
+        yaml.safe_dump(
+            to_dict(
+                small_config(
+                    steps=6,
+                    prompts_per_step=4,
+                    checkpoint_every=2,
+                    **REAL,
+                    **{"delay.workers": 2, "delay.max_staleness": 2},
+                )
+            )
+        )
+    )
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "gmc", "train", "--config", str(config), "--out", str(out)]
     env = {**os.environ, "TQDM_DISABLE": "1"}
@@ -225,10 +280,16 @@ def faulty(how):
     return Faulty
 
 
-@pytest.mark.parametrize("how, message", [("raise", r"rollout worker 0 failed: ValueError\('bad prompt \d+'\)"),
-                                          ("die", r"rollout worker 0 died 3 times generating prompts \[")])
-def test_a_worker_that_raises_or_keeps_dying_fails_the_run_with_its_error(tmp_path, small_config, how, message,
-                                                                          monkeypatch):
+@pytest.mark.parametrize(
+    "how, message",
+    [
+        ("raise", r"rollout worker 0 failed: ValueError\('bad prompt \d+'\)"),
+        ("die", r"rollout worker 0 died 3 times generating prompts \["),
+    ],
+)
+def test_a_worker_that_raises_or_keeps_dying_fails_the_run_with_its_error(
+    tmp_path, small_config, how, message, monkeypatch
+):
     from gmc.rollouts.ray import worker
     from gmc.rollouts.ray.pool import RolloutWorkerError
 
@@ -241,11 +302,13 @@ def test_a_worker_that_cannot_start_is_not_restarted_forever(tmp_path, small_con
     from gmc.rollouts.ray.pool import RolloutWorkerError
 
     with pytest.raises(RolloutWorkerError, match="rollout worker 0 could not start"):
-        Trainer(small_config(steps=2, **REAL, **{"delay.worker_device": "xpu"}), tmp_path / "run",
-                progress=False).run()
+        Trainer(small_config(steps=2, **REAL, **{"delay.worker_device": "xpu"}), tmp_path / "run", progress=False).run()
     with pytest.raises(RolloutWorkerError, match="asks Ray for 0.5 of a GPU per worker: 1 workers, 0 GPUs free"):
-        Trainer(small_config(steps=2, **REAL, **{"delay.worker_device": "cuda", "delay.worker_gpus": 0.5}),
-                tmp_path / "run2", progress=False)
+        Trainer(
+            small_config(steps=2, **REAL, **{"delay.worker_device": "cuda", "delay.worker_gpus": 0.5}),
+            tmp_path / "run2",
+            progress=False,
+        )
 
 
 def test_the_model_folder_is_checked_on_every_node(tmp_path, tiny_model_dir):
@@ -275,7 +338,8 @@ def reproducible(rows, wall=("submit_wall", "finish_wall", "consume_wall")):
 
 @pytest.mark.timeout(900)  # four runs of the driver, each starting Ray
 def test_stop_signals_end_a_ray_run_with_a_checkpoint_and_the_resumes_equal_the_uninterrupted_run(
-        tmp_path, small_config):
+    tmp_path, small_config
+):
     """SIGTERM to a ``gmc train`` of a Ray run, then SIGUSR1 after a resume to the whole process
     group (as SLURM signals every process of a job: Ray's head and raylet too): each time the
     run ends at the next step boundary with a checkpoint and exit status 75 (``ray.init``
@@ -288,8 +352,13 @@ def test_stop_signals_end_a_ray_run_with_a_checkpoint_and_the_resumes_equal_the_
 
     steps = 7
     config = tmp_path / "train.yaml"
-    config.write_text(yaml.safe_dump(to_dict(small_config(steps=steps, checkpoint_every=0, **REAL,
-                                                          **{"delay.workers": 1, "delay.max_staleness": 0}))))
+    config.write_text(
+        yaml.safe_dump(
+            to_dict(
+                small_config(steps=steps, checkpoint_every=0, **REAL, **{"delay.workers": 1, "delay.max_staleness": 0})
+            )
+        )
+    )
     cmd = [sys.executable, "-m", "gmc", "train", "--config", str(config)]
     env = {**os.environ, "TQDM_DISABLE": "1"}
     straight = tmp_path / "straight"
@@ -300,12 +369,12 @@ def test_stop_signals_end_a_ray_run_with_a_checkpoint_and_the_resumes_equal_the_
     step = 0
     for signum, send in ((signal.SIGTERM, os.kill), (signal.SIGUSR1, os.killpg)):
         args = [*cmd, "--out", str(out), *(["--resume"] if step else [])]
-        proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True)  # its own process group: the driver and its Ray
+        proc = subprocess.Popen(
+            args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
+        )  # its own process group: the driver and its Ray
         try:
             deadline = time.time() + 300
-            while len(read_jsonl(out / "metrics.jsonl")) < step + 2 and time.time() < deadline \
-                    and proc.poll() is None:
+            while len(read_jsonl(out / "metrics.jsonl")) < step + 2 and time.time() < deadline and proc.poll() is None:
                 time.sleep(0.05)
             send(proc.pid, signum)
             _, err = proc.communicate(timeout=300)

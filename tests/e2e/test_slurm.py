@@ -35,9 +35,13 @@ CANCELLED_RUN = "train/algo~gmc/delay~0/group~4/seed~1"
 CANCELLED_JOB = "rule_train_wildcards_gmc_0_4_1"  # the comment the executor gives its SLURM job
 TIMEOUT = 900  # the executor plugin can hang (profiles/slurm): never wait forever
 # each test: a few minutes; past this, it fails with the stacks (pytest-timeout) and the next one runs
-pytestmark = [pytest.mark.timeout(2 * TIMEOUT),
-              pytest.mark.skipif(not os.environ.get("GMC_SLURM_ACCOUNT"),
-                                 reason="needs the one-node SLURM of .ci/slurm/cluster.sh: make test-slurm")]
+pytestmark = [
+    pytest.mark.timeout(2 * TIMEOUT),
+    pytest.mark.skipif(
+        not os.environ.get("GMC_SLURM_ACCOUNT"),
+        reason="needs the one-node SLURM of .ci/slurm/cluster.sh: make test-slurm",
+    ),
+]
 
 
 def config() -> dict:
@@ -54,8 +58,7 @@ def config() -> dict:
 
 
 def env() -> dict:
-    return {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-            "OMP_NUM_THREADS": "1"}
+    return {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "OMP_NUM_THREADS": "1"}
 
 
 def rows(path: Path) -> list[dict]:
@@ -65,17 +68,33 @@ def rows(path: Path) -> list[dict]:
 def timeless(obj):
     """Drop wall-clock values (time/* metrics, timestamps, evaluation seconds) and per-run ids."""
     if isinstance(obj, dict):
-        return {k: timeless(v) for k, v in obj.items()
-                if not k.startswith("time/") and k not in ("time", "seconds", "run_id")}
+        return {
+            k: timeless(v)
+            for k, v in obj.items()
+            if not k.startswith("time/") and k not in ("time", "seconds", "run_id")
+        }
     if isinstance(obj, list):
         return [timeless(v) for v in obj]
     return obj
 
 
 def sacct() -> list[dict]:
-    out = subprocess.run(["sacct", "-X", "-n", "-P", "-a", "-S", "now-1hour",
-                          "-o", "JobID,JobName,State,Comment,AllocTRES,Partition,Account"],
-                         check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [
+            "sacct",
+            "-X",
+            "-n",
+            "-P",
+            "-a",
+            "-S",
+            "now-1hour",
+            "-o",
+            "JobID,JobName,State,Comment,AllocTRES,Partition,Account",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     keys = ["id", "name", "state", "comment", "tres", "partition", "account"]
     return [dict(zip(keys, line.split("|"))) for line in out.splitlines() if line]
 
@@ -102,23 +121,51 @@ def test_sweep_through_slurm_equals_local_and_survives_a_cancelled_job(tmp_path)
         (tmp_path / name / "config.yaml").write_text(yaml.safe_dump(config()))
     # the base models (one per seed) once, for both runs (their build is not what is compared)
     models = [f"results/models/tiny/seed~{s}" for s in config()["sweep"]["seeds"]]
-    build = subprocess.run([*SNAKEMAKE, *models, "--cores", "2", *THREADS], cwd=tmp_path / "local",
-                           env=env(), capture_output=True, text=True, timeout=TIMEOUT)
+    build = subprocess.run(
+        [*SNAKEMAKE, *models, "--cores", "2", *THREADS],
+        cwd=tmp_path / "local",
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
     assert build.returncode == 0, build.stderr[-3000:]
     shutil.copytree(tmp_path / "local" / "results", tmp_path / "slurm" / "results")
-    local = subprocess.Popen([*SNAKEMAKE, *TARGETS, "--cores", "8", *THREADS], cwd=tmp_path / "local",
-                             env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    local = subprocess.Popen(
+        [*SNAKEMAKE, *TARGETS, "--cores", "8", *THREADS],
+        cwd=tmp_path / "local",
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
     found, stop = {}, threading.Event()
-    watcher = threading.Thread(target=cancel_mid_run, args=(tmp_path / "slurm" / "results" / CANCELLED_RUN,
-                                                            found, stop), daemon=True)
+    watcher = threading.Thread(
+        target=cancel_mid_run, args=(tmp_path / "slurm" / "results" / CANCELLED_RUN, found, stop), daemon=True
+    )
     watcher.start()
     start = time.time()
     try:
         slurm = subprocess.run(
-            ["timeout", str(TIMEOUT), *SNAKEMAKE, *TARGETS, "--workflow-profile", str(PROFILE), *THREADS,
-             "--slurm-init-seconds-before-status-checks", "2", "--seconds-between-status-checks", "3"],
-            cwd=tmp_path / "slurm", env=env(), capture_output=True, text=True)
+            [
+                "timeout",
+                str(TIMEOUT),
+                *SNAKEMAKE,
+                *TARGETS,
+                "--workflow-profile",
+                str(PROFILE),
+                *THREADS,
+                "--slurm-init-seconds-before-status-checks",
+                "2",
+                "--seconds-between-status-checks",
+                "3",
+            ],
+            cwd=tmp_path / "slurm",
+            env=env(),
+            capture_output=True,
+            text=True,
+        )
         stop.set()
         seconds = time.time() - start
         local_out = local.communicate(timeout=TIMEOUT)[0]
@@ -159,12 +206,15 @@ def test_sweep_through_slurm_equals_local_and_survives_a_cancelled_job(tmp_path)
 
     # results equal the local run's, wall-clock times aside
     results = {name: tmp_path / name / "results" for name in ("local", "slurm")}
-    files = sorted(p.relative_to(results["local"]) for pattern in
-                   ("train/**/metrics.jsonl", "train/**/summary.json", "eval/**/*.json")
-                   for p in results["local"].glob(pattern))
+    files = sorted(
+        p.relative_to(results["local"])
+        for pattern in ("train/**/metrics.jsonl", "train/**/summary.json", "eval/**/*.json")
+        for p in results["local"].glob(pattern)
+    )
     # two runs, their evaluations, and each seed's base model evaluation
-    assert sorted(f.name for f in files) == sorted(["metrics.jsonl", "summary.json"] * 2
-                                                   + ["eval_config.json", "synthetic.json"] * 4), files
+    assert sorted(f.name for f in files) == sorted(
+        ["metrics.jsonl", "summary.json"] * 2 + ["eval_config.json", "synthetic.json"] * 4
+    ), files
     trained = [rows(p) for p in (tmp_path / "slurm" / "results").glob("train/**/metrics.jsonl")]
     assert any(r["train/grad_norm"] > 0 for run in trained for r in run), "no update: the comparison is vacuous"
     for rel in files:
@@ -215,31 +265,63 @@ def test_a_training_job_signalled_before_its_time_limit_is_requeued_and_resumed(
     for name in ("local", "slurm"):
         (tmp_path / name).mkdir()
         (tmp_path / name / "config.yaml").write_text(yaml.safe_dump(cfg))
-    build = subprocess.run([*SNAKEMAKE, "results/models/tiny/seed~0", "--cores", "2", *THREADS], cwd=tmp_path / "local",
-                           env=env(), capture_output=True, text=True, timeout=TIMEOUT)
+    build = subprocess.run(
+        [*SNAKEMAKE, "results/models/tiny/seed~0", "--cores", "2", *THREADS],
+        cwd=tmp_path / "local",
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
     assert build.returncode == 0, build.stderr[-3000:]
     shutil.copytree(tmp_path / "local" / "results", tmp_path / "slurm" / "results")
-    local = subprocess.run([*SNAKEMAKE, "train_all", "--cores", "2", *THREADS], cwd=tmp_path / "local", env=env(),
-                           capture_output=True, text=True, timeout=TIMEOUT)
+    local = subprocess.run(
+        [*SNAKEMAKE, "train_all", "--cores", "2", *THREADS],
+        cwd=tmp_path / "local",
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
     assert local.returncode == 0, local.stderr[-3000:]
     run = "train/algo~gmc/delay~0/group~4/seed~0"
     found, stop = {}, threading.Event()
-    watcher = threading.Thread(target=signal_mid_run, args=(tmp_path / "slurm" / "results" / run, found, stop),
-                               daemon=True)
+    watcher = threading.Thread(
+        target=signal_mid_run, args=(tmp_path / "slurm" / "results" / run, found, stop), daemon=True
+    )
     watcher.start()
     try:
         slurm = subprocess.run(
-            ["timeout", str(TIMEOUT), *SNAKEMAKE, "train_all", "--workflow-profile", str(PROFILE), *THREADS,
-             "--slurm-init-seconds-before-status-checks", "2", "--seconds-between-status-checks", "3"],
-            cwd=tmp_path / "slurm", env=env(), capture_output=True, text=True)
+            [
+                "timeout",
+                str(TIMEOUT),
+                *SNAKEMAKE,
+                "train_all",
+                "--workflow-profile",
+                str(PROFILE),
+                *THREADS,
+                "--slurm-init-seconds-before-status-checks",
+                "2",
+                "--seconds-between-status-checks",
+                "3",
+            ],
+            cwd=tmp_path / "slurm",
+            env=env(),
+            capture_output=True,
+            text=True,
+        )
     finally:
         stop.set()
     assert slurm.returncode == 0, (slurm.stdout + slurm.stderr)[-6000:]
     assert "job" in found, "the training job was not signalled mid-run"
     # one SLURM job, requeued by the rule (a Snakemake retry would be a second job id), completed
     jobs = sorted({j["id"] for j in sacct() if j["id"] not in earlier and j["comment"].startswith("rule_train")})
-    history = subprocess.run(["sacct", "-j", ",".join(jobs), "-D", "-X", "-n", "-P", "-o", "JobID,State"], check=True,
-                             capture_output=True, text=True).stdout.split()
+    history = subprocess.run(
+        ["sacct", "-j", ",".join(jobs), "-D", "-X", "-n", "-P", "-o", "JobID,State"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
     print(f"jobs {jobs}: {history}")
     assert jobs == [found["job"]], history
     assert any(h.endswith("|REQUEUED") for h in history), history
@@ -260,18 +342,65 @@ def test_a_ray_training_job_inside_a_slurm_allocation(tmp_path):
     delay.ray_address auto; two rollout workers train within the bound."""
     cfg = config()
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
-    build = subprocess.run([*SNAKEMAKE, "results/models/tiny/seed~0", "--cores", "2", *THREADS], cwd=tmp_path, env=env(),
-                           capture_output=True, text=True, timeout=TIMEOUT)
+    build = subprocess.run(
+        [*SNAKEMAKE, "results/models/tiny/seed~0", "--cores", "2", *THREADS],
+        cwd=tmp_path,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
     assert build.returncode == 0, build.stderr[-3000:]
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "gmc", "train", "--set", f"model={tmp_path / 'results/models/tiny/seed~0'}", "--set",
-           "device=cpu", "--set", "steps=4", "--set", "prompts_per_step=4", "--set", "group_size=4", "--set",
-           "delay.mode=ray", "--set", "delay.workers=2", "--set", "delay.max_staleness=2", "--set",
-           "delay.ray_address=auto", "--out", str(out)]
-    job = subprocess.run(["sbatch", "--wait", "--parsable", "-A", os.environ["GMC_SLURM_ACCOUNT"], "-p",
-                          os.environ["GMC_SLURM_PARTITION"], "--nodes=1", "--cpus-per-task=2", "--time=10",
-                          "-o", str(tmp_path / "ray-%j.log"), str(PROFILE / "ray_cluster.sh"), *cmd],
-                         cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=TIMEOUT)
+    cmd = [
+        sys.executable,
+        "-m",
+        "gmc",
+        "train",
+        "--set",
+        f"model={tmp_path / 'results/models/tiny/seed~0'}",
+        "--set",
+        "device=cpu",
+        "--set",
+        "steps=4",
+        "--set",
+        "prompts_per_step=4",
+        "--set",
+        "group_size=4",
+        "--set",
+        "delay.mode=ray",
+        "--set",
+        "delay.workers=2",
+        "--set",
+        "delay.max_staleness=2",
+        "--set",
+        "delay.ray_address=auto",
+        "--out",
+        str(out),
+    ]
+    job = subprocess.run(
+        [
+            "sbatch",
+            "--wait",
+            "--parsable",
+            "-A",
+            os.environ["GMC_SLURM_ACCOUNT"],
+            "-p",
+            os.environ["GMC_SLURM_PARTITION"],
+            "--nodes=1",
+            "--cpus-per-task=2",
+            "--time=10",
+            "-o",
+            str(tmp_path / "ray-%j.log"),
+            str(PROFILE / "ray_cluster.sh"),
+            *cmd,
+        ],
+        cwd=tmp_path,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
     log = "".join(p.read_text() for p in tmp_path.glob("ray-*.log"))
     assert job.returncode == 0, job.stderr + log[-4000:]
     (state,) = {j["state"] for j in sacct() if j["id"] == job.stdout.strip().split(";")[0]}

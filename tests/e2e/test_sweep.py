@@ -30,15 +30,23 @@ def test_end_to_end_tiny_sweep(tmp_path, snakemake):
     main = pd.read_csv(results / "tables" / "main.csv")
     assert set(main["algorithm"]) == {"base", "grpo", "gmc", "none"} and "eval/synthetic/pass_at_1:mean" in main.columns
     none0, gmc0 = (main[(main["algorithm"] == a) & (main["delay"].astype(str) == "0")].iloc[0] for a in ("none", "gmc"))
-    assert none0["shared_with"] == "gmc" and none0["eval/synthetic/pass_at_1:mean"] == gmc0["eval/synthetic/pass_at_1:mean"]
+    assert (
+        none0["shared_with"] == "gmc"
+        and none0["eval/synthetic/pass_at_1:mean"] == gmc0["eval/synthetic/pass_at_1:mean"]
+    )
     assert "none (run of gmc)" in (results / "tables" / "main.md").read_text()
     assert (results / "tables" / "main.md").read_text().startswith("| algorithm")
     assert "\\begin{tabular}" in (results / "tables" / "main.tex").read_text()
     paired = pd.read_csv(results / "tables" / "paired.csv")
     # latency runs are gmc only here: no partner among the estimators, a row for gmc's cost of staleness
     comparisons = {c: set(g["delay"].astype(str)) for c, g in paired.groupby("comparison")}
-    assert comparisons == {"gmc − grpo": {"0", "2"}, "gmc − none": {"0", "2"}, "grpo: stale − on-policy": {"2"},
-                           "gmc: stale − on-policy": {"2", "latency"}, "none: stale − on-policy": {"2"}}
+    assert comparisons == {
+        "gmc − grpo": {"0", "2"},
+        "gmc − none": {"0", "2"},
+        "grpo: stale − on-policy": {"2"},
+        "gmc: stale − on-policy": {"2", "latency"},
+        "none: stale − on-policy": {"2"},
+    }
     assert "Resolved differences:" in (results / "tables" / "paired.md").read_text()
     assert "## Pass@1" in (results / "tables" / "conclusions.md").read_text()
     assert len(pd.read_csv(results / "theory" / "claims.csv")) > 0
@@ -124,7 +132,6 @@ def test_two_group_sizes_at_one_budget_and_the_gradient_lab_end_to_end(tmp_path,
     assert (bundle / outputs.LAB_FOLDER / "gradient_lab.md").read_text() == (lab / "gradient_lab.md").read_text()
 
 
-
 @pytest.mark.slow
 @pytest.mark.timeout(WORKFLOW_TIMEOUT)
 def test_a_local_weights_folder_is_used_where_it_is(tmp_path, snakemake, shared_data):
@@ -133,9 +140,26 @@ def test_a_local_weights_folder_is_used_where_it_is(tmp_path, snakemake, shared_
     import yaml
 
     weights = tmp_path / "shared-storage" / "random-qwen3"
-    subprocess.run([sys.executable, "-m", "gmc", "build-random-model", "--out", str(weights), "--set",
-                    "hidden_size=32", "--set", "intermediate_size=64", "--set", "num_layers=1",
-                    "--data-root", str(shared_data)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gmc",
+            "build-random-model",
+            "--out",
+            str(weights),
+            "--set",
+            "hidden_size=32",
+            "--set",
+            "intermediate_size=64",
+            "--set",
+            "num_layers=1",
+            "--data-root",
+            str(shared_data),
+        ],
+        check=True,
+        capture_output=True,
+    )
     config = yaml.safe_load((REPO / "tests" / "data" / "workflow_config.yaml").read_text())
     config["model"] = {"name": str(weights)}
     config["train"].update(steps=2, prompts_per_step=1, **{"sampling": {"max_new_tokens": 8}})

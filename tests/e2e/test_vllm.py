@@ -22,8 +22,10 @@ from gmc.policy.model import load_policy, position_ids_from_mask
 from gmc.rollouts.engines import SamplingConfig, VLLMConfig, make_engine
 from gmc.rollouts.hf_engine import HFEngine
 
-pytestmark = [pytest.mark.vllm,
-              pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")]
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed"),
+]
 
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; the tiny model needs a few MiB
@@ -184,8 +186,17 @@ def test_train_and_evaluate_through_vllm(tmp_path, tiny_model_dir):
     from gmc.cli import main
 
     settings = ["engine=vllm", "vllm.dtype=float32", "vllm.enforce_eager=true", "vllm.max_model_len=512"]
-    sets = [f"model={tiny_model_dir}", "device=cpu", "steps=6", "group_size=4", "prompts_per_step=4",
-            "delay.d=4", "checkpoint_every=0", "sampling.max_new_tokens=32", *settings]
+    sets = [
+        f"model={tiny_model_dir}",
+        "device=cpu",
+        "steps=6",
+        "group_size=4",
+        "prompts_per_step=4",
+        "delay.d=4",
+        "checkpoint_every=0",
+        "sampling.max_new_tokens=32",
+        *settings,
+    ]
     run = tmp_path / "run"
     main(["train", *[x for s in sets for x in ("--set", s)], "--out", str(run)])
     metrics = read_jsonl(run / "metrics.jsonl")
@@ -201,8 +212,20 @@ def test_train_and_evaluate_through_vllm(tmp_path, tiny_model_dir):
 
     def evaluate(name, *sets):
         out = tmp_path / name
-        main(["evaluate", "--model", str(run / "model"), "--out", str(out), "--set", "limit=24", "--set",
-              "max_new_tokens=48", *[x for s in sets for x in ("--set", s)]])
+        main(
+            [
+                "evaluate",
+                "--model",
+                str(run / "model"),
+                "--out",
+                str(out),
+                "--set",
+                "limit=24",
+                "--set",
+                "max_new_tokens=48",
+                *[x for s in sets for x in ("--set", s)],
+            ]
+        )
         rows = [json.loads(line) for line in (out / "synthetic.completions.jsonl").read_text().splitlines()]
         return json.loads((out / "synthetic.json").read_text()), rows
 

@@ -88,10 +88,21 @@ def test_weights_hand_case():
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
-@pytest.mark.parametrize("name,threshold", [("token_k1", "0.8_1.25"), ("token_k2", 0.02), ("token_k3", 0.02),
-                                            ("seq_sum_k1", 2.0), ("seq_sum_k3", 0.1), ("seq_mean_k1", "0.9_1.1"),
-                                            ("seq_mean_k2", 0.02), ("seq_mean_k3", 0.02), ("seq_max_k2", 0.05),
-                                            ("seq_max_k3", 0.05)])
+@pytest.mark.parametrize(
+    "name,threshold",
+    [
+        ("token_k1", "0.8_1.25"),
+        ("token_k2", 0.02),
+        ("token_k3", 0.02),
+        ("seq_sum_k1", 2.0),
+        ("seq_sum_k3", 0.1),
+        ("seq_mean_k1", "0.9_1.1"),
+        ("seq_mean_k2", 0.02),
+        ("seq_mean_k3", 0.02),
+        ("seq_max_k2", 0.05),
+        ("seq_max_k3", 0.05),
+    ],
+)
 def test_rejection_equals_a_naive_loop(seed, name, threshold):
     trainer, sampler, mask = batch(seed)
     lr = trainer - sampler
@@ -147,8 +158,13 @@ def test_presets_and_settings():
     for name in PRESETS:
         RolloutCorrection(preset=name)  # each validates
     r = RolloutCorrection(preset="decoupled_seq_is_rs", rollout_is_threshold=3.0).resolved()
-    assert r == {"rollout_is": "sequence", "rollout_is_threshold": 3.0, "rollout_rs": "seq_sum_k1",
-                 "rollout_rs_threshold": "0.5_2.0", "bypass_mode": False}
+    assert r == {
+        "rollout_is": "sequence",
+        "rollout_is_threshold": 3.0,
+        "rollout_rs": "seq_sum_k1",
+        "rollout_rs_threshold": "0.5_2.0",
+        "bypass_mode": False,
+    }
     assert RolloutCorrection(preset="bypass_pg_is").bypass and not RolloutCorrection().bypass
     with pytest.raises(ConfigError, match="rollout_correction.rollout_rs_threshold"):
         RolloutCorrection(rollout_rs="token_k1,seq_mean_k3", rollout_rs_threshold="1.5,0.1,0.2")

@@ -22,9 +22,10 @@ from gmc.estimators import (
 )
 from gmc.settings import ConfigError
 
-DEFAULT_AGG = {**dict.fromkeys(["grpo", "gspo", "tis", "gmpo", "sapo", "opsm"], "seq_mean"),
-               **dict.fromkeys(["cispo", "icepop", "seq_mask", "m2po", "dppo", "kpop", "dppo_kl", "prime_dppo"],
-                               "token_mean")}
+DEFAULT_AGG = {
+    **dict.fromkeys(["grpo", "gspo", "tis", "gmpo", "sapo", "opsm"], "seq_mean"),
+    **dict.fromkeys(["cispo", "icepop", "seq_mask", "m2po", "dppo", "kpop", "dppo_kl", "prime_dppo"], "token_mean"),
+}
 
 
 DEFAULT_DENOMINATOR = {"m2po": "kept"}
@@ -41,8 +42,9 @@ TOKEN_LIMIT = 512
 def call_loss(name, logp, logp_b, mask, adv, cfg=EstimatorConfig(), max_new_tokens=TOKEN_LIMIT, **kw):
     """The loss of ``name`` as the update calls it: with the settings its registry entry resolves
     and the token limit."""
-    return get_estimator(name)(logp, logp_b, mask, adv, REGISTRY[name].resolved(cfg), max_new_tokens=max_new_tokens,
-                               **kw)
+    return get_estimator(name)(
+        logp, logp_b, mask, adv, REGISTRY[name].resolved(cfg), max_new_tokens=max_new_tokens, **kw
+    )
 
 
 def random_batch(B=3, G=4, T=6, scale=0.3, seed=0):
@@ -76,8 +78,11 @@ def naive_coefficients(name, logp, logp_b, mask, adv, cfg):
                     continue
                 r = math.exp(lp[b][g][t] - lb[b][g][t])
                 if name in ("grpo", "opsm"):
-                    clipped = ((a > 0 and r > 1 + cfg.eps_high) or (a < 0 and r < 1 - cfg.eps_low)
-                               or (cfg.grpo_delta is not None and a < 0 and r > cfg.grpo_delta))
+                    clipped = (
+                        (a > 0 and r > 1 + cfg.eps_high)
+                        or (a < 0 and r < 1 - cfg.eps_low)
+                        or (cfg.grpo_delta is not None and a < 0 and r > cfg.grpo_delta)
+                    )
                     c = 0.0 if clipped else r * a
                     if name == "opsm":  # the response dropped whole: negative advantage, mean log(mu/pi) too large
                         keep[b][g][t] = a >= 0 or -Ls[g] / n <= cfg.opsm_threshold
@@ -115,11 +120,14 @@ def naive_coefficients(name, logp, logp_b, mask, adv, cfg):
                     keep[b][g][t] = (b, g, t) not in m2po_dropped
                     c = r * a if keep[b][g][t] else 0.0
                 elif name == "gmpo":
+
                     def clipped(u, a=a):
                         return (a > 0 and u > cfg.gmpo_clip_high) or (a < 0 and u < -cfg.gmpo_clip_low)
+
                     ls = [lp[b][g][u] - lb[b][g][u] for u in range(T) if mk[b][g][u]]
-                    s = math.exp(sum(min(max(u, -cfg.gmpo_clip_low), cfg.gmpo_clip_high) if clipped(u) else u
-                                     for u in ls) / n)
+                    s = math.exp(
+                        sum(min(max(u, -cfg.gmpo_clip_low), cfg.gmpo_clip_high) if clipped(u) else u for u in ls) / n
+                    )
                     c = 0.0 if clipped(lp[b][g][t] - lb[b][g][t]) else s * a
                 elif name in ("dppo", "prime_dppo"):
                     dp = math.exp(lp[b][g][t]) - math.exp(lb[b][g][t])
@@ -129,12 +137,16 @@ def naive_coefficients(name, logp, logp_b, mask, adv, cfg):
                 elif name == "dppo_kl":
                     p, q = math.exp(lp[b][g][t]), math.exp(lb[b][g][t])
                     D = q * math.log(q / p) + (1 - q) * math.log((1 - q + 1e-8) / (1 - p + 1e-8))
-                    keep[b][g][t] = valid = (D <= cfg.dppo_kl_high or p <= q) if a > 0 else (D <= cfg.dppo_kl_low or p >= q)
+                    keep[b][g][t] = valid = (
+                        (D <= cfg.dppo_kl_high or p <= q) if a > 0 else (D <= cfg.dppo_kl_low or p >= q)
+                    )
                     c = min(r, cfg.dppo_ratio_cap) * a if valid else 0.0
                 elif name == "kpop":
                     p, q = (min(max(math.exp(x), 1e-8), 1 - 1e-8) for x in (lp[b][g][t], lb[b][g][t]))
+
                     def kl(u, v):
                         return u * math.log(u / v) + (1 - u) * math.log((1 - u) / (1 - v))
+
                     keep[b][g][t] = max(kl(p, q), kl(q, p)) <= cfg.kpop_threshold
                     c = r * a if keep[b][g][t] else 0.0
                 elif name == "sapo":
@@ -150,8 +162,12 @@ def naive_divergence_keeps(lp, lb, mk, t, cfg):
     level, k = cfg.seq_mask_metric.rsplit("_", 1)
     div = {"k1": lambda u: -u, "k2": lambda u: 0.5 * u * u, "k3": lambda u: math.exp(u) - 1 - u}[k]
     ks = {u: div(lp[u] - lb[u]) for u in range(len(lp)) if mk[u]}
-    stat = {"token": lambda: ks[t], "seq_sum": lambda: sum(ks.values()), "seq_max": lambda: max(ks.values()),
-            "seq_mean": lambda: sum(ks.values()) / len(ks)}[level]()
+    stat = {
+        "token": lambda: ks[t],
+        "seq_sum": lambda: sum(ks.values()),
+        "seq_max": lambda: max(ks.values()),
+        "seq_mean": lambda: sum(ks.values()) / len(ks),
+    }[level]()
     if k == "k1":
         return (cfg.seq_mask_low == 0 or stat >= math.log(cfg.seq_mask_low)) and stat <= math.log(cfg.seq_mask_high)
     return stat <= cfg.seq_mask_high
@@ -159,8 +175,13 @@ def naive_divergence_keeps(lp, lb, mk, t, cfg):
 
 def naive_m2po_dropped(lp, lb, mk, tau):
     """The (b, g, t) M2PO drops: the largest (log r)^2 first, until the mean of the rest is < tau."""
-    tokens = [((lp[b][g][t] - lb[b][g][t]) ** 2, (b, g, t))
-              for b in range(len(lp)) for g in range(len(lp[b])) for t in range(len(lp[b][g])) if mk[b][g][t]]
+    tokens = [
+        ((lp[b][g][t] - lb[b][g][t]) ** 2, (b, g, t))
+        for b in range(len(lp))
+        for g in range(len(lp[b]))
+        for t in range(len(lp[b][g]))
+        if mk[b][g][t]
+    ]
     tokens.sort(key=lambda x: -x[0])  # stable: ties keep their order
     for k in range(len(tokens)):
         rest = [v for v, _ in tokens[k:]]
@@ -212,8 +233,11 @@ def naive_ratio_penalty(logp, logp_b, mask, how, max_new_tokens):
             n = sum(mk[b][g])
             for t in range(T):
                 if mk[b][g][t]:
-                    norm = {"token_mean": 1.0 / n_tok, "seq_mean": 1.0 / (n * B * G),
-                            "seq_sum_const": 1.0 / (max_new_tokens * B * G)}[how]
+                    norm = {
+                        "token_mean": 1.0 / n_tok,
+                        "seq_mean": 1.0 / (n * B * G),
+                        "seq_sum_const": 1.0 / (max_new_tokens * B * G),
+                    }[how]
                     u = lp[b][g][t] - lb[b][g][t]
                     loss += u * u * norm
                     grad[b, g, t] = 2 * u * norm
@@ -242,23 +266,64 @@ def test_estimator_matches_naive_loop(name, aggregation, seed):
     assert all(isinstance(v, float) and "/" in k for k, v in stats.items())
 
 
-TIGHT = dict(cispo_eps_low=0.1, cispo_eps_high=0.1, icepop_low=0.9, icepop_high=1.1, seq_mask_low=0.8,
-             seq_mask_high=1.25, m2po_tau=0.01, gmpo_clip_low=0.1, gmpo_clip_high=0.1, dppo_delta_low=0.03,
-             dppo_delta_high=0.03, dppo_ratio_cap=1.2, sapo_tau_pos=8.0, sapo_tau_neg=10.0, kpop_threshold=0.01,
-             dppo_kl_low=0.005, dppo_kl_high=0.005, prime_kl_tau=0.1, opsm_threshold=0.05, grpo_delta=1.3)
+TIGHT = dict(
+    cispo_eps_low=0.1,
+    cispo_eps_high=0.1,
+    icepop_low=0.9,
+    icepop_high=1.1,
+    seq_mask_low=0.8,
+    seq_mask_high=1.25,
+    m2po_tau=0.01,
+    gmpo_clip_low=0.1,
+    gmpo_clip_high=0.1,
+    dppo_delta_low=0.03,
+    dppo_delta_high=0.03,
+    dppo_ratio_cap=1.2,
+    sapo_tau_pos=8.0,
+    sapo_tau_neg=10.0,
+    kpop_threshold=0.01,
+    dppo_kl_low=0.005,
+    dppo_kl_high=0.005,
+    prime_kl_tau=0.1,
+    opsm_threshold=0.05,
+    grpo_delta=1.3,
+)
 
 
-DIVERGENCE_BOUNDS = {"token_k1": (0.7, 1.4), "token_k2": (0, 0.1), "token_k3": (0, 0.1), "seq_sum_k1": (0.7, 1.4),
-                     "seq_sum_k2": (0, 0.15), "seq_sum_k3": (0, 0.15), "seq_mean_k1": (0.85, 1.15),
-                     "seq_mean_k2": (0, 0.05), "seq_mean_k3": (0, 0.05), "seq_max_k2": (0, 0.08),
-                     "seq_max_k3": (0, 0.08)}
+DIVERGENCE_BOUNDS = {
+    "token_k1": (0.7, 1.4),
+    "token_k2": (0, 0.1),
+    "token_k3": (0, 0.1),
+    "seq_sum_k1": (0.7, 1.4),
+    "seq_sum_k2": (0, 0.15),
+    "seq_sum_k3": (0, 0.15),
+    "seq_mean_k1": (0.85, 1.15),
+    "seq_mean_k2": (0, 0.05),
+    "seq_mean_k3": (0, 0.05),
+    "seq_max_k2": (0, 0.08),
+    "seq_max_k3": (0, 0.08),
+}
 """``(seq_mask_low, seq_mask_high)`` per divergence metric: each drops part of the naive-loop batches."""
 
 
-@pytest.mark.parametrize("name,metric", [("cispo", "rho"), ("icepop", "rho"), ("seq_mask", "rho"),
-                                         ("seq_mask", "geo_mean"), ("m2po", "rho"), ("gmpo", "rho"),
-                                         ("dppo", "rho"), ("sapo", "rho"), ("kpop", "rho"), ("dppo_kl", "rho"),
-                                         ("prime_dppo", "rho"), ("opsm", "rho"), ("grpo", "rho")])
+@pytest.mark.parametrize(
+    "name,metric",
+    [
+        ("cispo", "rho"),
+        ("icepop", "rho"),
+        ("seq_mask", "rho"),
+        ("seq_mask", "geo_mean"),
+        ("m2po", "rho"),
+        ("gmpo", "rho"),
+        ("dppo", "rho"),
+        ("sapo", "rho"),
+        ("kpop", "rho"),
+        ("dppo_kl", "rho"),
+        ("prime_dppo", "rho"),
+        ("opsm", "rho"),
+        ("grpo", "rho"),
+    ],
+)
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_corrections_match_naive_loop_where_their_clips_and_masks_fire(name, metric, seed):
     """Bounds tight enough that every correction clips or masks part of the batch, not all of it."""
@@ -279,8 +344,9 @@ def test_masking_estimators_match_naive_loop_under_either_denominator(name, deno
     ``kept`` by the kept tokens (and the responses that keep one)."""
     logp, logp_b, mask, rewards = random_batch(B=4, G=4, T=8, seed=seed, scale=0.3)
     adv = group_advantages(rewards)
-    cfg = EstimatorConfig(**TIGHT, seq_mask_metric="geo_mean" if seed else "rho", mask_denominator=denominator,
-                          aggregation=aggregation)
+    cfg = EstimatorConfig(
+        **TIGHT, seq_mask_metric="geo_mean" if seed else "rho", mask_denominator=denominator, aggregation=aggregation
+    )
     stats = assert_matches_naive_loop(name, logp, logp_b, mask, adv, cfg, max_new_tokens=8)
     (key,) = REGISTRY[name].diagnostics
     assert 0 < stats[key] < 1, (key, stats[key])
@@ -288,13 +354,13 @@ def test_masking_estimators_match_naive_loop_under_either_denominator(name, deno
 
 def test_the_estimators_that_drop_tokens_declare_a_denominator_and_the_others_ignore_it():
     assert [n for n, e in REGISTRY.items() if e.mask_denominator is not None] == MASKING
-    assert {n: REGISTRY[n].mask_denominator for n in MASKING} == {
-        n: DEFAULT_DENOMINATOR.get(n, "all") for n in MASKING}
+    assert {n: REGISTRY[n].mask_denominator for n in MASKING} == {n: DEFAULT_DENOMINATOR.get(n, "all") for n in MASKING}
     logp, logp_b, mask, rewards = random_batch(seed=3, scale=0.4)
     adv = group_advantages(rewards)
     for name in (n for n in REGISTRY if n not in MASKING):
-        losses = [call_loss(name, logp, logp_b, mask, adv, EstimatorConfig(mask_denominator=d))[0]
-                  for d in ("all", "kept")]
+        losses = [
+            call_loss(name, logp, logp_b, mask, adv, EstimatorConfig(mask_denominator=d))[0] for d in ("all", "kept")
+        ]
         assert torch.equal(*losses), name
 
 
@@ -310,8 +376,9 @@ def test_m2po_kept_denominator_hand_computed():
     out = {}
     for denominator in (None, "kept", "all"):
         x = (logp_b + l_tok).requires_grad_(True)
-        loss, stats = call_loss("m2po", x, logp_b, mask, adv, EstimatorConfig(m2po_tau=0.04,
-                                                                                mask_denominator=denominator))
+        loss, stats = call_loss(
+            "m2po", x, logp_b, mask, adv, EstimatorConfig(m2po_tau=0.04, mask_denominator=denominator)
+        )
         loss.backward()
         out[denominator] = (float(loss.detach()), x.grad)
         assert stats["ratio/frac_tokens_masked"] == pytest.approx(1 / 6)
@@ -445,7 +512,9 @@ def test_gmc_properties(G, B, eps, seed, spread):
     m = rho.mean(-1)
     assert torch.all(w >= 0)
     assert torch.all(w <= rho * (1 + 1e-5) + 1e-30)  # 0 <= w <= rho
-    torch.testing.assert_close(w.mean(-1), torch.minimum(m, torch.tensor(1 + eps, dtype=torch.float64)), rtol=1e-5, atol=0)
+    torch.testing.assert_close(
+        w.mean(-1), torch.minimum(m, torch.tensor(1 + eps, dtype=torch.float64)), rtol=1e-5, atol=0
+    )
     # direction preserved: w proportional to rho within each group
     torch.testing.assert_close(w / w.sum(-1, keepdim=True), rho / rho.sum(-1, keepdim=True), rtol=1e-4, atol=1e-12)
     untouched = m <= 1 + eps
@@ -540,8 +609,9 @@ def test_members_of_an_on_policy_class_give_its_loss_and_gradient_at_ratio_one(o
     logp, _, mask, rewards = random_batch(seed=seed)
     adv = group_advantages(rewards)
     cfg = EstimatorConfig(aggregation=aggregation)
-    ref_loss, ref_grad = naive_loss_and_grad("none", logp, logp, mask, adv,
-                                             EstimatorConfig(aggregation=aggregation or how), 8)
+    ref_loss, ref_grad = naive_loss_and_grad(
+        "none", logp, logp, mask, adv, EstimatorConfig(aggregation=aggregation or how), 8
+    )
     first = None
     for name in members:
         x = logp.clone().requires_grad_(True)
@@ -563,10 +633,22 @@ def test_needs_batch_stats_says_whether_a_rows_gradient_depends_on_the_other_row
     own, or a ``kept`` denominator of one that drops tokens), it is not."""
     logp, logp_b, mask, rewards = random_batch(B=3, G=4, T=6, seed=8, scale=0.4)
     adv = group_advantages(rewards)
-    cfg = REGISTRY[name].resolved(EstimatorConfig(
-        aggregation="seq_sum_const", m2po_tau=0.01, icepop_low=0.8, icepop_high=1.25, seq_mask_high=1.2,
-        dppo_delta_low=0.05, dppo_delta_high=0.05, kpop_threshold=0.01, dppo_kl_low=0.005, dppo_kl_high=0.005,
-        opsm_threshold=0.02, mask_denominator=denominator))  # every mask drops a token here
+    cfg = REGISTRY[name].resolved(
+        EstimatorConfig(
+            aggregation="seq_sum_const",
+            m2po_tau=0.01,
+            icepop_low=0.8,
+            icepop_high=1.25,
+            seq_mask_high=1.2,
+            dppo_delta_low=0.05,
+            dppo_delta_high=0.05,
+            kpop_threshold=0.01,
+            dppo_kl_low=0.005,
+            dppo_kl_high=0.005,
+            opsm_threshold=0.02,
+            mask_denominator=denominator,
+        )
+    )  # every mask drops a token here
     loss_fn = functools.partial(get_estimator(name), max_new_tokens=6)
     x = logp.clone().requires_grad_(True)
     loss_fn(x, logp_b, mask, adv, cfg)[0].backward()
@@ -575,8 +657,9 @@ def test_needs_batch_stats_says_whether_a_rows_gradient_depends_on_the_other_row
     for b in range(B):
         for g in range(G):
             y = logp[b : b + 1, g : g + 1].clone().requires_grad_(True)
-            loss_fn(y, logp_b[b : b + 1, g : g + 1], mask[b : b + 1, g : g + 1], adv[b : b + 1, g : g + 1],
-                    cfg)[0].backward()
+            loss_fn(y, logp_b[b : b + 1, g : g + 1], mask[b : b + 1, g : g + 1], adv[b : b + 1, g : g + 1], cfg)[
+                0
+            ].backward()
             alone[b, g] = y.grad[0, 0] / (B * G)
     if REGISTRY[name].needs_batch_stats_under(cfg):
         assert not torch.allclose(alone, x.grad, rtol=1e-4, atol=1e-7)
@@ -664,7 +747,10 @@ def test_the_registry_resolves_an_estimators_defaults_and_keeps_what_is_given(na
     entry = REGISTRY[name]
     resolved = entry.resolved(EstimatorConfig(eps=0.3))
     assert (resolved.aggregation, resolved.mask_denominator, resolved.eps) == (
-        DEFAULT_AGG.get(name, "seq_sum_const"), entry.mask_denominator, 0.3)
+        DEFAULT_AGG.get(name, "seq_sum_const"),
+        entry.mask_denominator,
+        0.3,
+    )
     given = EstimatorConfig(aggregation="token_mean", mask_denominator="kept")
     assert entry.resolved(given) == given
 
@@ -696,7 +782,7 @@ def test_kl_penalty_k3():
     loss0, _ = call_loss("gmc", logp, logp_b, mask, adv, EstimatorConfig())
     loss1, stats = call_loss("gmc", logp, logp_b, mask, adv, EstimatorConfig(kl_coef=0.5), ref_logp=ref)
     d = (ref - logp)[mask]
-    k3 = (torch.exp(d) - d - 1)
+    k3 = torch.exp(d) - d - 1
     n = mask.sum(-1).clamp(min=1)
     per_seq = torch.zeros(mask.shape[:2])
     per_seq = ((torch.exp(ref - logp) - (ref - logp) - 1) * mask).sum(-1) / 512

@@ -47,8 +47,12 @@ def ours(name, logp, logp_b, mask, adv, cfg):
 
 def flat(logp, logp_b, mask, adv):
     """The peers' layout: rows ``[B*G, T]``, a float mask, the advantage on every token."""
-    return (logp.reshape(B * G, T), logp_b.reshape(B * G, T), mask.reshape(B * G, T).float(),
-            adv.reshape(B * G, 1).expand(B * G, T).contiguous())
+    return (
+        logp.reshape(B * G, T),
+        logp_b.reshape(B * G, T),
+        mask.reshape(B * G, T).float(),
+        adv.reshape(B * G, 1).expand(B * G, T).contiguous(),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +62,13 @@ def verl():
     from verl.trainer.ppo import rollout_corr_helper
     from verl.workers.config.actor import ActorConfig, PolicyLossConfig
 
-    return types.SimpleNamespace(core_algos=core_algos, corr=rollout_corr_helper, ActorConfig=ActorConfig,
-                                 PolicyLossConfig=PolicyLossConfig, RolloutCorrectionConfig=RolloutCorrectionConfig)
+    return types.SimpleNamespace(
+        core_algos=core_algos,
+        corr=rollout_corr_helper,
+        ActorConfig=ActorConfig,
+        PolicyLossConfig=PolicyLossConfig,
+        RolloutCorrectionConfig=RolloutCorrectionConfig,
+    )
 
 
 def verl_grad(verl, loss_mode, batch, agg, response_mask=None, old_log_prob=None, batch_num_tokens=None, **actor):
@@ -71,8 +80,13 @@ def verl_grad(verl, loss_mode, batch, agg, response_mask=None, old_log_prob=None
     if batch_num_tokens is not None:
         config.global_batch_info["batch_num_tokens"] = batch_num_tokens
     loss, _ = verl.core_algos.get_policy_loss_fn(loss_mode)(
-        old_log_prob=logp_b if old_log_prob is None else old_log_prob, log_prob=x, advantages=adv,
-        response_mask=mask if response_mask is None else response_mask, loss_agg_mode=agg, config=config)
+        old_log_prob=logp_b if old_log_prob is None else old_log_prob,
+        log_prob=x,
+        advantages=adv,
+        response_mask=mask if response_mask is None else response_mask,
+        loss_agg_mode=agg,
+        config=config,
+    )
     loss.backward()
     return x.grad
 
@@ -118,8 +132,7 @@ def test_dppo_equals_verl_dppo_tv(verl, seed):
     cfg = EstimatorConfig(dppo_delta_low=0.05, dppo_delta_high=0.05, dppo_ratio_cap=1.5)
     grad, stats = ours("dppo", *batch, cfg)
     assert 0 < stats["ratio/frac_tokens_masked"] < 1
-    ref = verl_grad(verl, "dppo_tv", batch, "token-mean", clip_ratio_low=0.05, clip_ratio_high=0.05,
-                    clip_ratio_c=1.5)
+    ref = verl_grad(verl, "dppo_tv", batch, "token-mean", clip_ratio_low=0.05, clip_ratio_high=0.05, clip_ratio_c=1.5)
     torch.testing.assert_close(grad, ref, rtol=1e-5, atol=1e-7)
 
 
@@ -153,7 +166,8 @@ def test_icepop_weights_equal_verl_token_is_with_a_band(verl, seed):
     batch = stale_batch(seed, scale=0.8)
     logp, logp_b, mask, _ = flat(*batch)
     weights, _ = verl.corr.compute_rollout_correction_weights(
-        log_ratio=logp - logp_b, response_mask=mask, rollout_is="token", rollout_is_threshold="0.5_5.0")
+        log_ratio=logp - logp_b, response_mask=mask, rollout_is="token", rollout_is_threshold="0.5_5.0"
+    )
     assert_weights_equal("icepop", batch, EstimatorConfig(), weights)
 
 
@@ -162,7 +176,8 @@ def test_seq_mask_weights_equal_verl_sequence_is_with_a_band(verl, seed):
     batch = stale_batch(seed, scale=0.3)
     logp, logp_b, mask, _ = flat(*batch)
     weights, _ = verl.corr.compute_rollout_correction_weights(
-        log_ratio=logp - logp_b, response_mask=mask, rollout_is="sequence", rollout_is_threshold="0.5_3.0")
+        log_ratio=logp - logp_b, response_mask=mask, rollout_is="sequence", rollout_is_threshold="0.5_3.0"
+    )
     assert_weights_equal("seq_mask", batch, EstimatorConfig(seq_mask_low=0.5), weights)
 
 
@@ -171,16 +186,26 @@ def test_seq_mask_geo_mean_equals_verl_seq_mean_k1_rejection(verl, seed):
     batch = stale_batch(seed, scale=0.3)
     logp, logp_b, mask, _ = flat(*batch)
     kept, _ = verl.corr.compute_rollout_rejection_mask(
-        log_ratio=logp - logp_b, response_mask=mask, rollout_rs="seq_mean_k1", rollout_rs_threshold="0.9_1.1")
+        log_ratio=logp - logp_b, response_mask=mask, rollout_rs="seq_mean_k1", rollout_rs_threshold="0.9_1.1"
+    )
     # verl bounds exp(mean_t -log r), the reciprocal of our geometric mean
     cfg = EstimatorConfig(seq_mask_metric="geo_mean", seq_mask_low=1 / 1.1, seq_mask_high=1 / 0.9)
     assert_weights_equal("seq_mask", batch, cfg, kept.float())
 
 
-DIVERGENCE_BOUNDS = {"token_k1": (0.7, 1.4), "token_k2": (0, 0.1), "token_k3": (0, 0.1), "seq_sum_k1": (0.5, 2.0),
-                     "seq_sum_k2": (0, 0.3), "seq_sum_k3": (0, 0.3), "seq_mean_k1": (0.9, 1.1),
-                     "seq_mean_k2": (0, 0.04), "seq_mean_k3": (0, 0.04), "seq_max_k2": (0, 0.12),
-                     "seq_max_k3": (0, 0.12)}
+DIVERGENCE_BOUNDS = {
+    "token_k1": (0.7, 1.4),
+    "token_k2": (0, 0.1),
+    "token_k3": (0, 0.1),
+    "seq_sum_k1": (0.5, 2.0),
+    "seq_sum_k2": (0, 0.3),
+    "seq_sum_k3": (0, 0.3),
+    "seq_mean_k1": (0.9, 1.1),
+    "seq_mean_k2": (0, 0.04),
+    "seq_mean_k3": (0, 0.04),
+    "seq_max_k2": (0, 0.12),
+    "seq_max_k3": (0, 0.12),
+}
 """``(seq_mask_low, seq_mask_high)`` per rejection metric, dropping part of :func:`stale_batch` (0.3)."""
 
 
@@ -196,10 +221,12 @@ def test_seq_mask_divergence_metrics_equal_verl_rejection(verl, metric, seed):
     batch = stale_batch(seed, scale=0.3)
     logp, logp_b, mask, _ = flat(*batch)
     kept, _ = verl.corr.compute_rollout_rejection_mask(
-        log_ratio=logp - logp_b, response_mask=mask, rollout_rs=metric, rollout_rs_threshold=verl_threshold(metric))
+        log_ratio=logp - logp_b, response_mask=mask, rollout_rs=metric, rollout_rs_threshold=verl_threshold(metric)
+    )
     low, high = DIVERGENCE_BOUNDS[metric]
-    assert_weights_equal("seq_mask", batch, EstimatorConfig(seq_mask_metric=metric, seq_mask_low=low,
-                                                            seq_mask_high=high), kept.float())
+    assert_weights_equal(
+        "seq_mask", batch, EstimatorConfig(seq_mask_metric=metric, seq_mask_low=low, seq_mask_high=high), kept.float()
+    )
 
 
 @pytest.mark.parametrize("metric", ["seq_mean_k1", "token_k2", "seq_max_k3"])
@@ -212,15 +239,27 @@ def test_the_two_denominators_are_verls_bypass_and_decoupled_rejection(verl, met
     logp, logp_b, mask, _ = flat(*batch)
     low, high = DIVERGENCE_BOUNDS[metric]
     cfg = EstimatorConfig(seq_mask_metric=metric, seq_mask_low=low, seq_mask_high=high)
-    rc = verl.RolloutCorrectionConfig(rollout_is=None, rollout_rs=metric, rollout_rs_threshold=verl_threshold(metric),
-                                      loss_type="reinforce", bypass_mode=True)
-    bypass = verl_grad(verl, "bypass_mode", batch, "token-mean", batch_num_tokens=mask.sum(),
-                       policy_loss=verl.PolicyLossConfig(loss_mode="bypass_mode", rollout_correction=rc))
+    rc = verl.RolloutCorrectionConfig(
+        rollout_is=None,
+        rollout_rs=metric,
+        rollout_rs_threshold=verl_threshold(metric),
+        loss_type="reinforce",
+        bypass_mode=True,
+    )
+    bypass = verl_grad(
+        verl,
+        "bypass_mode",
+        batch,
+        "token-mean",
+        batch_num_tokens=mask.sum(),
+        policy_loss=verl.PolicyLossConfig(loss_mode="bypass_mode", rollout_correction=rc),
+    )
     grad_all, stats = ours("seq_mask", *batch, cfg)
     assert 0 < stats["ratio/frac_tokens_masked"] < 1
     torch.testing.assert_close(grad_all, bypass, rtol=1e-5, atol=1e-7)
     kept, _ = verl.corr.compute_rollout_rejection_mask(
-        log_ratio=logp - logp_b, response_mask=mask, rollout_rs=metric, rollout_rs_threshold=verl_threshold(metric))
+        log_ratio=logp - logp_b, response_mask=mask, rollout_rs=metric, rollout_rs_threshold=verl_threshold(metric)
+    )
     decoupled = verl_grad(verl, "vanilla", batch, "token-mean", response_mask=kept, old_log_prob=logp.detach())
     grad_kept, _ = ours("seq_mask", *batch, dataclasses.replace(cfg, mask_denominator="kept"))
     torch.testing.assert_close(grad_kept, decoupled, rtol=1e-5, atol=1e-7)
@@ -233,21 +272,42 @@ def trl_grad(loss_type, batch, args=None, **attrs):
     grpo_trainer = pytest.importorskip("trl.trainer.grpo_trainer", reason="TRL is not installed (make test-peers)")
     logp, logp_b, mask, adv = flat(*batch)
     x = logp.clone().requires_grad_(True)
-    accelerator = types.SimpleNamespace(num_processes=1, sync_gradients=True, gather=lambda t: t,
-                                        gather_for_metrics=lambda t: t, reduce=lambda t, reduction="sum": t)
+    accelerator = types.SimpleNamespace(
+        num_processes=1,
+        sync_gradients=True,
+        gather=lambda t: t,
+        gather_for_metrics=lambda t: t,
+        reduce=lambda t, reduction="sum": t,
+    )
     settings = {"epsilon_low": 0.2, "epsilon_high": 0.2, "off_policy_mask_threshold": None, **attrs}
     trainer = types.SimpleNamespace(
-        loss_type=loss_type, beta=0.0, importance_sampling_level="token",
-        top_entropy_quantile=1.0, use_vllm=False, aux_loss_enabled=False,
-        _entropy_bonus_enabled=False, current_gradient_accumulation_steps=1, accelerator=accelerator,
-        model=types.SimpleNamespace(training=True), _metrics={"train": defaultdict(list)},
-        args=types.SimpleNamespace(**{"steps_per_generation": 1, "delta": None, "use_bias_correction_kl": False,
-                                      **(args or {})}),
+        loss_type=loss_type,
+        beta=0.0,
+        importance_sampling_level="token",
+        top_entropy_quantile=1.0,
+        use_vllm=False,
+        aux_loss_enabled=False,
+        _entropy_bonus_enabled=False,
+        current_gradient_accumulation_steps=1,
+        accelerator=accelerator,
+        model=types.SimpleNamespace(training=True),
+        _metrics={"train": defaultdict(list)},
+        args=types.SimpleNamespace(
+            **{"steps_per_generation": 1, "delta": None, "use_bias_correction_kl": False, **(args or {})}
+        ),
         get_off_policy_mask=grpo_trainer.GRPOTrainer.get_off_policy_mask,
-        _get_per_token_logps_and_entropies=lambda *a, **k: (x, torch.zeros_like(x), None), **settings)
-    inputs = {"prompt_ids": torch.zeros(B * G, 1, dtype=torch.long), "prompt_mask": torch.ones(B * G, 1),
-              "completion_ids": torch.zeros(B * G, T, dtype=torch.long), "completion_mask": mask,
-              "advantages": adv[:, 0], "old_per_token_logps": logp_b, "num_items_in_batch": mask.sum()}
+        _get_per_token_logps_and_entropies=lambda *a, **k: (x, torch.zeros_like(x), None),
+        **settings,
+    )
+    inputs = {
+        "prompt_ids": torch.zeros(B * G, 1, dtype=torch.long),
+        "prompt_mask": torch.ones(B * G, 1),
+        "completion_ids": torch.zeros(B * G, T, dtype=torch.long),
+        "completion_mask": mask,
+        "advantages": adv[:, 0],
+        "old_per_token_logps": logp_b,
+        "num_items_in_batch": mask.sum(),
+    }
     grpo_trainer.GRPOTrainer._compute_loss(trainer, None, inputs).backward()
     return x.grad
 
@@ -275,8 +335,9 @@ def test_sapo_equals_trl(seed):
 
     defaults = {k: getattr(GRPOConfig, k) for k in ("sapo_temperature_pos", "sapo_temperature_neg")}
     assert defaults == {"sapo_temperature_pos": 1.0, "sapo_temperature_neg": 1.05}
-    torch.testing.assert_close(ours("sapo", *batch, EstimatorConfig())[0], trl_grad("sapo", batch, args=defaults),
-                               rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(
+        ours("sapo", *batch, EstimatorConfig())[0], trl_grad("sapo", batch, args=defaults), rtol=1e-5, atol=1e-7
+    )
 
 
 @pytest.mark.parametrize("seed", [0, 2, 3])  # batches with responses of negative advantage on both sides of the mask
@@ -302,9 +363,19 @@ CORRECTIONS = [
     {"rollout_is": "token", "rollout_is_threshold": 2.0},
     {"rollout_is": "sequence", "rollout_is_threshold": 1.5},
     {"rollout_is": "token", "rollout_is_threshold": "0.8_1.3"},
-    {"rollout_is": "sequence", "rollout_is_threshold": 2.0, "rollout_rs": "seq_sum_k1", "rollout_rs_threshold": "0.5_2.0"},
+    {
+        "rollout_is": "sequence",
+        "rollout_is_threshold": 2.0,
+        "rollout_rs": "seq_sum_k1",
+        "rollout_rs_threshold": "0.5_2.0",
+    },
     {"rollout_rs": "token_k1,seq_mean_k3", "rollout_rs_threshold": "0.7_1.4,0.05"},
-    {"rollout_is": "token", "rollout_is_threshold": 2.0, "rollout_rs": "seq_max_k2,token_k3", "rollout_rs_threshold": 0.08},
+    {
+        "rollout_is": "token",
+        "rollout_is_threshold": 2.0,
+        "rollout_rs": "seq_max_k2,token_k3",
+        "rollout_rs_threshold": 0.08,
+    },
 ]
 
 
@@ -322,9 +393,14 @@ def test_correction_equals_verl(verl, seed, settings):
     weights, keep, stats = correct(trainer - sampler, mask, resolved)
     stats = as_floats({**stats, **offpolicy_metrics(trainer, sampler, mask)})
     proto, ref_mask, ref_stats = verl.corr.compute_rollout_correction_and_rejection_mask(
-        old_log_prob=trainer, rollout_log_prob=sampler, response_mask=mask.float(),
-        rollout_is=resolved["rollout_is"], rollout_is_threshold=resolved["rollout_is_threshold"],
-        rollout_rs=resolved["rollout_rs"], rollout_rs_threshold=resolved["rollout_rs_threshold"])
+        old_log_prob=trainer,
+        rollout_log_prob=sampler,
+        response_mask=mask.float(),
+        rollout_is=resolved["rollout_is"],
+        rollout_is_threshold=resolved["rollout_is_threshold"],
+        rollout_rs=resolved["rollout_rs"],
+        rollout_rs_threshold=resolved["rollout_rs_threshold"],
+    )
     assert torch.equal(keep, ref_mask.bool())
     if weights is not None:
         torch.testing.assert_close(weights, proto.batch["rollout_is_weights"], rtol=1e-6, atol=1e-7)

@@ -39,6 +39,14 @@ def test_an_unknown_estimator_lists_the_known_ones():
 def test_diagnostic_names_cover_every_estimator_once():
     names = diagnostic_names()
     assert len(names) == len(set(names))
-    assert {"ratio/frac_groups_capped", "ratio/frac_traj_capped", "ratio/frac_tokens_clipped",
-            "ratio/frac_seq_clipped", "ratio/frac_tokens_masked", "ratio/frac_seq_masked", "ratio/frac_tokens_damped",
-            "ratio/ess_frac", "ratio/shortfall"} == set(names)
+    assert {
+        "ratio/frac_groups_capped",
+        "ratio/frac_traj_capped",
+        "ratio/frac_tokens_clipped",
+        "ratio/frac_seq_clipped",
+        "ratio/frac_tokens_masked",
+        "ratio/frac_seq_masked",
+        "ratio/frac_tokens_damped",
+        "ratio/ess_frac",
+        "ratio/shortfall",
+    } == set(names)

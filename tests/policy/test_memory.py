@@ -21,13 +21,23 @@ from gmc.policy.update import Rows, _forward, precision
 from gmc.run.config import load_train_config
 from gmc.run.random_model import QWEN3_VOCAB_ROWS, RandomModelConfig
 
-SHAPES = [RandomModelConfig(), RandomModelConfig(hidden_size=96, intermediate_size=160, num_layers=3, num_heads=6,
-                                                 num_kv_heads=2)]
+SHAPES = [
+    RandomModelConfig(),
+    RandomModelConfig(hidden_size=96, intermediate_size=160, num_layers=3, num_heads=6, num_kv_heads=2),
+]
 
 
 def shape_of(cfg: RandomModelConfig, tied: bool = True) -> ModelShape:
-    return ModelShape(cfg.hidden_size, cfg.intermediate_size, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads,
-                      cfg.hidden_size // cfg.num_heads, QWEN3_VOCAB_ROWS, tied)
+    return ModelShape(
+        cfg.hidden_size,
+        cfg.intermediate_size,
+        cfg.num_layers,
+        cfg.num_heads,
+        cfg.num_kv_heads,
+        cfg.hidden_size // cfg.num_heads,
+        QWEN3_VOCAB_ROWS,
+        tied,
+    )
 
 
 @pytest.mark.parametrize("tied", [True, False])
@@ -65,10 +75,22 @@ def test_the_plans_checkpointed_activations_are_what_autograd_saves(shape, dtype
 
 
 def paper(*overrides):
-    return load_train_config(None, ["model=Qwen/Qwen3-4B", "model_dtype=bfloat16", "gradient_checkpointing=true",
-                                    "optimizer=adamw8bit", "engine=vllm", "micro_batch_tokens=16384",
-                                    "logprob_chunk_size=1024", "sampling.max_new_tokens=4096", "prompts_per_step=32",
-                                    "group_size=32", *overrides])
+    return load_train_config(
+        None,
+        [
+            "model=Qwen/Qwen3-4B",
+            "model_dtype=bfloat16",
+            "gradient_checkpointing=true",
+            "optimizer=adamw8bit",
+            "engine=vllm",
+            "micro_batch_tokens=16384",
+            "logprob_chunk_size=1024",
+            "sampling.max_new_tokens=4096",
+            "prompts_per_step=32",
+            "group_size=32",
+            *overrides,
+        ],
+    )
 
 
 def test_the_paper_settings_fit_an_80_gb_card_with_vllm_asleep():
@@ -91,8 +113,15 @@ def test_the_behaviour_pass_and_the_lm_heads_weight_gradient_are_planned():
     assert p.items["behaviour pass"] == (0, 16384 * (12 * H + 4 * q + 4 * kv + 6 * inter) + V * H * 2, 0)
     assert p.items["LM-head chunk or recomputed layer"] == (1024 * V * 12 + V * H * 6, 0, 0)
     assert p.peak_phase == "generation"
-    sampler = plan(paper("vllm.sleep=true", "vllm.gpu_memory_utilization=0.45", "behaviour_logprobs=sampler",
-                         "sampling.temperature=1"), int(79.6 * GIB))
+    sampler = plan(
+        paper(
+            "vllm.sleep=true",
+            "vllm.gpu_memory_utilization=0.45",
+            "behaviour_logprobs=sampler",
+            "sampling.temperature=1",
+        ),
+        int(79.6 * GIB),
+    )
     assert sampler.items["behaviour pass"] == (0, 0, 0)  # the engine's log-probs: no pass beside vLLM
     in_place = plan(paper("master_weights=false"), None)  # bfloat16 weights: nothing to cast, no float32 copy
     assert in_place.items["behaviour pass"][1] == 16384 * (12 * H + 4 * q + 4 * kv + 6 * inter)
@@ -124,8 +153,10 @@ def test_the_plan_has_the_resume_phase_and_the_allocators_reserve():
     same = [name for name in p.items if name not in ("behaviour pass", "allocator reserve")]
     assert [p.items[n][2] for n in same] == [p.items[n][1] for n in same] and p.resume < p.generation
     assert p.items["vLLM"][2] == p.items["vLLM"][1] > 30 * GIB
-    torch_held = [sum(b[k] for name, b in p.items.items() if name not in ("allocator reserve", "vLLM", "CUDA runtime"))
-                  for k in range(3)]
+    torch_held = [
+        sum(b[k] for name, b in p.items.items() if name not in ("allocator reserve", "vLLM", "CUDA runtime"))
+        for k in range(3)
+    ]
     assert p.items["allocator reserve"] == tuple(int(ALLOCATOR_RESERVE * h) for h in torch_held)
     assert 3 * GIB < p.items["allocator reserve"][0] < 5 * GIB
     host = checkpoint_host_bytes(paper("delay.d=128"))
@@ -139,19 +170,26 @@ def test_checkpointing_is_chosen_by_the_plan():
     card = int(79.6 * GIB)
     big = plan(paper("gradient_checkpointing=auto", "vllm.sleep=true", "vllm.gpu_memory_utilization=0.45"), card)
     assert 0 < big.checkpointed_layers < 36 and big.peak <= 0.95 * card
-    one_fewer = _plan(paper("vllm.sleep=true", "vllm.gpu_memory_utilization=0.45"), card, ModelShape.of("Qwen/Qwen3-4B"),
-                      big.checkpointed_layers - 1)
+    one_fewer = _plan(
+        paper("vllm.sleep=true", "vllm.gpu_memory_utilization=0.45"),
+        card,
+        ModelShape.of("Qwen/Qwen3-4B"),
+        big.checkpointed_layers - 1,
+    )
     assert one_fewer.peak > 0.95 * card
     every = plan(paper("vllm.sleep=true", "vllm.gpu_memory_utilization=0.45"), card)  # gradient_checkpointing: true
     assert every.checkpointed_layers == 36 and every.gradient_checkpointing
     H, q, kv, inter = 2560, 32 * 128, 8 * 128, 9728
     per_layer = 20 * H + 10 * q + 8 * kv + 8 * inter
-    assert (big.items["saved activations"][0] - every.items["saved activations"][0]
-            == 16384 * (36 - big.checkpointed_layers) * (per_layer - 4 * H))
+    assert big.items["saved activations"][0] - every.items["saved activations"][0] == 16384 * (
+        36 - big.checkpointed_layers
+    ) * (per_layer - 4 * H)
     small = plan(paper("gradient_checkpointing=auto", "micro_batch_tokens=512"), 400 * GIB)
     assert small.checkpointed_layers == 0 and not small.gradient_checkpointing and small.fits
-    assert small.items["saved activations"][0] > plan(paper("micro_batch_tokens=512"), 400 * GIB).items[
-        "saved activations"][0]
+    assert (
+        small.items["saved activations"][0]
+        > plan(paper("micro_batch_tokens=512"), 400 * GIB).items["saved activations"][0]
+    )
     assert plan(paper("gradient_checkpointing=auto"), None).checkpointed_layers == 0  # no limit: it fits
 
 
@@ -185,8 +223,11 @@ def test_an_out_of_memory_error_names_the_plan_beside_the_measured_peak(tmp_path
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
     trainer.update.backward = exhausted
-    with pytest.raises(MemoryPlanError, match=r"(?s)out of memory in training; measured: .*planned: .* GiB for "
-                                              r"training of 64.00 GiB\nitem .*saved activations.*Tried to allocate"):
+    with pytest.raises(
+        MemoryPlanError,
+        match=r"(?s)out of memory in training; measured: .*planned: .* GiB for "
+        r"training of 64.00 GiB\nitem .*saved activations.*Tried to allocate",
+    ):
         trainer.run()
     assert not (tmp_path / "run" / "summary.json").exists()
 
@@ -195,8 +236,11 @@ def test_a_run_whose_plan_does_not_fit_stops_before_the_model_loads(tmp_path, sm
     from gmc.run import trainer
 
     monkeypatch.setattr(trainer, "load_policy", lambda *a, **k: pytest.fail("the model loaded"))
-    with pytest.raises(MemoryPlanError, match=r"needs .* GiB, more than the device's 0\.001 GiB; largest items: "
-                                              r"saved activations .*\(micro_batch_tokens, gradient_checkpointing"):
+    with pytest.raises(
+        MemoryPlanError,
+        match=r"needs .* GiB, more than the device's 0\.001 GiB; largest items: "
+        r"saved activations .*\(micro_batch_tokens, gradient_checkpointing",
+    ):
         trainer.Trainer(small_config(memory_limit_gib=0.001), tmp_path / "run", progress=False)
 
 

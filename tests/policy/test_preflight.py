@@ -27,7 +27,8 @@ def test_model_folders_are_checked_before_loading(tmp_path, tiny_model_dir):
     with pytest.raises(ModelFolderError, match=r"model\.safetensors: incomplete safetensors file"):
         load_policy(broken("half_written", truncate), device="cpu")
     with pytest.raises(ModelFolderError, match=r"lacks config\.json; weights"):
-        load_policy(broken("empty", lambda f: [p.unlink() for p in f.iterdir() if not p.name.startswith("tok")]),
-                    device="cpu")
+        load_policy(
+            broken("empty", lambda f: [p.unlink() for p in f.iterdir() if not p.name.startswith("tok")]), device="cpu"
+        )
     with pytest.raises(ModelFolderError, match="not found"):
         load_policy(str(tmp_path / "nowhere" / "tiny"), device="cpu")

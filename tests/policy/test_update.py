@@ -24,9 +24,17 @@ VOCAB = 96
 
 def random_model(seed=0, dtype=torch.float32, checkpointing=False):
     torch.manual_seed(seed)
-    cfg = Qwen3Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=256,
-                      tie_word_embeddings=True)
+    cfg = Qwen3Config(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+    )
     model = Qwen3ForCausalLM(cfg).to(dtype)
     if checkpointing:
         model.gradient_checkpointing_enable()
@@ -46,10 +54,18 @@ def random_groups(B=3, G=4, seed=0, stale=True):
         resp = torch.randint(1, VOCAB, (G, T), generator=g)
         mask = torch.arange(T).unsqueeze(0) < lengths.unsqueeze(1)
         behaviour = torch.where(mask, -torch.rand(G, T, generator=g) * 3 - 2, 0.0) if stale else None
-        groups.append(Group(prompt_index=b, prompt_ids=torch.randint(1, VOCAB, (P,), generator=g),
-                            response_ids=resp, response_mask=mask,
-                            rewards=torch.randint(0, 2, (G,), generator=g).float(),
-                            behaviour_logp=behaviour, sampler_logp=torch.zeros(G, T), version=0))
+        groups.append(
+            Group(
+                prompt_index=b,
+                prompt_ids=torch.randint(1, VOCAB, (P,), generator=g),
+                response_ids=resp,
+                response_mask=mask,
+                rewards=torch.randint(0, 2, (G,), generator=g).float(),
+                behaviour_logp=behaviour,
+                sampler_logp=torch.zeros(G, T),
+                version=0,
+            )
+        )
     return groups
 
 
@@ -170,8 +186,16 @@ def test_the_causal_path_equals_the_masked_one(name, dtype):
     assert (masked - causal).abs().max() <= CAUSAL_TOL[dtype]
     results = {}
     for attention in ("masked", "causal"):
-        update = Update(model, get_estimator(name), REGISTRY[name].resolved(EstimatorConfig()), 64, pad_id=0,
-                        compute_dtype=compute, attention=attention, max_new_tokens=20)
+        update = Update(
+            model,
+            get_estimator(name),
+            REGISTRY[name].resolved(EstimatorConfig()),
+            64,
+            pad_id=0,
+            compute_dtype=compute,
+            attention=attention,
+            max_new_tokens=20,
+        )
         loss, stats, _ = update.backward(groups, on_policy=False)
         results[attention] = (float(loss), stats, grads(model))
         model.zero_grad(set_to_none=True)
@@ -195,15 +219,25 @@ def test_logprobs_equal_a_naive_full_forward(temperature):
             assert torch.all(fast[i, len(ref) :] == 0)
 
 
-def step(model, groups, name, budget, kl_coef=0.0, on_policy=False, reference=None, per_row=None,
-         mask_denominator=None):
+def step(
+    model, groups, name, budget, kl_coef=0.0, on_policy=False, reference=None, per_row=None, mask_denominator=None
+):
     """One update's ``(loss, stats, gradients)``; ``per_row`` None: as the trainer decides it."""
     model.zero_grad(set_to_none=True)
     cfg = REGISTRY[name].resolved(EstimatorConfig(kl_coef=kl_coef, mask_denominator=mask_denominator))
     if per_row is None:
         per_row = not REGISTRY[name].needs_batch_stats_under(cfg)
-    update = Update(model, get_estimator(name), cfg, budget, pad_id=0, reference=reference, chunk_size=16,
-                    per_row=per_row, max_new_tokens=20)
+    update = Update(
+        model,
+        get_estimator(name),
+        cfg,
+        budget,
+        pad_id=0,
+        reference=reference,
+        chunk_size=16,
+        per_row=per_row,
+        max_new_tokens=20,
+    )
     loss, stats, _ = update.backward(groups, on_policy)
     return loss, stats, grads(model)
 
@@ -275,8 +309,9 @@ def test_micro_batched_step_equals_the_whole_batch_step(name, kl_coef):
         base_loss, base_stats, base_grads = step(model, groups, name, 0, kl_coef, on_policy, reference)
         assert sum(float(g.abs().sum()) for g in base_grads) > 0
         for budget in (32, 64, 1000):
-            assert_same_step(step(model, groups, name, budget, kl_coef, on_policy, reference),
-                             (base_loss, base_stats, base_grads))
+            assert_same_step(
+                step(model, groups, name, budget, kl_coef, on_policy, reference), (base_loss, base_stats, base_grads)
+            )
 
 
 @pytest.mark.parametrize("name", ["grpo", "gmc"])
@@ -304,8 +339,15 @@ def test_whole_batch_step_equals_the_estimator_on_naive_log_probs(name):
         behaviour[k, :, : grp.behaviour_logp.shape[1]] = grp.behaviour_logp
     mask = torch.arange(T).view(1, 1, T) < torch.tensor(rows.lengths).view(B, G, 1)
     adv = group_advantages(torch.stack([grp.rewards for grp in groups]))
-    naive_loss, _ = get_estimator(name)(logp, behaviour, mask, adv, REGISTRY[name].resolved(EstimatorConfig(kl_coef=0.2)),
-                                        ref_logp=ref, max_new_tokens=20)
+    naive_loss, _ = get_estimator(name)(
+        logp,
+        behaviour,
+        mask,
+        adv,
+        REGISTRY[name].resolved(EstimatorConfig(kl_coef=0.2)),
+        ref_logp=ref,
+        max_new_tokens=20,
+    )
     naive_loss.backward()
     assert float(loss) == pytest.approx(float(naive_loss), rel=1e-4)
     assert stats["loss/kl"] > 0
@@ -323,13 +365,22 @@ def test_k3_kl_gradient_matches_a_naive_per_token_loop():
     ref = -torch.rand(B, G, T) * 2
     mask = torch.arange(T).view(1, 1, T) < torch.randint(1, T + 1, (B, G, 1))
     zero_adv = torch.zeros(B, G)
-    loss, _ = get_estimator("none")(logp, logp.detach(), mask, zero_adv, REGISTRY["none"].resolved(EstimatorConfig(kl_coef=0.5)),
-                                    ref_logp=ref, max_new_tokens=T)
+    loss, _ = get_estimator("none")(
+        logp,
+        logp.detach(),
+        mask,
+        zero_adv,
+        REGISTRY["none"].resolved(EstimatorConfig(kl_coef=0.5)),
+        ref_logp=ref,
+        max_new_tokens=T,
+    )
     loss.backward()
     for b in range(B):
         for g in range(G):
             for t in range(T):
-                want = 0.5 * (1 - float(torch.exp(ref[b, g, t] - logp[b, g, t]))) / T / (B * G) if mask[b, g, t] else 0.0
+                want = (
+                    0.5 * (1 - float(torch.exp(ref[b, g, t] - logp[b, g, t]))) / T / (B * G) if mask[b, g, t] else 0.0
+                )
                 assert float(logp.grad[b, g, t]) == pytest.approx(want, rel=1e-5, abs=1e-9)
 
 
@@ -374,9 +425,18 @@ def corrected_step(model, groups, name, budget, correction, on_policy=False, sam
     cfg = REGISTRY[name].resolved(EstimatorConfig())
     if per_row is None:
         per_row = not REGISTRY[name].needs_batch_stats_under(cfg)
-    update = Update(model, get_estimator(name), cfg, budget, pad_id=0, chunk_size=16, per_row=per_row,
-                    max_new_tokens=20, correction=RolloutCorrection(**correction).resolved(),
-                    sampler_behaviour=sampler_behaviour)
+    update = Update(
+        model,
+        get_estimator(name),
+        cfg,
+        budget,
+        pad_id=0,
+        chunk_size=16,
+        per_row=per_row,
+        max_new_tokens=20,
+        correction=RolloutCorrection(**correction).resolved(),
+        sampler_behaviour=sampler_behaviour,
+    )
     loss, stats, _ = update.backward(groups, on_policy)
     return loss, stats, grads(model)
 
@@ -389,8 +449,12 @@ def test_a_correction_weights_each_tokens_gradient_and_leaves_out_what_it_reject
 
     model = random_model(seed=4)
     groups = with_sampler(random_groups(seed=6), seed=7)
-    correction = {"rollout_is": "token", "rollout_is_threshold": 1.1, "rollout_rs": "token_k1",
-                  "rollout_rs_threshold": "0.8_1.25"}
+    correction = {
+        "rollout_is": "token",
+        "rollout_is_threshold": 1.1,
+        "rollout_rs": "token_k1",
+        "rollout_rs_threshold": "0.8_1.25",
+    }
     _, stats, g = corrected_step(model, groups, "none", 0, correction)
     rows = Rows.from_groups(groups)
     B, G, T = len(groups), 4, max(rows.lengths)
@@ -413,9 +477,10 @@ def test_a_correction_weights_each_tokens_gradient_and_leaves_out_what_it_reject
     assert 0 < stats["rollout_corr/rollout_rs_masked_fraction"] < 1 and "rollout_corr/chi2_seq" in stats
 
 
-CORRECTED = [{"rollout_is": "token", "rollout_is_threshold": 1.2},
-             {"rollout_is": "sequence", "rollout_is_threshold": 2.0, "rollout_rs": "seq_mean_k3",
-              "rollout_rs_threshold": 0.02}]
+CORRECTED = [
+    {"rollout_is": "token", "rollout_is_threshold": 1.2},
+    {"rollout_is": "sequence", "rollout_is_threshold": 2.0, "rollout_rs": "seq_mean_k3", "rollout_rs_threshold": 0.02},
+]
 
 
 @pytest.mark.parametrize("correction", CORRECTED)
@@ -426,8 +491,9 @@ def test_a_corrected_step_is_the_same_however_it_is_micro_batched(name, correcti
     statistics and gradient, with the correction's ratio read from the behaviour log-probs (a
     stale batch), or from the step's own forward (an on-policy batch, bypass mode)."""
     model = random_model(seed=1)
-    groups = with_sampler(random_groups(seed=3, stale=mode != "on_policy"), seed=8,
-                          model=model if mode != "stale" else None)
+    groups = with_sampler(
+        random_groups(seed=3, stale=mode != "on_policy"), seed=8, model=model if mode != "stale" else None
+    )
     if mode == "bypass":
         for grp in groups:
             grp.behaviour_logp = grp.sampler_logp
@@ -435,8 +501,11 @@ def test_a_corrected_step_is_the_same_however_it_is_micro_batched(name, correcti
     base_loss, base_stats, base_grads = corrected_step(model, groups, name, 0, correction, **args)
     assert sum(float(g.abs().sum()) for g in base_grads) > 0
     for budget, per_row in ((32, False), (64, True), (1000, None)):
-        assert_same_step(corrected_step(model, groups, name, budget, correction, per_row=per_row, **args),
-                         (base_loss, base_stats, base_grads), stats_rtol=1e-4)
+        assert_same_step(
+            corrected_step(model, groups, name, budget, correction, per_row=per_row, **args),
+            (base_loss, base_stats, base_grads),
+            stats_rtol=1e-4,
+        )
     uncorrected = corrected_step(model, groups, name, 0, {}, **args)
     assert any(not torch.allclose(a, b) for a, b in zip(uncorrected[2], base_grads))
 

@@ -74,14 +74,17 @@ def test_a_variant_is_drawn_in_its_estimators_colour_and_marker_dashed_and_open(
         for algo in ("gmc", "grpo", "gmc_seq_is"):
             fake_run(r, algo, 16, 8, seed, 0.5, 0.6 + 0.01 * seed)
         (r / "train" / "algo~gmc_seq_is" / "delay~16" / "group~8" / f"seed~{seed}" / "config.yaml").write_text(
-            "algorithm: gmc\n")
+            "algorithm: gmc\n"
+        )
     drawn = {}
     monkeypatch.setattr(figures, "save_both", lambda fig, out, stem: drawn.setdefault(stem, fig) and [])
     figures.run_figures(r)
 
     def lines(stem):
         ax = drawn[stem].axes[0]
-        return {line.get_label().split(" (")[0]: line for line in ax.get_lines() if not line.get_label().startswith("_")}
+        return {
+            line.get_label().split(" (")[0]: line for line in ax.get_lines() if not line.get_label().startswith("_")
+        }
 
     gmc, grpo = REGISTRY["gmc"], REGISTRY["grpo"]
     curves = lines("reward_vs_step")

@@ -21,24 +21,46 @@ def _fake_results(root: Path, points):
         run = root / "train" / f"algo~{algo}" / f"delay~{delay}" / f"group~{group}" / "seed~0"
         run.mkdir(parents=True)
         own = {"gmc": "ratio/frac_groups_capped", "newest": "ratio/frac_new_capped"}.get(algo)
-        summary = {"steps": 4, "rollout/reward_mean_last20": 0.5, "async/staleness_mean": 1.0,
-                   "ratio/ess_frac": 0.9, "ratio/shortfall": 0.01, "time/step_seconds": 0.1, **({own: 0.2} if own else {})}
+        summary = {
+            "steps": 4,
+            "rollout/reward_mean_last20": 0.5,
+            "async/staleness_mean": 1.0,
+            "ratio/ess_frac": 0.9,
+            "ratio/shortfall": 0.01,
+            "time/step_seconds": 0.1,
+            **({own: 0.2} if own else {}),
+        }
         (run / "summary.json").write_text(json.dumps(summary))
-        (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "rollout/reward_mean": 0.1 * s}) + "\n"
-                                                   for s in range(4)))
-        (run / "groups.jsonl").write_text("".join(json.dumps({"staleness": s % 3, "length_max": 5 + s}) + "\n"
-                                                  for s in range(12)))
+        (run / "metrics.jsonl").write_text(
+            "".join(json.dumps({"step": s, "rollout/reward_mean": 0.1 * s}) + "\n" for s in range(4))
+        )
+        (run / "groups.jsonl").write_text(
+            "".join(json.dumps({"staleness": s % 3, "length_max": 5 + s}) + "\n" for s in range(12))
+        )
         ev = root / "eval" / run.relative_to(root / "train")
         ev.mkdir(parents=True)
         (ev / "synthetic.json").write_text(json.dumps({"benchmark": "synthetic", "greedy": 0.4, "pass_at_1": 0.3}))
 
 
 def test_a_new_delay_mode_and_estimator_need_only_their_registry_entries(tmp_path, monkeypatch):
-    monkeypatch.setitem(DELAY_MODES, "bursty", DelayMode("gmc.rollouts.sources:latency_source", "bursty arrivals",
-                                                         delays.LATENCY_KEYS, named_point=True))
-    monkeypatch.setitem(REGISTRY, "newest", estimators.Estimator(
-        "gmc.estimators.losses:grpo_loss", "Newest-GRPO", "tab:pink", ("ratio/frac_new_capped",), aggregation="seq_mean",
-        on_policy=PG_SEQ_MEAN, needs_batch_stats=False))
+    monkeypatch.setitem(
+        DELAY_MODES,
+        "bursty",
+        DelayMode("gmc.rollouts.sources:latency_source", "bursty arrivals", delays.LATENCY_KEYS, named_point=True),
+    )
+    monkeypatch.setitem(
+        REGISTRY,
+        "newest",
+        estimators.Estimator(
+            "gmc.estimators.losses:grpo_loss",
+            "Newest-GRPO",
+            "tab:pink",
+            ("ratio/frac_new_capped",),
+            aggregation="seq_mean",
+            on_policy=PG_SEQ_MEAN,
+            needs_batch_stats=False,
+        ),
+    )
     monkeypatch.setitem(figures.ALGORITHM_COLORS, "newest", "tab:pink")
     _fake_results(tmp_path, [(a, d, 4) for a in ("gmc", "newest") for d in ("0", "8", "latency", "bursty")])
     frame = tables.collect(tmp_path)
@@ -72,7 +94,9 @@ def extra_table(runs, base, analysis):
 def test_a_new_figure_and_table_need_only_their_registry_entries(tmp_path, monkeypatch, load_rules):
     from gmc.results.outputs import Output
 
-    monkeypatch.setitem(outputs.FIGURES, "extra_figure", Output(f"{__name__}:extra_figure", "rewards", "Rewards as bars."))
+    monkeypatch.setitem(
+        outputs.FIGURES, "extra_figure", Output(f"{__name__}:extra_figure", "rewards", "Rewards as bars.")
+    )
     monkeypatch.setitem(outputs.TABLES, "extra_table", Output(f"{__name__}:extra_table", "points", "The points."))
     _fake_results(tmp_path, [("gmc", "0", 4), ("gmc", "8", 4)])
     assert "extra_table" in tables.write_tables(tmp_path)

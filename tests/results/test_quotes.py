@@ -24,8 +24,11 @@ def test_a_document_quotes_a_bundle_only_through_its_files(bundle, tmp_path, cap
     """An included block is the bundle's file, rewritten from it; a number in a marked region that
     the bundle does not print (a hand-typed or stale one) fails, naming the document's line."""
     (bundle / "configs" / "eval.yaml").write_text("temperature: 0.6\n")
-    (bundle / PROVENANCE).write_text(json.dumps({"stages": {"wall_seconds": [4443.0], "rules": {
-        "train": {"jobs": 2, "seconds": 10.0, "longest": 6.0}}}}))
+    (bundle / PROVENANCE).write_text(
+        json.dumps(
+            {"stages": {"wall_seconds": [4443.0], "rules": {"train": {"jobs": 2, "seconds": 10.0, "longest": 6.0}}}}
+        )
+    )
     main(["tables", "--results", str(bundle)])
     paired = (bundle / "tables" / "paired.md").read_text()
     cost = next(line for line in paired.splitlines() if line.startswith("| grpo: stale − on-policy | 16 | 8 |"))
@@ -36,11 +39,15 @@ def test_a_document_quotes_a_bundle_only_through_its_files(bundle, tmp_path, cap
     lead = ahead.split(" | ")[5].split(" (")[0]  # a positive estimate, e.g. "+0.200 ± 0.043"
     lead_half = lead.split(" ± ")[1]
     doc = tmp_path / "README.md"
-    doc.write_text(DOC.format(cost=estimate.replace("-", "−"), sign=sign, lone=diff.lstrip("-"), lead=lead,
-                              wall="74.0 min"))
+    doc.write_text(
+        DOC.format(cost=estimate.replace("-", "−"), sign=sign, lone=diff.lstrip("-"), lead=lead, wall="74.0 min")
+    )
     with pytest.raises(SystemExit) as stop:
         main(["quote-bundles", "--check", str(doc)])
-    assert stop.value.code == 1 and "README.md:3: the block differs from published/tables/main.md" in capsys.readouterr().err
+    assert (
+        stop.value.code == 1
+        and "README.md:3: the block differs from published/tables/main.md" in capsys.readouterr().err
+    )
     with pytest.raises(SystemExit) as stop:
         main(["quote-bundles", str(doc)])
     assert stop.value.code == 0
@@ -50,8 +57,13 @@ def test_a_document_quotes_a_bundle_only_through_its_files(bundle, tmp_path, cap
     assert stop.value.code == 0
     # a stale duration, a sign count, and intervals that belong to other estimates (a negative and a positive one)
     other = next(c for c in (0.2, 0.3, 0.5) if f"{c:.3f}" not in half)
-    doc.write_text(doc.read_text().replace("74.0 min", "73.9 min").replace(f"({sign})", "(2/5)")
-                   .replace(f"± {half}", f"± {other:.3f}").replace(f"{lead}", lead.replace(lead_half, "0.999")))
+    doc.write_text(
+        doc.read_text()
+        .replace("74.0 min", "73.9 min")
+        .replace(f"({sign})", "(2/5)")
+        .replace(f"± {half}", f"± {other:.3f}")
+        .replace(f"{lead}", lead.replace(lead_half, "0.999"))
+    )
     with pytest.raises(SystemExit) as stop:
         main(["quote-bundles", "--check", str(doc)])
     err = capsys.readouterr().err
@@ -74,26 +86,33 @@ resolved: −0.050 [−0.085, −0.015]. A gradient's bias of 0.125 [0.102, 0.14
 
 
 def test_a_verdict_word_in_prose_is_the_one_the_bundles_conclusions_give(bundle, tmp_path, capsys):
-    """"resolved", "not resolved", "inconclusive", "equivalent" and "no cost" in a region that
+    """ "resolved", "not resolved", "inconclusive", "equivalent" and "no cost" in a region that
     quotes a bundle judge the difference quoted beside them (its interval in brackets or as
     ± half): where conclusions.md judges that difference otherwise, ``gmc quote-bundles --check``
     fails naming the line; a difference conclusions.md does not judge is not checked."""
     from gmc.results.quotes import misjudged
 
     main(["tables", "--results", str(bundle)])
-    assert "-0.050 [-0.085, -0.015], 3 seeds, p_holm 0.051: **inconclusive**" in (
-        bundle / "tables" / "conclusions.md").read_text()
+    assert (
+        "-0.050 [-0.085, -0.015], 3 seeds, p_holm 0.051: **inconclusive**"
+        in (bundle / "tables" / "conclusions.md").read_text()
+    )
     doc = tmp_path / "results.md"
     doc.write_text(VERDICTS.format(word="inconclusive"))
     assert misjudged(doc) == []
     doc.write_text(VERDICTS.format(word="resolved"))
-    assert misjudged(doc) == [f'{doc}:5: "resolved" judges -0.050 ± 0.035, which published/tables/conclusions.md '
-                              "finds inconclusive"]
+    assert misjudged(doc) == [
+        f'{doc}:5: "resolved" judges -0.050 ± 0.035, which published/tables/conclusions.md finds inconclusive'
+    ]
     with pytest.raises(SystemExit) as stop:
         main(["quote-bundles", "--check", str(doc)])
     assert stop.value.code == 1 and f'{doc}:5: "resolved" judges' in capsys.readouterr().err
-    doc.write_text(VERDICTS.format(word="inconclusive").replace("has no cost", "has a resolved cost")
-                   .replace("A gradient's", "Inconclusive: +0.200 [+0.157, +0.243]. A gradient's"))
+    doc.write_text(
+        VERDICTS.format(word="inconclusive")
+        .replace("has no cost", "has a resolved cost")
+        .replace("A gradient's", "Inconclusive: +0.200 [+0.157, +0.243]. A gradient's")
+    )
     assert [p.split(": ", 1)[1] for p in misjudged(doc)] == [
         '"resolved" judges 0.000 [0.000, 0.000], which published/tables/conclusions.md finds equivalent',
-        '"Inconclusive" judges 0.200 [0.157, 0.243], which published/tables/conclusions.md finds resolved']
+        '"Inconclusive" judges 0.200 [0.157, 0.243], which published/tables/conclusions.md finds resolved',
+    ]

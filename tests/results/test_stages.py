@@ -40,12 +40,25 @@ def test_a_bundle_records_the_time_of_each_stage_from_the_snakemake_logs(tmp_pat
     first.write_text(SNAKEMAKE_LOG)
     second.write_text(SNAKEMAKE_LOG.replace("13:06:14", "13:04:14"))
     out = tmp_path / "published"
-    main(["publish", "--results", str(sweep(tmp_path / "results")), "--out", str(out),
-          "--log", str(first), "--log", str(second)])
+    main(
+        [
+            "publish",
+            "--results",
+            str(sweep(tmp_path / "results")),
+            "--out",
+            str(out),
+            "--log",
+            str(first),
+            "--log",
+            str(second),
+        ]
+    )
     stages = json.loads((out / PROVENANCE).read_text())["stages"]
     assert stages["wall_seconds"] == [182.0, 122.0]
-    assert stages["rules"] == {"train": {"jobs": 4, "seconds": 121 + 180 + 121 + 60, "longest": 180},
-                               "train_config": {"jobs": 2, "seconds": 2, "longest": 1}}
+    assert stages["rules"] == {
+        "train": {"jobs": 4, "seconds": 121 + 180 + 121 + 60, "longest": 180},
+        "train_config": {"jobs": 2, "seconds": 2, "longest": 1},
+    }
     (tmp_path / "no_jobs.log").write_text("Building DAG of jobs...\nNothing to be done.\n")
     with pytest.raises(ValueError, match="no_jobs.log: no finished job"):
         publish(tmp_path / "results", out, [tmp_path / "no_jobs.log"])

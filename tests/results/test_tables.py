@@ -64,15 +64,20 @@ def test_a_base_model_per_seed_gives_the_base_row_an_interval(tmp_path):
     assert base["eval/synthetic/greedy:mean"] == pytest.approx(0.36)
     assert base["eval/synthetic/greedy:half"] == pytest.approx(half)
     runs = write_tables(r)["runs"]  # what the interval is made of: one row per seed, base models first
-    assert [(a, s) for a, s in zip(runs["algorithm"], runs["seed"])] == [("base", 0), ("base", 1), ("base", 2),
-                                                                         ("gmc", 0)]
+    assert [(a, s) for a, s in zip(runs["algorithm"], runs["seed"])] == [
+        ("base", 0),
+        ("base", 1),
+        ("base", 2),
+        ("gmc", 0),
+    ]
     assert list(runs["eval/synthetic/greedy"]) == pytest.approx([0.30, 0.36, 0.42, 0.4])
     assert "| base | - | 0 | 1 | - | 0.360 | - | 0.360 | - |" in (r / "tables" / "runs.md").read_text()
     # one base model for every seed (a hub model): one row, no interval
     shutil.rmtree(r / "eval" / "base")
     (r / "eval" / "base").mkdir()
-    (r / "eval" / "base" / "synthetic.json").write_text(json.dumps({"benchmark": "synthetic", "greedy": 0.3,
-                                                                    "problems": 101}))
+    (r / "eval" / "base" / "synthetic.json").write_text(
+        json.dumps({"benchmark": "synthetic", "greedy": 0.3, "problems": 101})
+    )
     base = write_tables(r)["main"].iloc[0]
     assert base["algorithm"] == "base" and base["n_seeds"] == 1 and math.isnan(base["eval/synthetic/greedy:half"])
 
@@ -88,8 +93,9 @@ def test_a_shared_run_appears_under_both_names_and_differs_from_itself_by_exactl
     assert sorted(frame["algorithm"]) == ["gmc"] * 3 + ["tic"] * 3
     assert set(frame.loc[frame.algorithm == "tic", "shared_with"]) == {"gmc"}
     tables = write_tables(r)
-    row = tables["paired"][(tables["paired"].comparison == "gmc − tic")
-                           & (tables["paired"].metric == "eval/synthetic/pass_at_1")].iloc[0]
+    row = tables["paired"][
+        (tables["paired"].comparison == "gmc − tic") & (tables["paired"].metric == "eval/synthetic/pass_at_1")
+    ].iloc[0]
     assert row["diff"] == 0 and row["half"] == 0  # one evaluation: no evaluation noise between them
     assert "tic (run of gmc)" in (r / "tables" / "main.md").read_text()
 
@@ -103,8 +109,9 @@ def test_a_family_counts_each_test_once(tmp_path):
     from gmc.results.tables import ONE_RUN
 
     r = tmp_path / "results"
-    for seed, (t0, p0, g, t, p) in enumerate([(0.60, 0.50, 0.40, 0.58, 0.36), (0.66, 0.52, 0.50, 0.62, 0.38),
-                                               (0.62, 0.58, 0.46, 0.64, 0.44)]):
+    for seed, (t0, p0, g, t, p) in enumerate(
+        [(0.60, 0.50, 0.40, 0.58, 0.36), (0.66, 0.52, 0.50, 0.62, 0.38), (0.62, 0.58, 0.46, 0.64, 0.44)]
+    ):
         fake_run(r, "tic", 0, 8, seed, t0, t0, se=0.01)
         gmc = r / "train" / "algo~gmc" / "delay~0" / "group~8" / f"seed~{seed}"
         gmc.mkdir(parents=True)
@@ -131,7 +138,11 @@ def test_a_family_counts_each_test_once(tmp_path):
 
 def test_parse_point_and_missing_runs(tmp_path):
     assert parse_point("results/train/algo~gmc/delay~latency/group~8/seed~2") == {
-        "algorithm": "gmc", "delay": "latency", "group": 8, "seed": 2}
+        "algorithm": "gmc",
+        "delay": "latency",
+        "group": 8,
+        "seed": 2,
+    }
     assert parse_point("results/train/other") is None
     with pytest.raises(FileNotFoundError, match="no finished runs"):
         collect(tmp_path)
@@ -146,8 +157,12 @@ def test_paired_differences_at_equal_delay_group_and_seed(tmp_path):
     fake_run(r, "gmc", 0, 8, 1, 0.5, 0.9)  # on-policy partner of gmc's seed 1 only
     fake_run(r, "tic", 16, 4, 0, 0.5, 0.7)  # no partner: skipped
     paired = write_tables(r)["paired"]
-    assert list(dict.fromkeys(paired["comparison"])) == ["gmc − tic", "gmc − grpo", "tic − grpo",
-                                                         "gmc: stale − on-policy"]
+    assert list(dict.fromkeys(paired["comparison"])) == [
+        "gmc − tic",
+        "gmc − grpo",
+        "tic − grpo",
+        "gmc: stale − on-policy",
+    ]
     assert set(zip(paired["delay"], paired["group"])) == {("16", 8)}
     stale = paired[(paired.comparison == "gmc: stale − on-policy") & (paired.metric == "eval/synthetic/pass_at_1")]
     assert len(stale) == 1 and stale.iloc[0]["n_seeds"] == 1  # seed 1 alone is paired
@@ -167,7 +182,8 @@ def test_paired_differences_at_equal_delay_group_and_seed(tmp_path):
     fam = paired[paired.metric == "eval/synthetic/pass_at_1"].set_index("comparison")
     ps = fam["p"].dropna().sort_values()
     assert list(fam["p_holm"].dropna().sort_values()) == pytest.approx(
-        [3 * ps.iloc[0], max(3 * ps.iloc[0], 2 * ps.iloc[1]), max(3 * ps.iloc[0], 2 * ps.iloc[1], ps.iloc[2])])
+        [3 * ps.iloc[0], max(3 * ps.iloc[0], 2 * ps.iloc[1]), max(3 * ps.iloc[0], 2 * ps.iloc[1], ps.iloc[2])]
+    )
     # gmc − tic: the unadjusted interval excludes zero, the adjusted test does not resolve it
     assert fam.loc["gmc − tic", "excludes_zero"] and fam.loc["gmc − tic", "p"] < 0.05
     assert fam.loc["gmc − tic", "p_holm"] > 0.05 and fam.loc["gmc − tic", "verdict"] == "inconclusive"
@@ -187,8 +203,17 @@ def test_evaluated_differences_are_paired_per_problem_and_judged_in_the_conclusi
     base = [2, 0, 1, 2] * 10
     moved = [c + (1 if i < 4 else 0) for i, c in enumerate([0, 0, 1, 1] * 10)]  # 4 problems gain a sample
     for seed in range(3):
-        fake_run(r, "gmc", 8, 4, seed, 0.5, 0.6, se=0.1, correct=[min(2, c + (1 if i < 4 else 0))
-                                                               for i, c in enumerate(base)])
+        fake_run(
+            r,
+            "gmc",
+            8,
+            4,
+            seed,
+            0.5,
+            0.6,
+            se=0.1,
+            correct=[min(2, c + (1 if i < 4 else 0)) for i, c in enumerate(base)],
+        )
         fake_run(r, "tic", 8, 4, seed, 0.5, 0.4, se=0.1, correct=base)
         fake_run(r, "grpo", 8, 4, seed, 0.5, 0.4 + 0.02 * seed, se=0.1, correct=moved)
     paired = write_tables(r)["paired"]
@@ -210,15 +235,20 @@ def test_a_tables_html_page_is_its_markdown():
     and code spans, everything else escaped."""
     from gmc.results.tables import markdown_html
 
-    page = markdown_html("Note: p < 0.05 is **resolved**\nin `paired`.\n\n## Pass@1\n\n- a & b\n- c\n\n"
-                         "| algorithm | score |\n|---|---|\n| gmc | 0.5 ± 0.1 |\n", "main: scores")
+    page = markdown_html(
+        "Note: p < 0.05 is **resolved**\nin `paired`.\n\n## Pass@1\n\n- a & b\n- c\n\n"
+        "| algorithm | score |\n|---|---|\n| gmc | 0.5 ± 0.1 |\n",
+        "main: scores",
+    )
     body = page.split("<body>\n", 1)[1]
-    assert body == ("<h1>main: scores</h1>\n"
-                    "<p>Note: p &lt; 0.05 is <strong>resolved</strong> in <code>paired</code>.</p>\n"
-                    "<h3>Pass@1</h3>\n"
-                    "<ul><li>a &amp; b</li><li>c</li></ul>\n"
-                    "<table><thead><tr><th>algorithm</th><th>score</th></tr></thead>"
-                    "<tbody><tr><td>gmc</td><td>0.5 ± 0.1</td></tr></tbody></table>\n</body></html>\n")
+    assert body == (
+        "<h1>main: scores</h1>\n"
+        "<p>Note: p &lt; 0.05 is <strong>resolved</strong> in <code>paired</code>.</p>\n"
+        "<h3>Pass@1</h3>\n"
+        "<ul><li>a &amp; b</li><li>c</li></ul>\n"
+        "<table><thead><tr><th>algorithm</th><th>score</th></tr></thead>"
+        "<tbody><tr><td>gmc</td><td>0.5 ± 0.1</td></tr></tbody></table>\n</body></html>\n"
+    )
 
 
 def test_a_variant_is_compared_with_its_estimator(tmp_path):
@@ -229,7 +259,8 @@ def test_a_variant_is_compared_with_its_estimator(tmp_path):
         fake_run(r, "gmc", 16, 8, seed, 0.5, g)
         fake_run(r, "gmc_tis", 16, 8, seed, 0.5, v)
         (r / "train" / "algo~gmc_tis" / "delay~16" / "group~8" / f"seed~{seed}" / "config.yaml").write_text(
-            "algorithm: gmc\n")
+            "algorithm: gmc\n"
+        )
     frame = collect(r)
     assert set(frame[frame.algorithm == "gmc_tis"]["estimator"]) == {"gmc"}
     paired = write_tables(r)["paired"]

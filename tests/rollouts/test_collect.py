@@ -30,8 +30,15 @@ def collector(parts, behaviour, seed=0):
     model, tokenizer, grader = parts
     engine = HFEngine(model, tokenizer, seed=seed)
     pad = tokenizer.pad_token_id
-    return Collector(engine, tokenizer, grader, group_size=3, sampling=SamplingConfig(max_new_tokens=16),
-                     behaviour=behaviour, logprobs=lambda rows: sequence_logprobs(model, rows, 0, pad))
+    return Collector(
+        engine,
+        tokenizer,
+        grader,
+        group_size=3,
+        sampling=SamplingConfig(max_new_tokens=16),
+        behaviour=behaviour,
+        logprobs=lambda rows: sequence_logprobs(model, rows, 0, pad),
+    )
 
 
 RECORDS = SyntheticTask().generate("train", 20, seed=0)
@@ -45,8 +52,9 @@ def test_groups_carry_their_prompts_version_grades_and_behaviour_logprobs(parts,
     _, tokenizer, grader = parts
     for (_, record), g in zip(picked, out.groups):
         assert g.response_ids.shape == g.response_mask.shape == g.sampler_logp.shape and g.response_ids.shape[0] == 3
-        texts = [tokenizer.decode(ids[mask], skip_special_tokens=True) for ids, mask in zip(g.response_ids,
-                                                                                             g.response_mask)]
+        texts = [
+            tokenizer.decode(ids[mask], skip_special_tokens=True) for ids, mask in zip(g.response_ids, g.response_mask)
+        ]
         assert g.rewards.tolist() == [x.reward for x in grader.grade_batch(texts, [record.answer] * 3)]
         assert tokenizer.decode(g.prompt_ids).endswith("Solution:")
         if behaviour == "none":

@@ -35,7 +35,9 @@ def test_decoders_match_the_full_forward_with_shared_prefill_and_dropped_rows(ti
     ids, mask = enc["input_ids"], enc["attention_mask"]
     assert (mask == 0).any(), "the prompts differ in length, so some rows are left-padded"
     copies, k, P = 2, 6, ids.shape[1]
-    tokens = torch.randint(2, model.config.vocab_size, (len(ids) * copies, k), generator=torch.Generator().manual_seed(0))
+    tokens = torch.randint(
+        2, model.config.vocab_size, (len(ids) * copies, k), generator=torch.Generator().manual_seed(0)
+    )
     full_ids = torch.cat([ids.repeat_interleave(copies, 0), tokens], 1)
     full_mask = torch.cat([mask.repeat_interleave(copies, 0), torch.ones_like(tokens)], 1)
     keep = torch.tensor([0, 3, 5])
@@ -54,8 +56,16 @@ def test_decoder_choice_and_cache_limits(tiny_policy):
 
     model, tok = tiny_policy
     assert Qwen3Decoder.supports(model) and isinstance(make_decoder(model, 8), Qwen3Decoder)
-    llama = LlamaForCausalLM(LlamaConfig(vocab_size=model.config.vocab_size, hidden_size=32, intermediate_size=64,
-                                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1))
+    llama = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=model.config.vocab_size,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+        )
+    )
     assert not Qwen3Decoder.supports(llama) and isinstance(make_decoder(llama, 8), HFDecoder)
     decoder = Qwen3Decoder(model, capacity=4)
     ids = torch.ones(1, 3, dtype=torch.long)

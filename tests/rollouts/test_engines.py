@@ -2,7 +2,6 @@
 weight update, the sampling distribution, per-sample random streams, end-of-turn ids, limits
 and errors, and the engine registry (a new engine needs only its entry)."""
 
-
 import pytest
 import torch
 from helpers import prompts_for, recomputed_logprobs
@@ -32,8 +31,9 @@ def test_a_new_rollout_engine_needs_only_its_registry_entry(tmp_path, monkeypatc
     from gmc.rollouts.engines import ENGINES, Engine
 
     CALLS.clear()
-    monkeypatch.setitem(ENGINES, "counting", Engine(f"{__name__}:counting_engine", "counting HF engine", ("cpu",),
-                                                    shares_model=True))
+    monkeypatch.setitem(
+        ENGINES, "counting", Engine(f"{__name__}:counting_engine", "counting HF engine", ("cpu",), shares_model=True)
+    )
     metrics = train_small(tmp_path / "run", steps=2, engine="counting", **{"delay.d": 1})
     assert len(metrics) == 2 and CALLS == [3, 3, 3]  # the prefill batch and one per step
     plain = train_small(tmp_path / "plain", steps=2, **{"delay.d": 1})
@@ -107,9 +107,18 @@ def test_engine_with_another_architecture_samples_the_policy(tiny_policy):
 
     _, tok = tiny_policy
     torch.manual_seed(0)
-    llama = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                         num_attention_heads=2, num_key_value_heads=1, eos_token_id=tok.eos_token_id,
-                                         pad_token_id=tok.pad_token_id)).eval()
+    llama = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=len(tok),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+        )
+    ).eval()
     groups = HFEngine(llama, tok, seed=0).generate(prompts_for(2), 3, SamplingConfig(max_new_tokens=10))
     flat = [s for g in groups for s in g]
     lp = recomputed_logprobs(llama, tok, flat)
@@ -200,7 +209,9 @@ def test_samples_do_not_depend_on_batch_size_and_resume_from_the_call_counter(ti
 def test_one_prompt_twice_in_a_call_gets_two_independent_groups(tiny_policy):
     model, tok = tiny_policy
     prompt = prompts_for(1)[0]
-    groups = HFEngine(model, tok, seed=0).generate([prompt, prompt], 4, SamplingConfig(temperature=2.0, max_new_tokens=12))
+    groups = HFEngine(model, tok, seed=0).generate(
+        [prompt, prompt], 4, SamplingConfig(temperature=2.0, max_new_tokens=12)
+    )
     assert [s.token_ids for s in groups[0]] != [s.token_ids for s in groups[1]]
     assert len({tuple(s.token_ids) for g in groups for s in g}) == 8
 
@@ -211,8 +222,10 @@ def chatml_tokenizer(tok):
 
     chat = copy.deepcopy(tok)
     chat.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
-    chat.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-                          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    chat.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
     return chat
 
 
@@ -226,9 +239,19 @@ def test_every_end_of_turn_id_stops_an_answer(tiny_policy):
     tok = chatml_tokenizer(tiny_tok)
     im_end = tok.convert_tokens_to_ids("<|im_end|>")
     torch.manual_seed(0)
-    model = Qwen3ForCausalLM(Qwen3Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                         num_attention_heads=2, num_key_value_heads=1, head_dim=16,
-                                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)).eval()
+    model = Qwen3ForCausalLM(
+        Qwen3Config(
+            vocab_size=len(tok),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=16,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+        )
+    ).eval()
     greedy = SamplingConfig(temperature=0.0, max_new_tokens=12)
     prompts = prompts_for(3)
     free = HFEngine(model, tok).generate(prompts, 1, greedy)

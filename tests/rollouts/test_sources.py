@@ -32,8 +32,18 @@ class Generator:
             lengths = torch.tensor(self.rng.integers(1, self.max_len + 1, self.G))
             T = int(lengths.max())
             mask = torch.arange(T).unsqueeze(0) < lengths.unsqueeze(1)
-            out.append(Group(index, torch.arange(5), torch.zeros(self.G, T, dtype=torch.long), mask,
-                             torch.rand(self.G), torch.zeros(self.G, T), torch.zeros(self.G, T), version))
+            out.append(
+                Group(
+                    index,
+                    torch.arange(5),
+                    torch.zeros(self.G, T, dtype=torch.long),
+                    mask,
+                    torch.rand(self.G),
+                    torch.zeros(self.G, T),
+                    torch.zeros(self.G, T),
+                    version,
+                )
+            )
         return Collected(out, stats=("call", len(self.calls)))
 
 
@@ -144,11 +154,16 @@ def test_fixed_state_round_trip_and_queue_bytes():
 
 
 def test_delay_config_validation():
-    with pytest.raises(ValueError, match=r"delay.mode: unknown delay mode 'async'; known: \['sync', 'fixed', 'latency', 'ray', 'trace'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"delay.mode: unknown delay mode 'async'; known: \['sync', 'fixed', 'latency', 'ray', 'trace'\]",
+    ):
         DelayConfig(mode="async")
     with pytest.raises(ValueError, match="delay.d: must be greater than or equal to 0"):
         DelayConfig(d=-1)
-    assert isinstance(DELAY_MODES["sync"].make_source(TrainConfig(delay=DelayConfig(mode="sync")), Generator(), None), SyncSource)
+    assert isinstance(
+        DELAY_MODES["sync"].make_source(TrainConfig(delay=DelayConfig(mode="sync")), Generator(), None), SyncSource
+    )
 
 
 @pytest.mark.parametrize("alpha,beta,noise", [(1.0, 0.5, 0.0), (0.1, 0.05, 1.0)])
@@ -189,8 +204,9 @@ def test_a_trace_is_replayed_with_its_recorded_versions_and_steps(tmp_path):
 
     trace = tmp_path / "staleness_trace.jsonl"
     rows = [(7, -1, 0), (3, 0, 0), (5, 0, 1), (1, 1, 1), (2, 1, 2), (9, 0, 2)]
-    trace.write_text("".join(json.dumps({"prompt_index": p, "version": v, "consumed_version": c}) + "\n"
-                             for p, v, c in rows))
+    trace.write_text(
+        "".join(json.dumps({"prompt_index": p, "version": v, "consumed_version": c}) + "\n" for p, v, c in rows)
+    )
     gen = Generator()
     src = TraceSource(gen, 2, DelayConfig(mode="trace", trace=str(trace)))
     got = [[(g.prompt_index, g.version, g.staleness) for g in src.next_batch(t).groups] for t in range(3)]

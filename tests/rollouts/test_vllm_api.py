@@ -30,9 +30,16 @@ def calls(names=None):
 
 def test_the_engine_builds_samples_and_reloads_as_vllm_0_33_takes_it(vllm, tiny_policy, tiny_model_dir):
     model, tok = tiny_policy
-    engine = make_engine("vllm", model, tok, model_path=str(tiny_model_dir), seed=3,
-                         settings=VLLMConfig(sleep=True, max_model_len=256), dtype="float32")
-    (_, built), = vllm.EVENTS
+    engine = make_engine(
+        "vllm",
+        model,
+        tok,
+        model_path=str(tiny_model_dir),
+        seed=3,
+        settings=VLLMConfig(sleep=True, max_model_len=256),
+        dtype="float32",
+    )
+    ((_, built),) = vllm.EVENTS
     assert built["logprobs_mode"] == "processed_logprobs" and built["enable_sleep_mode"] and built["dtype"] == "float32"
     groups = engine.generate(["Compute 1+1.", "Compute 2+2."], 3, SamplingConfig(max_new_tokens=8))
     assert [len(g) for g in groups] == [3, 3] and all(s.logprobs == [-1.0] * s.length for g in groups for s in g)
@@ -44,8 +51,11 @@ def test_the_engine_builds_samples_and_reloads_as_vllm_0_33_takes_it(vllm, tiny_
     engine.sync_weights(model)
     engine.generate(["Compute 1+1."], 1, SamplingConfig(max_new_tokens=8))
     assert calls() == ["LLM", "generate", "sleep", "wake_up", "reload_weights", "wake_up", "generate"]
-    assert [e[1] for e in vllm.EVENTS if e[0] in ("sleep", "wake_up")] == [{"level": 2}, {"tags": ["weights"]},
-                                                                           {"tags": None}]
+    assert [e[1] for e in vllm.EVENTS if e[0] in ("sleep", "wake_up")] == [
+        {"level": 2},
+        {"tags": ["weights"]},
+        {"tags": None},
+    ]
     assert released == [3, 5]  # right before each wake-up
     reload = vllm.EVENTS[4][1]
     assert reload == {"tensors": len(model.state_dict()), "dtypes": ["float32"], "is_checkpoint_format": True}
@@ -82,8 +92,11 @@ def test_a_training_run_hands_the_device_to_each_update_and_back(vllm, tmp_path,
     """Every step: the batch is generated awake, vLLM sleeps at level 2 before the update, the
     weights wake (after the cached blocks are released) for the reload, the KV cache for the
     next generation; no generation ever meets discarded weights."""
-    trainer = Trainer(small_config(engine="vllm", **{"vllm.sleep": True, "behaviour_logprobs": "sampler"}, **delay),
-                      tmp_path / "run", progress=False)
+    trainer = Trainer(
+        small_config(engine="vllm", **{"vllm.sleep": True, "behaviour_logprobs": "sampler"}, **delay),
+        tmp_path / "run",
+        progress=False,
+    )
     trainer.engine.release_cached = lambda: vllm.EVENTS.append(("empty_cache", {}))
     trainer.run()
     steps = len(read_jsonl(tmp_path / "run" / "metrics.jsonl"))

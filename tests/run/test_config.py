@@ -10,22 +10,25 @@ from gmc.run.config import TrainConfig, load_train_config
 from gmc.settings import ConfigError, from_dict, to_dict
 
 
-@pytest.mark.parametrize("item, key", [
-    ("max_grad_norm=-1", "max_grad_norm"),
-    ("max_grad_norm=0", "max_grad_norm"),
-    ("sampling.temperature=.nan", "sampling.temperature"),
-    ("sampling.temperature=0", "sampling.temperature"),
-    ("sampling.temperature=11", "sampling.temperature"),
-    ("seed=-1", "seed"),
-    ("logprob_chunk_size=0", "logprob_chunk_size"),
-    ("lr=.nan", "lr"),
-    ("lr=.inf", "lr"),
-    ("weight_decay=.nan", "weight_decay"),
-    ("weight_decay=-0.1", "weight_decay"),
-    ("warmup_steps=-1", "warmup_steps"),
-    ("estimator.is_log_ratio_clamp=.nan", "estimator"),
-    ("delay.beta=.nan", "delay"),
-])
+@pytest.mark.parametrize(
+    "item, key",
+    [
+        ("max_grad_norm=-1", "max_grad_norm"),
+        ("max_grad_norm=0", "max_grad_norm"),
+        ("sampling.temperature=.nan", "sampling.temperature"),
+        ("sampling.temperature=0", "sampling.temperature"),
+        ("sampling.temperature=11", "sampling.temperature"),
+        ("seed=-1", "seed"),
+        ("logprob_chunk_size=0", "logprob_chunk_size"),
+        ("lr=.nan", "lr"),
+        ("lr=.inf", "lr"),
+        ("weight_decay=.nan", "weight_decay"),
+        ("weight_decay=-0.1", "weight_decay"),
+        ("warmup_steps=-1", "warmup_steps"),
+        ("estimator.is_log_ratio_clamp=.nan", "estimator"),
+        ("delay.beta=.nan", "delay"),
+    ],
+)
 def test_nonsense_values_are_refused_naming_the_key(tmp_path, item, key):
     config = tmp_path / "c.yaml"
     config.write_text("steps: 10\n")

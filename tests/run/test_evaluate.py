@@ -16,9 +16,16 @@ def test_evaluation_values_are_checked_up_front():
     from gmc.run.evaluate import EvalConfig
 
     assert load_config(EvalConfig, None, ["temperature=0"]).temperature == 0  # greedy sampling is legal here
-    for item, key in [("limit=-195", "limit"), ("limit=0", "limit"), ("temperature=.nan", "temperature"),
-                      ("benchmarks=[math500, gsm9k]", "benchmarks"), ("samples={math500: -1}", "samples"),
-                      ("top_p=0", "top_p"), ("max_new_tokens=0", "max_new_tokens"), ("seed=-1", "seed")]:
+    for item, key in [
+        ("limit=-195", "limit"),
+        ("limit=0", "limit"),
+        ("temperature=.nan", "temperature"),
+        ("benchmarks=[math500, gsm9k]", "benchmarks"),
+        ("samples={math500: -1}", "samples"),
+        ("top_p=0", "top_p"),
+        ("max_new_tokens=0", "max_new_tokens"),
+        ("seed=-1", "seed"),
+    ]:
         with pytest.raises(ConfigError, match=rf"^--set {re.escape(item)}: {key}"):
             load_config(EvalConfig, None, [item])
 
@@ -84,13 +91,36 @@ def test_a_training_job_that_evaluates_writes_what_an_evaluation_job_writes(tmp_
 
     train_cfg, eval_cfg = tmp_path / "train.yaml", tmp_path / "eval.yaml"
     train_cfg.write_text(yaml.safe_dump({"model": str(tiny_model_dir), **SMALL_TRAIN}))
-    eval_cfg.write_text(yaml.safe_dump(to_dict(EvalConfig(benchmarks=("synthetic",), samples={"synthetic": 2},
-                                                          synthetic_problems=6, max_new_tokens=12, device="cpu"))))
+    eval_cfg.write_text(
+        yaml.safe_dump(
+            to_dict(
+                EvalConfig(
+                    benchmarks=("synthetic",),
+                    samples={"synthetic": 2},
+                    synthetic_problems=6,
+                    max_new_tokens=12,
+                    device="cpu",
+                )
+            )
+        )
+    )
     run = tmp_path / "run"
-    assert main(["train", "--config", str(train_cfg), "--out", str(run), "--evaluate", str(eval_cfg),
-                 "--eval-out", str(tmp_path / "in_job")]) in (0, None)
-    assert main(["evaluate", "--model", str(run / "model"), "--out", str(tmp_path / "own_job"),
-                 "--config", str(eval_cfg)]) in (0, None)
+    assert main(
+        [
+            "train",
+            "--config",
+            str(train_cfg),
+            "--out",
+            str(run),
+            "--evaluate",
+            str(eval_cfg),
+            "--eval-out",
+            str(tmp_path / "in_job"),
+        ]
+    ) in (0, None)
+    assert main(
+        ["evaluate", "--model", str(run / "model"), "--out", str(tmp_path / "own_job"), "--config", str(eval_cfg)]
+    ) in (0, None)
     for name in ("synthetic.completions.jsonl", "eval_config.json"):
         assert (tmp_path / "in_job" / name).read_text() == (tmp_path / "own_job" / name).read_text()
     in_job, own_job = (json.loads((tmp_path / d / "synthetic.json").read_text()) for d in ("in_job", "own_job"))
@@ -104,15 +134,35 @@ def test_a_bad_evaluation_config_stops_a_training_job_before_it_trains(tmp_path,
     train_cfg, eval_cfg = tmp_path / "train.yaml", tmp_path / "eval.yaml"
     train_cfg.write_text(yaml.safe_dump({"model": str(tiny_model_dir), **SMALL_TRAIN}))
     eval_cfg.write_text("temprature: 0.6\n")
-    assert main(["train", "--config", str(train_cfg), "--out", str(tmp_path / "run"), "--evaluate", str(eval_cfg),
-                 "--eval-out", str(tmp_path / "eval")]) != 0
+    assert (
+        main(
+            [
+                "train",
+                "--config",
+                str(train_cfg),
+                "--out",
+                str(tmp_path / "run"),
+                "--evaluate",
+                str(eval_cfg),
+                "--eval-out",
+                str(tmp_path / "eval"),
+            ]
+        )
+        != 0
+    )
     assert "temprature" in capsys.readouterr().err and not (tmp_path / "run").exists()
     assert main(["train", "--config", str(train_cfg), "--out", str(tmp_path / "run"), "--evaluate", str(eval_cfg)]) == 1
     assert "go together" in capsys.readouterr().err
 
 
 def test_evaluate_on_a_real_benchmark(tmp_path, tiny_model_dir, shared_data):
-    cfg = EvalConfig(benchmarks=("aime25",), samples={"aime25": 1}, limit=3, max_new_tokens=8,
-                     data_root=str(shared_data), greedy=False)
+    cfg = EvalConfig(
+        benchmarks=("aime25",),
+        samples={"aime25": 1},
+        limit=3,
+        max_new_tokens=8,
+        data_root=str(shared_data),
+        greedy=False,
+    )
     s = evaluate(str(tiny_model_dir), tmp_path, cfg, progress=False)["aime25"]
     assert s["problems"] == 3 and "greedy" not in s

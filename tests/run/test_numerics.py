@@ -19,18 +19,29 @@ LATENCY = {"delay.mode": "latency", "delay.slots": 6, "delay.beta": 0.1}
 FIXED = {"delay.mode": "fixed", "delay.d": 2}
 
 
-@pytest.mark.parametrize("dtype,delay,checkpointing,budget,tol", [
-    ("float32", FIXED, False, 0, 1e-5),
-    ("float32", LATENCY, True, 64, 1e-5),
-    ("bfloat16", FIXED, True, 64, 1e-3),
-    ("bfloat16", LATENCY, True, 0, 1e-3),
-    ("bfloat16", FIXED, False, 0, 1e-3),
-], ids=["f32-fixed", "f32-latency-ckpt-mb", "bf16-fixed-ckpt-mb", "bf16-latency-ckpt", "bf16-fixed"])
+@pytest.mark.parametrize(
+    "dtype,delay,checkpointing,budget,tol",
+    [
+        ("float32", FIXED, False, 0, 1e-5),
+        ("float32", LATENCY, True, 64, 1e-5),
+        ("bfloat16", FIXED, True, 64, 1e-3),
+        ("bfloat16", LATENCY, True, 0, 1e-3),
+        ("bfloat16", FIXED, False, 0, 1e-3),
+    ],
+    ids=["f32-fixed", "f32-latency-ckpt-mb", "bf16-fixed-ckpt-mb", "bf16-latency-ckpt", "bf16-fixed"],
+)
 def test_fixed_weights_give_zero_log_ratios(tmp_path, train_small, dtype, delay, checkpointing, budget, tol):
     """With weights that never change, every trained trajectory log-ratio is 0 and no cap fires:
     the behaviour pass has the training forward's numerics whatever the batch and padding."""
-    metrics = train_small(tmp_path / "frozen", algorithm="gmc", lr=FROZEN, model_dtype=dtype,
-                     gradient_checkpointing=checkpointing, micro_batch_tokens=budget, **delay)
+    metrics = train_small(
+        tmp_path / "frozen",
+        algorithm="gmc",
+        lr=FROZEN,
+        model_dtype=dtype,
+        gradient_checkpointing=checkpointing,
+        micro_batch_tokens=budget,
+        **delay,
+    )
     assert any(r["async/staleness_max"] > 0 for r in metrics)
     for r in metrics:
         assert max(abs(r["ratio/log_ratio_max"]), abs(r["ratio/log_ratio_min"])) <= tol, r
@@ -44,8 +55,7 @@ class HalfRight:
     (with ``MKL_CBWR=COMPATIBLE`` no answer of a 4-step run was)."""
 
     def grade_batch(self, texts, golds):
-        return [Grade(i % 2 == 0, float(i % 2 == 0), None, "ok" if i % 2 == 0 else "wrong")
-                for i in range(len(texts))]
+        return [Grade(i % 2 == 0, float(i % 2 == 0), None, "ok" if i % 2 == 0 else "wrong") for i in range(len(texts))]
 
     def close(self):
         pass
@@ -73,8 +83,9 @@ def mean_weight_change(out, small_config, tiny_model_dir, **overrides):
 def test_bfloat16_at_small_lr_moves_the_weights_like_float32(tmp_path, small_config, tiny_model_dir):
     f32 = mean_weight_change(tmp_path / "f32", small_config, tiny_model_dir)
     bf16 = mean_weight_change(tmp_path / "bf16", small_config, tiny_model_dir, model_dtype="bfloat16")
-    rounded = mean_weight_change(tmp_path / "bf16_inplace", small_config, tiny_model_dir, model_dtype="bfloat16",
-                                 master_weights=False)
+    rounded = mean_weight_change(
+        tmp_path / "bf16_inplace", small_config, tiny_model_dir, model_dtype="bfloat16", master_weights=False
+    )
     assert 0.5 < bf16 / f32 < 2, (f32, bf16)
     assert rounded < 0.2 * f32, (f32, rounded)  # without masters, most updates round away
 
@@ -95,12 +106,14 @@ def test_kl_to_a_frozen_reference(tmp_path, tiny_model_dir, small_config):
     ref = trainer.update.reference
     assert ref is not None and ref is not trainer.model and not any(p.requires_grad for p in ref.parameters())
     trainer.close()
-    plain = Trainer(load_train_config(None, [f"model={tiny_model_dir}", "device=cpu"]), tmp_path / "plain",
-                    progress=False)
+    plain = Trainer(
+        load_train_config(None, [f"model={tiny_model_dir}", "device=cpu"]), tmp_path / "plain", progress=False
+    )
     assert plain.update.reference is None
     plain.close()
-    metrics = train_half_right(tmp_path / "kl", small_config, lr=1e-3, micro_batch_tokens=64,
-                               **{"estimator.kl_coef": 0.1})
+    metrics = train_half_right(
+        tmp_path / "kl", small_config, lr=1e-3, micro_batch_tokens=64, **{"estimator.kl_coef": 0.1}
+    )
     assert metrics[0]["loss/kl"] == 0  # the reference is the starting policy
     assert metrics[-1]["loss/kl"] > 0
     for r in metrics:

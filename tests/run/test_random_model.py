@@ -14,8 +14,23 @@ def random_model_dir(tmp_path_factory, shared_data):
     from gmc.cli import main
 
     out = tmp_path_factory.mktemp("models") / "random-qwen3"
-    main(["build-random-model", "--out", str(out), "--set", "hidden_size=32", "--set", "intermediate_size=96",
-          "--set", "num_layers=1", "--set", "seed=3", "--data-root", str(shared_data)])
+    main(
+        [
+            "build-random-model",
+            "--out",
+            str(out),
+            "--set",
+            "hidden_size=32",
+            "--set",
+            "intermediate_size=96",
+            "--set",
+            "num_layers=1",
+            "--set",
+            "seed=3",
+            "--data-root",
+            str(shared_data),
+        ]
+    )
     return out
 
 
@@ -49,8 +64,11 @@ def test_build_is_seeded(random_model_dir, shared_data, tmp_path):
 
     from gmc.run.random_model import RandomModelConfig, build_random_qwen3
 
-    build_random_qwen3(tmp_path / "again", RandomModelConfig(hidden_size=32, intermediate_size=96, num_layers=1, seed=3),
-                       data_root=str(shared_data))
+    build_random_qwen3(
+        tmp_path / "again",
+        RandomModelConfig(hidden_size=32, intermediate_size=96, num_layers=1, seed=3),
+        data_root=str(shared_data),
+    )
     a, b = load_file(random_model_dir / "model.safetensors"), load_file(tmp_path / "again" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert (random_model_dir / "tokenizer.json").read_text() == (tmp_path / "again" / "tokenizer.json").read_text()
@@ -62,7 +80,10 @@ def test_end_ids_are_qwen3s(random_model_dir, random_policy):
     assert tokenizer.eos_token == "<|im_end|>" and tokenizer.eos_token_id == im_end
     assert tokenizer.pad_token == "<|endoftext|>" and tokenizer.pad_token_id == end_of_text
     assert model.generation_config.eos_token_id == [im_end, end_of_text]
-    assert json.loads((random_model_dir / "generation_config.json").read_text())["eos_token_id"] == [im_end, end_of_text]
+    assert json.loads((random_model_dir / "generation_config.json").read_text())["eos_token_id"] == [
+        im_end,
+        end_of_text,
+    ]
     assert model.config.eos_token_id == im_end and model.config.pad_token_id == end_of_text
     assert tokenizer.padding_side == "left"
 

@@ -18,8 +18,7 @@ from gmc.run.config import ConfigError, load_train_config
 from gmc.run.rundir import CheckpointError, ConfigMismatch, RunDir, RunDirBusy
 from gmc.run.trainer import NonFiniteError, Trainer, read_jsonl, without_time
 
-RUN = dict(steps=4, prompts_per_step=2, checkpoint_every=2, keep_checkpoints="all",
-           **{"sampling.max_new_tokens": 24})
+RUN = dict(steps=4, prompts_per_step=2, checkpoint_every=2, keep_checkpoints="all", **{"sampling.max_new_tokens": 24})
 """Four steps with checkpoints at steps 2 and 4, both kept when the run finishes."""
 
 
@@ -107,8 +106,10 @@ def test_an_abandoned_start_removes_only_a_folder_it_made_and_left_empty_of_a_ru
 
 def test_lock_of_a_killed_owner_is_taken_over(tmp_path, caplog):
     out = tmp_path / "run"
-    code = (f"from gmc.run.rundir import RunDir; import time; r = RunDir({str(out)!r}); r.acquire(); "
-            "print('locked', flush=True); time.sleep(60)")
+    code = (
+        f"from gmc.run.rundir import RunDir; import time; r = RunDir({str(out)!r}); r.acquire(); "
+        "print('locked', flush=True); time.sleep(60)"
+    )
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "locked"
@@ -166,8 +167,14 @@ def test_checkpoint_write_is_durable_and_rotates(tmp_path, monkeypatch):
     assert synced[1] == str(tmp_path)
 
 
-@pytest.mark.parametrize("keep,left", [("all", {"checkpoint.pt", "checkpoint.prev.pt", "checkpoint.rejected.pt"}),
-                                       ("last", {"checkpoint.pt"}), ("none", set())])
+@pytest.mark.parametrize(
+    "keep,left",
+    [
+        ("all", {"checkpoint.pt", "checkpoint.prev.pt", "checkpoint.rejected.pt"}),
+        ("last", {"checkpoint.pt"}),
+        ("none", set()),
+    ],
+)
 def test_a_finished_run_keeps_the_checkpoints_its_setting_says(tmp_path, keep, left):
     with RunDir(tmp_path) as rd:
         rd.open({"a": 1}, resume=False)
@@ -243,12 +250,14 @@ def test_a_checkpoint_resumes_on_any_device(queued, tmp_path, small, monkeypatch
         m.setattr(torch, "load", load_as_on_a_gpu)
         m.setattr(torch, "set_rng_state", set_rng_state)
         m.setattr(Trainer, "_load_checkpoint", resume_on_a_gpu)
-        trainer = Trainer(small(**{"delay.d": 2}), resume_at_step_2(queued, tmp_path / "gpu"), resume=True,
-                          progress=False)
+        trainer = Trainer(
+            small(**{"delay.d": 2}), resume_at_step_2(queued, tmp_path / "gpu"), resume=True, progress=False
+        )
     assert maps and states == [("cpu", torch.uint8)]
     assert trainer.step == 2 and trainer.source.queued_groups()
-    assert {t.device.type for g in trainer.source.queued_groups() for t in g.state().values() if torch.is_tensor(t)} \
-        == {"cpu"}
+    assert {
+        t.device.type for g in trainer.source.queued_groups() for t in g.state().values() if torch.is_tensor(t)
+    } == {"cpu"}
     trainer.run()
     straight = without_time(read_jsonl(queued / "metrics.jsonl"))
     assert without_time(read_jsonl(tmp_path / "gpu" / "metrics.jsonl")) == straight

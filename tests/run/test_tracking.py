@@ -129,7 +129,9 @@ def check_store(uri: str, results: Path, make_run_dir) -> None:
     sweep = client.get_run(parents[0].info.run_id)
     assert sweep.info.status == "FINISHED"
     assert {k: v for k, v in sweep.data.metrics.items() if "greedy" in k} == {
-        "seed-0/eval/synthetic/greedy": 0.25, "seed-1/eval/synthetic/greedy": 0.5}
+        "seed-0/eval/synthetic/greedy": 0.25,
+        "seed-1/eval/synthetic/greedy": 0.5,
+    }
     assert sorted(a.path for a in client.list_artifacts(first)) == ["config.yaml", "run.json", "summary.json"]
 
 
@@ -176,13 +178,19 @@ def test_a_shared_point_is_a_run_of_its_own_with_the_trained_runs_data(tmp_path,
     assert sync_run(member, uri) == runs["gmc"] != runs["tic"]
     tic, gmc = (client.get_run(runs[a]) for a in ("tic", "gmc"))
     assert (gmc.data.params["algorithm"], tic.data.params["algorithm"]) == ("gmc", "tic")
-    assert gmc.data.tags["gmc.shared_with"] == "algo~tic/delay~0/group~4/seed~0" and "gmc.shared_with" not in tic.data.tags
+    assert (
+        gmc.data.tags["gmc.shared_with"] == "algo~tic/delay~0/group~4/seed~0" and "gmc.shared_with" not in tic.data.tags
+    )
     assert gmc.info.run_name == "algo~gmc,delay~0,group~4,seed~0" and gmc.info.status == "FINISHED"
     assert gmc.data.metrics == tic.data.metrics and gmc.data.metrics["eval/synthetic/greedy"] == 0.25
     assert (gmc.info.start_time, gmc.info.end_time) == (tic.info.start_time, tic.info.end_time)
     assert gmc.data.tags[PARENT_TAG] == tic.data.tags[PARENT_TAG]
-    assert sorted(a.path for a in client.list_artifacts(runs["gmc"])) == ["config.yaml", "run.json", "shared.json",
-                                                                          "summary.json"]
+    assert sorted(a.path for a in client.list_artifacts(runs["gmc"])) == [
+        "config.yaml",
+        "run.json",
+        "shared.json",
+        "summary.json",
+    ]
     own.unlink()  # the point's own config is what its parameters come from: without it, say so
     with pytest.raises(FileNotFoundError, match="seed~0.yaml: missing"):
         sync_run(member, uri)
@@ -191,8 +199,9 @@ def test_a_shared_point_is_a_run_of_its_own_with_the_trained_runs_data(tmp_path,
 def test_lines_without_wall_clock_time_take_the_file_time(tmp_path, make_run_dir):
     run_dir = make_run_dir(tmp_path / "results")
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    (run_dir / "metrics.jsonl").write_text("".join(json.dumps({k: v for k, v in r.items() if k != "time"}) + "\n"
-                                                   for r in lines))
+    (run_dir / "metrics.jsonl").write_text(
+        "".join(json.dumps({k: v for k, v in r.items() if k != "time"}) + "\n" for r in lines)
+    )
     os.utime(run_dir / "metrics.jsonl", (1.75e9, 1.75e9))
     uri = f"sqlite:///{tmp_path / 'm.db'}"
     history = MlflowClient(tracking_uri=uri).get_metric_history(sync_run(run_dir, uri), "rollout/reward_mean")
@@ -220,8 +229,9 @@ def test_live_logging_then_sync_is_one_run_and_survives_a_busy_store(tmp_path, m
     uri = f"sqlite:///{db}"
     parent = sync_sweep(results, uri)  # the workflow creates the parent before training starts
     run_dir = make_run_dir(results, steps=0, finished=False)
-    tracker = LiveTracker(uri, "gmc", run_dir, json.loads((run_dir / "run.json").read_text())["run_id"],
-                          {"algorithm": "gmc"})
+    tracker = LiveTracker(
+        uri, "gmc", run_dir, json.loads((run_dir / "run.json").read_text())["run_id"], {"algorithm": "gmc"}
+    )
     client = MlflowClient(tracking_uri=uri)
     assert client.get_run(tracker.mlflow_run_id).data.tags[PARENT_TAG] == parent
     tracker.log({"step": 0, "time": 1.7e9, "rollout/reward_mean": 0.0})
@@ -253,9 +263,20 @@ def _free_port() -> int:
 def mlflow_server(tmp_path):
     """A real ``mlflow server`` on localhost (sqlite backend, proxied artifacts); stopped at the end."""
     port = _free_port()
-    cmd = [str(Path(sys.executable).with_name("mlflow")), "server", "--host", "127.0.0.1", "--port", str(port),
-           "--workers", "1", "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
-           "--artifacts-destination", str(tmp_path / "server-artifacts")]
+    cmd = [
+        str(Path(sys.executable).with_name("mlflow")),
+        "server",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+        "--backend-store-uri",
+        f"sqlite:///{tmp_path / 'server.db'}",
+        "--artifacts-destination",
+        str(tmp_path / "server-artifacts"),
+    ]
     log = (tmp_path / "server.log").open("w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=tmp_path)
     url = f"http://127.0.0.1:{port}"
@@ -298,8 +319,9 @@ def _dry_run_commands(tmp_path, *config: str, env: dict | None = None) -> list[s
     if config:
         args += ["--config", *config]
     environ = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
-    out = subprocess.run(args, cwd=tmp_path, env={**environ, **(env or {})}, capture_output=True, text=True,
-                         timeout=300)
+    out = subprocess.run(
+        args, cwd=tmp_path, env={**environ, **(env or {})}, capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return [line for line in (out.stdout + out.stderr).splitlines() if "python -m gmc" in line]
 
@@ -310,11 +332,24 @@ def _run_tracking(tmp_path, *config: str, env: dict | None = None) -> tuple[str 
     repo = REPO
     (tmp_path / "config.yaml").write_text((repo / "config.yaml").read_text())
     one = "sweep={algorithms: [gmc], delays: [0], group_sizes: [8], seeds: [0]}"
-    args = [sys.executable, "-m", "snakemake", "--snakefile", str(repo / "Snakefile"), "--cores", "1",
-            "--until", "train_config", "--config", one, *config]
+    args = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--snakefile",
+        str(repo / "Snakefile"),
+        "--cores",
+        "1",
+        "--until",
+        "train_config",
+        "--config",
+        one,
+        *config,
+    ]
     environ = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
-    out = subprocess.run(args, cwd=tmp_path, env={**environ, **(env or {})}, capture_output=True, text=True,
-                         timeout=300)
+    out = subprocess.run(
+        args, cwd=tmp_path, env={**environ, **(env or {})}, capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     written = [yaml.safe_load(f.read_text()) for f in (tmp_path / "results" / "configs" / "train").glob("**/*.yaml")]
     shutil.rmtree(tmp_path / "results")

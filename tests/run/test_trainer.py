@@ -24,12 +24,15 @@ from gmc.run.rundir import RunDir
 from gmc.run.trainer import NonFiniteError, Trainer, without_time
 
 
-@pytest.mark.parametrize("line, message", [
-    (b'{"problem": "1+1", "answer": "2\xff"}', r"train\.jsonl:2: not UTF-8 text \(byte 0xff\)"),
-    (b'{"problem": "1+1", "answer": true}', r"train\.jsonl:2: field 'answer' must be text"),
-    (b'{"problem": "1+1", "answer": {"a": 1}}', r"train\.jsonl:2: field 'answer' must be text"),
-    (b'{"problem": 7, "answer": "2"}', r"train\.jsonl:2: field 'problem' must be text"),
-])
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        (b'{"problem": "1+1", "answer": "2\xff"}', r"train\.jsonl:2: not UTF-8 text \(byte 0xff\)"),
+        (b'{"problem": "1+1", "answer": true}', r"train\.jsonl:2: field 'answer' must be text"),
+        (b'{"problem": "1+1", "answer": {"a": 1}}', r"train\.jsonl:2: field 'answer' must be text"),
+        (b'{"problem": 7, "answer": "2"}', r"train\.jsonl:2: field 'problem' must be text"),
+    ],
+)
 def test_bad_training_data_is_named_before_the_model_loads(tmp_path, small_config, no_model_load, line, message):
     from gmc.tasks.datasets import DataError
 
@@ -73,8 +76,11 @@ def test_behaviour_logprobs_from_the_trainer_or_the_sampler(tmp_path, train_smal
     assert all("rollout/logp_mismatch_max" not in r for r in metrics)
     assert [g["staleness"] for g in read_jsonl(out / "groups.jsonl")] == [0] * 3 + [1] * 3 + [2] * 3  # a prefill
     for behaviour, on_policy in (("trainer", False), ("sampler", False), ("trainer", True)):
-        trainer = Trainer(small_config(**{"delay.d": 0 if on_policy else 2, "behaviour_logprobs": behaviour}),
-                          tmp_path / f"{behaviour}-{on_policy}", progress=False)
+        trainer = Trainer(
+            small_config(**{"delay.d": 0 if on_policy else 2, "behaviour_logprobs": behaviour}),
+            tmp_path / f"{behaviour}-{on_policy}",
+            progress=False,
+        )
         assert trainer.collector.behaviour == ("none" if on_policy else behaviour)
         trainer.close()
     with pytest.raises(ConfigError, match="behaviour_logprobs: 'sampler' needs"):
@@ -120,16 +126,20 @@ def test_resume_after_hard_kill_reproduces_the_uninterrupted_run(tmp_path, small
     assert read_jsonl(killed / "groups.jsonl") == read_jsonl(tmp_path / "straight" / "groups.jsonl")
 
 
-@pytest.mark.parametrize("signum", [signal.SIGUSR1, signal.SIGTERM, signal.SIGINT], ids=["SIGUSR1", "SIGTERM", "SIGINT"])
+@pytest.mark.parametrize(
+    "signum", [signal.SIGUSR1, signal.SIGTERM, signal.SIGINT], ids=["SIGUSR1", "SIGTERM", "SIGINT"]
+)
 def test_a_stop_signal_checkpoints_at_the_step_boundary_and_the_resume_equals_the_uninterrupted_run(
-        tmp_path, small_config, signum):
+    tmp_path, small_config, signum
+):
     """SLURM's warning before a time limit (SIGUSR1), the limit itself (SIGTERM) or a user's Ctrl-C
     (SIGINT): the run ends at the next step boundary with a checkpoint there and exit status 75,
     and ``gmc train --resume --out DIR`` continues it from the folder alone (no --config)."""
     cmd, env = cli_run_and_uninterrupted_twin(tmp_path, small_config(steps=8, checkpoint_every=0, **{"delay.d": 1}))
     stopped = tmp_path / "stopped"
-    proc = subprocess.Popen([*cmd, "--out", str(stopped)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        [*cmd, "--out", str(stopped)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
     deadline = time.time() + 120
     while len(read_jsonl(stopped / "metrics.jsonl")) < 2 and time.time() < deadline and proc.poll() is None:
         time.sleep(0.02)
@@ -143,7 +153,8 @@ def test_a_stop_signal_checkpoints_at_the_step_boundary_and_the_resume_equals_th
     resume = [sys.executable, "-m", "gmc", "train", "--resume", "--out", str(stopped)]  # the folder's own config
     subprocess.run(resume, check=True, env=env, capture_output=True)
     assert without_time(read_jsonl(stopped / "metrics.jsonl")) == without_time(
-        read_jsonl(tmp_path / "straight" / "metrics.jsonl"))
+        read_jsonl(tmp_path / "straight" / "metrics.jsonl")
+    )
 
 
 def test_a_second_ctrl_c_aborts_at_once_and_resume_says_where_it_starts(tmp_path, small_config):
@@ -152,8 +163,13 @@ def test_a_second_ctrl_c_aborts_at_once_and_resume_says_where_it_starts(tmp_path
     config.write_text(yaml.safe_dump(to_dict(cfg)))
     env = {**os.environ, "TQDM_DISABLE": "1"}
     out = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "gmc", "train", "--config", str(config), "--out", str(out)],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gmc", "train", "--config", str(config), "--out", str(out)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.time() + 120
     while not read_jsonl(out / "metrics.jsonl") and time.time() < deadline and proc.poll() is None:
         time.sleep(0.02)
@@ -166,12 +182,32 @@ def test_a_second_ctrl_c_aborts_at_once_and_resume_says_where_it_starts(tmp_path
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130 and "gmc train: interrupted" in err, err
     assert not (out / "checkpoint.pt").exists()
-    done = subprocess.run([sys.executable, "-m", "gmc", "train", "--resume", "--out", str(out), "--set", "steps=1"],
-                          env=env, capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "gmc", "train", "--resume", "--out", str(out), "--set", "steps=1"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 1 and "changed: steps" in done.stderr and f"gmc train --resume --out {out}" in done.stderr
     fresh = tmp_path / "fresh"
-    done = subprocess.run([sys.executable, "-m", "gmc", "train", "--config", str(config), "--set", "steps=1",
-                           "--out", str(fresh), "--resume"], env=env, capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gmc",
+            "train",
+            "--config",
+            str(config),
+            "--set",
+            "steps=1",
+            "--out",
+            str(fresh),
+            "--resume",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0 and "no checkpoint to resume from; the run starts from step 0" in done.stderr
 
 
@@ -249,7 +285,9 @@ def test_a_prefill_made_for_other_settings_is_refused_naming_them(tmp_path, smal
     maker.write_text(yaml.safe_dump(to_dict(small_config(**{"delay.d": 3}))))
     main_prefill(str(maker), [], str(tmp_path / "prefill.pt"))
     with pytest.raises(ConfigError, match=r"prefill\.pt: made for other settings \(differing: delay, seed\)"):
-        Trainer(small_config(seed=1, **{"delay.d": 2}), tmp_path / "run", progress=False, prefill=tmp_path / "prefill.pt")
+        Trainer(
+            small_config(seed=1, **{"delay.d": 2}), tmp_path / "run", progress=False, prefill=tmp_path / "prefill.pt"
+        )
     with pytest.raises(ConfigError, match="starts without a prefill"):
         Trainer(small_config(), tmp_path / "run2", progress=False, prefill=tmp_path / "prefill.pt")
     with pytest.raises(ConfigError, match="no prefill to write"):
@@ -267,7 +305,8 @@ HISTORY_RUN = dict(steps=4, **{"delay.d": 3, "delay.warmup": "history", "delay.h
 
 @pytest.mark.parametrize("behaviour", ["trainer", "sampler"])
 def test_a_history_run_is_exactly_d_stale_from_d_versions_and_equals_a_run_from_the_shared_history(
-        tmp_path, small_config, behaviour):
+    tmp_path, small_config, behaviour
+):
     """Every group of every step is exactly d updates stale; the first d steps train on the
     history's last d batches, one per generating version (-3, -2, -1), their behaviour log-probs
     recorded when the history generated them; the run's records hold its own steps only. A run
@@ -287,16 +326,23 @@ def test_a_history_run_is_exactly_d_stale_from_d_versions_and_equals_a_run_from_
     assert summary["history/steps"] == 5 and "history/reward_mean_last20" in summary
 
     maker = tmp_path / "tic.yaml"  # another estimator and another delay share the history
-    maker.write_text(yaml.safe_dump(to_dict(small_config(algorithm="tic", behaviour_logprobs=behaviour,
-                                                         **{**HISTORY_RUN, "delay.d": 0}))))
+    maker.write_text(
+        yaml.safe_dump(
+            to_dict(small_config(algorithm="tic", behaviour_logprobs=behaviour, **{**HISTORY_RUN, "delay.d": 0}))
+        )
+    )
     main_history(str(maker), [], str(tmp_path / "history"), keep=3)
     shared = tmp_path / "shared"
     Trainer(cfg, shared, progress=False, history=tmp_path / "history").run()
     assert without_time(read_jsonl(own / "metrics.jsonl")) == without_time(read_jsonl(shared / "metrics.jsonl"))
     assert read_jsonl(own / "groups.jsonl") == read_jsonl(shared / "groups.jsonl")
 
-    zero = Trainer(small_config(algorithm="grpo", behaviour_logprobs=behaviour, **{**HISTORY_RUN, "delay.d": 0}),
-                   tmp_path / "zero", progress=False, history=tmp_path / "history")
+    zero = Trainer(
+        small_config(algorithm="grpo", behaviour_logprobs=behaviour, **{**HISTORY_RUN, "delay.d": 0}),
+        tmp_path / "zero",
+        progress=False,
+        history=tmp_path / "history",
+    )
     start = torch.load(tmp_path / "history" / "checkpoint.pt", weights_only=False)["model"]
     try:
         assert all(torch.equal(zero.model.state_dict()[k], v) for k, v in start.items())
@@ -332,8 +378,9 @@ def test_the_final_training_reward_carries_its_sampling_noise():
     assert reward_se([{"step": 0}]) is None
 
 
-@pytest.mark.parametrize("preset, delay", [("decoupled_geo_rs_token_tis", 0), ("decoupled_seq_is", 2),
-                                           ("bypass_pg_is", 2)])
+@pytest.mark.parametrize(
+    "preset, delay", [("decoupled_geo_rs_token_tis", 0), ("decoupled_seq_is", 2), ("bypass_pg_is", 2)]
+)
 def test_a_corrected_run_records_every_trained_tokens_three_log_probs(tmp_path, train_small, preset, delay):
     """Each step's file holds the sampler's, the generating version's and the current log-probs of
     every trained token; the diagnostics are in the metrics. With the HF engine in the trainer's
@@ -366,8 +413,12 @@ def test_a_bfloat16_sampler_beside_a_float32_trainer_makes_the_mismatch_real(tmp
     """``sampling.dtype: bfloat16``: the HF engine samples under bfloat16 autocast, the trainer's
     behaviour pass stays float32; their log-probs differ by bfloat16 rounding, which the
     diagnostics measure and a float32 sampler does not show."""
-    out = train(tmp_path, "bf16", train_small, **{"sampling.dtype": "bfloat16", "delay.d": 1,
-                                                  "rollout_correction.preset": "decoupled_token_is"})
+    out = train(
+        tmp_path,
+        "bf16",
+        train_small,
+        **{"sampling.dtype": "bfloat16", "delay.d": 1, "rollout_correction.preset": "decoupled_token_is"},
+    )
     metrics = read_jsonl(out / "metrics.jsonl")
     assert all(r["rollout_corr/k3_kl"] > 1e-6 for r in metrics)
     tokens = torch.load(out / "logprobs" / "step_000001.pt")
@@ -408,12 +459,21 @@ def test_bfloat16_live_weights_with_optimizer_masters_agree_with_the_autocast_up
     checkpoint holds the masters, and the live weights are them rounded."""
     runs = {}
     for mode in ("true", "optimizer"):
-        out = train(tmp_path, mode, train_small, model_dtype="bfloat16", master_weights=mode, checkpoint_every=3,
-                    keep_checkpoints="last")
+        out = train(
+            tmp_path,
+            mode,
+            train_small,
+            model_dtype="bfloat16",
+            master_weights=mode,
+            checkpoint_every=3,
+            keep_checkpoints="last",
+        )
         runs[mode] = (read_jsonl(out / "metrics.jsonl"), torch.load(out / "checkpoint.pt", weights_only=False))
     (autocast, a_state), (masters, m_state) = runs["true"], runs["optimizer"]
     for a, m in zip(autocast, masters):
-        assert abs(a["train/loss"] - m["train/loss"]) < 2e-2 and abs(a["train/reward_mean"] - m["train/reward_mean"]) < 0.3
+        assert (
+            abs(a["train/loss"] - m["train/loss"]) < 2e-2 and abs(a["train/reward_mean"] - m["train/reward_mean"]) < 0.3
+        )
     from gmc.policy.model import load_policy
 
     model_dir = yaml.safe_load((tmp_path / "true" / "config.yaml").read_text())["model"]

@@ -73,7 +73,8 @@ def test_the_updates_of_an_on_policy_batch_equal_the_same_updates_by_hand(tmp_pa
 
 @pytest.mark.parametrize("algorithm, proximal", [("m2po", True), ("kpop", True), ("tic", False)])
 def test_a_decoupled_loss_takes_the_policy_of_the_batchs_first_update_as_its_proximal(
-        tmp_path, small_config, monkeypatch, algorithm, proximal):
+    tmp_path, small_config, monkeypatch, algorithm, proximal
+):
     """The later mini-batches of a stale batch get, as ``proximal``, their log-probs under the
     weights before the step's first update; the first gets None (the current policy); an
     estimator without a proximal policy never gets one."""
@@ -102,16 +103,18 @@ def test_a_decoupled_loss_takes_the_policy_of_the_batchs_first_update_as_its_pro
         assert prox is None
         return
     rows = Rows.from_groups(second)
-    expected = sequence_logprobs(before, rows, cfg.micro_batch_tokens, run.tokenizer.pad_token_id,
-                                 cfg.sampling.temperature)
+    expected = sequence_logprobs(
+        before, rows, cfg.micro_batch_tokens, run.tokenizer.pad_token_id, cfg.sampling.temperature
+    )
     G = cfg.group_size
     for k, lp in enumerate(prox):
         T = min(lp.shape[1], expected.shape[1])
         assert torch.equal(lp[:, :T], expected[k * G : (k + 1) * G, :T])
 
 
-def test_a_run_of_two_updates_per_batch_stopped_and_resumed_equals_the_uninterrupted_run(tmp_path, small_config,
-                                                                                         monkeypatch):
+def test_a_run_of_two_updates_per_batch_stopped_and_resumed_equals_the_uninterrupted_run(
+    tmp_path, small_config, monkeypatch
+):
     """Stopped at a step boundary (a stop signal after the second step), the checkpoint resumes to
     the uninterrupted run: metrics, groups and trace."""
     import signal

@@ -23,8 +23,11 @@ def test_default_config_dry_run_plans_the_sweep(tmp_path, snakemake):
     assert out.returncode == 0, out.stderr
     text = out.stdout + out.stderr
     assert "theory_lab" in text
-    jobs = {line.split()[0]: int(line.split()[-1]) for line in text.splitlines()
-            if line.strip() and line.split()[-1].isdigit() and len(line.split()) == 2}
+    jobs = {
+        line.split()[0]: int(line.split()[-1])
+        for line in text.splitlines()
+        if line.strip() and line.split()[-1].isdigit() and len(line.split()) == 2
+    }
     assert jobs["build_tiny_model"] == jobs["evaluate_base"] == jobs["history"] == 5  # a base model, a history per seed
     assert "results/train/algo~gmc/delay~64/group~8/seed~4/summary.json" in text
     # (grid + latency gmc) x 5 seeds, less gmc at delay 0: tic's run (one on-policy class)
@@ -35,8 +38,11 @@ def test_default_config_dry_run_plans_the_sweep(tmp_path, snakemake):
     assert "evaluate" not in jobs and "results/eval/algo~gmc/delay~64/group~8/seed~4/synthetic.json" in text
 
 
-@pytest.mark.parametrize("preset", [None, *sorted((REPO / "workflow" / "presets").glob("*.yaml"))],
-                         ids=lambda p: p.name if p else "config.yaml")
+@pytest.mark.parametrize(
+    "preset",
+    [None, *sorted((REPO / "workflow" / "presets").glob("*.yaml"))],
+    ids=lambda p: p.name if p else "config.yaml",
+)
 def test_at_the_largest_delay_half_of_the_updates_train_on_the_runs_own_batches(load_workflow, tmp_path, preset):
     """Every sweep's runs are at least twice as long as its largest fixed delay, and under the
     history warm-up the history covers that delay: the first d updates train on the history's
@@ -53,8 +59,9 @@ def test_at_the_largest_delay_half_of_the_updates_train_on_the_runs_own_batches(
 def test_paper_preset_dry_run_plans_the_full_sweep(tmp_path, snakemake):
     """The preset alone: the default config.yaml beside it (with its reference rows) does not leak in."""
     shutil.copy(REPO / "config.yaml", tmp_path / "config.yaml")
-    out = snakemake(["-n", "--cores", "2", "--configfile", str(REPO / "workflow" / "presets" / "paper.yaml")],
-                    cwd=tmp_path)
+    out = snakemake(
+        ["-n", "--cores", "2", "--configfile", str(REPO / "workflow" / "presets" / "paper.yaml")], cwd=tmp_path
+    )
     assert out.returncode == 0, out.stderr
     text = out.stdout + out.stderr
     train_jobs = [line for line in text.splitlines() if line.strip().startswith("train ")]
@@ -65,17 +72,25 @@ def test_paper_preset_dry_run_plans_the_full_sweep(tmp_path, snakemake):
     assert "fetch_model" in text and "delay~128/group~32" in text
 
 
-@pytest.mark.parametrize("preset,n_train,corrections", [
-    # at delay 0 the 18 estimators train three runs per seed, one per on-policy class
-    ("corrections.yaml", (3 + 18) * 7, ["cispo", "icepop", "seq_mask", "m2po", "gmpo", "dppo", "sapo", "kpop",
-                                         "dppo_kl", "prime_dppo", "opsm"]),
-    ("corrections_long.yaml", 3 * 2 * 5 + 2 * 2 * 5 - 2 * 5, ["is", "cispo"]),
-])
-def test_the_league_presets_plan_every_correction_and_their_table(tmp_path, snakemake, load_workflow, preset, n_train,
-                                                                  corrections):
+@pytest.mark.parametrize(
+    "preset,n_train,corrections",
+    [
+        # at delay 0 the 18 estimators train three runs per seed, one per on-policy class
+        (
+            "corrections.yaml",
+            (3 + 18) * 7,
+            ["cispo", "icepop", "seq_mask", "m2po", "gmpo", "dppo", "sapo", "kpop", "dppo_kl", "prime_dppo", "opsm"],
+        ),
+        ("corrections_long.yaml", 3 * 2 * 5 + 2 * 2 * 5 - 2 * 5, ["is", "cispo"]),
+    ],
+)
+def test_the_league_presets_plan_every_correction_and_their_table(
+    tmp_path, snakemake, load_workflow, preset, n_train, corrections
+):
     shutil.copy(REPO / "config.yaml", tmp_path / "config.yaml")
-    out = snakemake(["-n", "-p", "--cores", "2", "--configfile", str(REPO / "workflow" / "presets" / preset)],
-                    cwd=tmp_path)
+    out = snakemake(
+        ["-n", "-p", "--cores", "2", "--configfile", str(REPO / "workflow" / "presets" / preset)], cwd=tmp_path
+    )
     assert out.returncode == 0, out.stderr
     text = out.stdout + out.stderr
     train_jobs = [line for line in text.splitlines() if line.strip().startswith("train ")]
@@ -98,8 +113,9 @@ def test_the_league_presets_plan_every_correction_and_their_table(tmp_path, snak
 
 
 def test_the_real_asynchrony_preset_plans_ray_points_beside_the_simulated_ones(tmp_path, snakemake):
-    out = snakemake(["-n", "-p", "--cores", "2", "--configfile", str(REPO / "workflow/presets/real_async.yaml")],
-                    cwd=tmp_path)
+    out = snakemake(
+        ["-n", "-p", "--cores", "2", "--configfile", str(REPO / "workflow/presets/real_async.yaml")], cwd=tmp_path
+    )
     assert out.returncode == 0, out.stderr
     text = out.stdout + out.stderr
     assert "delay~ray/group~8/seed~2/summary.json" in text and "delay~latency/group~8" in text
@@ -110,7 +126,9 @@ def test_the_real_asynchrony_preset_plans_ray_points_beside_the_simulated_ones(t
 
 def test_the_group_size_preset_plans_four_group_sizes_at_one_sampling_budget(tmp_path, snakemake, load_workflow):
     preset = REPO / "workflow/presets/group_size.yaml"
-    out = snakemake(["-n", "-p", "--cores", "2", "--configfile", str(preset)], cwd=workdir(tmp_path, REPO / "config.yaml"))
+    out = snakemake(
+        ["-n", "-p", "--cores", "2", "--configfile", str(preset)], cwd=workdir(tmp_path, REPO / "config.yaml")
+    )
     assert out.returncode == 0, out.stderr
     text = out.stdout + out.stderr
     train_jobs = [line for line in text.splitlines() if line.strip().startswith("train ")]
@@ -127,14 +145,21 @@ def test_the_group_size_preset_plans_four_group_sizes_at_one_sampling_budget(tmp
 
 
 def test_the_gradient_lab_preset_plans_the_lab_on_its_seeds_history(tmp_path, snakemake):
-    out = snakemake(["-n", "-p", "--cores", "2", "--configfile", str(REPO / "workflow/presets/gradient_lab.yaml")],
-                    cwd=workdir(tmp_path, REPO / "config.yaml"))
+    out = snakemake(
+        ["-n", "-p", "--cores", "2", "--configfile", str(REPO / "workflow/presets/gradient_lab.yaml")],
+        cwd=workdir(tmp_path, REPO / "config.yaml"),
+    )
     assert out.returncode == 0, out.stderr
     text = out.stdout + out.stderr
-    history = next(line.split("--out results/gradient_lab/history/")[1].split()[0] for line in text.splitlines()
-                   if " history --config " in line)
-    assert f"gmc gradient-lab --history results/gradient_lab/history/{history} " \
-           "--config results/gradient_lab/configs/gradient_lab.yaml --out results/gradient_lab/gradient_lab" in text
+    history = next(
+        line.split("--out results/gradient_lab/history/")[1].split()[0]
+        for line in text.splitlines()
+        if " history --config " in line
+    )
+    assert (
+        f"gmc gradient-lab --history results/gradient_lab/history/{history} "
+        "--config results/gradient_lab/configs/gradient_lab.yaml --out results/gradient_lab/gradient_lab" in text
+    )
     for name in ("gradients.csv", "claims.csv", "gradient_excess_vs_G.png"):
         assert f"results/gradient_lab/gradient_lab/{name}" in text
     (tmp_path / "plain").mkdir()
@@ -147,8 +172,10 @@ def test_a_trace_is_a_sweep_point(tmp_path, snakemake):
     trace.write_text('{"prompt_index": 1, "version": 0, "consumed_version": 0}\n')
     extra = tmp_path / "traces.yaml"
     extra.write_text(f"traces: {{run7: {{file: {trace}, algorithms: [gmc, tic], group_sizes: [8]}}}}\n")
-    out = snakemake(["-n", "-p", "--cores", "2", "--configfile", "config.yaml", str(extra)],
-                    cwd=workdir(tmp_path, REPO / "config.yaml"))
+    out = snakemake(
+        ["-n", "-p", "--cores", "2", "--configfile", "config.yaml", str(extra)],
+        cwd=workdir(tmp_path, REPO / "config.yaml"),
+    )
     assert out.returncode == 0, out.stderr
     text = out.stdout + out.stderr
     assert "algo~tic/delay~trace-run7/group~8/seed~2/summary.json" in text
@@ -186,31 +213,45 @@ def test_every_train_job_reads_its_resolved_config_file_and_nothing_else(tmp_pat
     assert len(commands) == len(points) - len(shared)
     for command in commands:
         assert "--set" not in command
-        assert re.search(rf"requeue\.sh \S+ train --config {results}/configs/train/algo~[^ ]+\.yaml --out {results}/train/",
-                         command)
+        assert re.search(
+            rf"requeue\.sh \S+ train --config {results}/configs/train/algo~[^ ]+\.yaml --out {results}/train/", command
+        )
     assert {re.search(r"--config (\S+)", c)[1] for c in commands} == {
-        f"{results}/configs/train/{p.path}.yaml" for p in points if p not in shared}
+        f"{results}/configs/train/{p.path}.yaml" for p in points if p not in shared
+    }
     # one prefill per class of fixed-delay runs that differ only in the estimator; its members start from it
     prefills = shared_prefills(config, points)
     makers = [line for line in lines if "python -m gmc prefill " in line]
     assert sorted(re.search(r"--config (\S+) --out (\S+)", c).groups() for c in makers) == sorted(
-        {(f"{results}/configs/train/{first.path}.yaml", f"{results}/prefill/{name}.pt") for name, first in prefills.values()})
+        {
+            (f"{results}/configs/train/{first.path}.yaml", f"{results}/prefill/{name}.pt")
+            for name, first in prefills.values()
+        }
+    )
     for command in commands:
         point = next(p for p in points if f"/configs/train/{p.path}.yaml " in command)
         given = re.search(r"--prefill (\S+)", command)
-        assert (given[1] if given else None) == (f"{results}/prefill/{prefills[point][0]}.pt" if point in prefills else None)
+        assert (given[1] if given else None) == (
+            f"{results}/prefill/{prefills[point][0]}.pt" if point in prefills else None
+        )
         assert point not in prefills or resolve_run(config, point).delay.d > 0
     # one history per class of runs that differ only in the estimator and the delay; its members start from it
     histories = shared_histories(config, points)
     makers = [line for line in lines if "workflow/scripts/requeue.sh " in line and " history --config " in line]
     assert sorted(re.search(r"--config (\S+) --out (\S+) --keep (\d+)", c).groups() for c in makers) == sorted(
-        {(f"{results}/configs/train/{first.path}.yaml", f"{results}/history/{name}", str(keep))
-         for name, (first, keep) in {n: (next(p for p in points if histories.get(p, ("",))[0] == n), k)
-                                     for n, k in histories.values()}.items()})
+        {
+            (f"{results}/configs/train/{first.path}.yaml", f"{results}/history/{name}", str(keep))
+            for name, (first, keep) in {
+                n: (next(p for p in points if histories.get(p, ("",))[0] == n), k) for n, k in histories.values()
+            }.items()
+        }
+    )
     for command in commands:
         point = next(p for p in points if f"/configs/train/{p.path}.yaml " in command)
         given = re.search(r"--history (\S+)", command)
-        assert (given[1] if given else None) == (f"{results}/history/{histories[point][0]}" if point in histories else None)
+        assert (given[1] if given else None) == (
+            f"{results}/history/{histories[point][0]}" if point in histories else None
+        )
         cfg = resolve_run(config, point)
         assert point not in histories or (cfg.delay.warmup == "history" and cfg.delay.history_length >= cfg.delay.d)
     sample = list({p.delay if not p.delay.isdigit() else "fixed": p for p in points}.values())
@@ -227,16 +268,38 @@ def test_a_changed_key_reruns_exactly_the_runs_it_reaches(tmp_path, snakemake):
     """A key of one delay mode's section changes the config files of that mode's runs alone, and
     only those training jobs are planned again."""
     shutil.copy(REPO / "config.yaml", tmp_path / "config.yaml")
-    made = snakemake(["--cores", "1", "--allowed-rules", "train_config", "--", *[
-        f"results/configs/train/algo~gmc/delay~{d}/group~8/seed~0.yaml" for d in ("0", "latency")]], cwd=tmp_path)
+    made = snakemake(
+        [
+            "--cores",
+            "1",
+            "--allowed-rules",
+            "train_config",
+            "--",
+            *[f"results/configs/train/algo~gmc/delay~{d}/group~8/seed~0.yaml" for d in ("0", "latency")],
+        ],
+        cwd=tmp_path,
+    )
     assert made.returncode == 0, made.stderr[-3000:]
-    before = {d: (tmp_path / f"results/configs/train/algo~gmc/delay~{d}/group~8/seed~0.yaml").read_text()
-              for d in ("0", "latency")}
-    again = snakemake(["--cores", "1", "--config", "latency={delay: {slots: 12}}", "--", *[
-        f"results/configs/train/algo~gmc/delay~{d}/group~8/seed~0.yaml" for d in ("0", "latency")]], cwd=tmp_path)
+    before = {
+        d: (tmp_path / f"results/configs/train/algo~gmc/delay~{d}/group~8/seed~0.yaml").read_text()
+        for d in ("0", "latency")
+    }
+    again = snakemake(
+        [
+            "--cores",
+            "1",
+            "--config",
+            "latency={delay: {slots: 12}}",
+            "--",
+            *[f"results/configs/train/algo~gmc/delay~{d}/group~8/seed~0.yaml" for d in ("0", "latency")],
+        ],
+        cwd=tmp_path,
+    )
     assert again.returncode == 0, again.stderr[-3000:]
-    after = {d: (tmp_path / f"results/configs/train/algo~gmc/delay~{d}/group~8/seed~0.yaml").read_text()
-             for d in ("0", "latency")}
+    after = {
+        d: (tmp_path / f"results/configs/train/algo~gmc/delay~{d}/group~8/seed~0.yaml").read_text()
+        for d in ("0", "latency")
+    }
     assert after["0"] == before["0"] and after["latency"] != before["latency"] and "slots: 12" in after["latency"]
 
 
@@ -253,8 +316,10 @@ def test_a_preset_is_the_whole_science(tmp_path, load_workflow, preset):
     from gmc.settings import from_dict
 
     stand_in = tmp_path / "config.yaml"
-    stand_in.write_text("sweep: {algorithms: [none], delays: [3], group_sizes: [2], seeds: [9], "
-                        "references: {algorithms: [is], delays: [3]}}\ntrain: {lr: 0.5}\n")
+    stand_in.write_text(
+        "sweep: {algorithms: [none], delays: [3], group_sizes: [2], seeds: [9], "
+        "references: {algorithms: [is], delays: [3]}}\ntrain: {lr: 0.5}\n"
+    )
     used = load_workflow(tmp_path, configfiles=[preset] if preset else []).config
     expected = yaml.safe_load((preset or stand_in).read_text())
     whole = schema.schema(yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text()))
@@ -327,7 +392,9 @@ def test_slurm_profile_takes_site_values_from_the_environment(monkeypatch):
 @pytest.mark.skipif(shutil.which("sbatch") is None, reason="needs the SLURM client commands (make test-slurm)")
 def test_slurm_profile_dry_run(tmp_path, snakemake):
     pytest.importorskip("snakemake_executor_plugin_slurm")
-    out = snakemake(["-n", "--workflow-profile", str(SLURM_PROFILE.parent)], cwd=workdir(tmp_path, REPO / "config.yaml"))
+    out = snakemake(
+        ["-n", "--workflow-profile", str(SLURM_PROFILE.parent)], cwd=workdir(tmp_path, REPO / "config.yaml")
+    )
     assert out.returncode == 0, out.stderr
     assert "runtime=1440, cpus_per_task=16, gpu=1" in out.stdout  # the train jobs, as the profile sizes them
 
@@ -335,8 +402,15 @@ def test_slurm_profile_dry_run(tmp_path, snakemake):
 def test_small_jobs_run_on_the_submitting_machine(tmp_path, load_rules):
     rules = load_rules(tmp_path)
     local = {name for name, rule in rules.items() if name in rule.workflow._localrules}
-    assert {"prepare_data", "train_config", "eval_config", "mlflow_sweep", "mlflow_sync", "tables",
-            "figures_from_results"} <= local
+    assert {
+        "prepare_data",
+        "train_config",
+        "eval_config",
+        "mlflow_sweep",
+        "mlflow_sync",
+        "tables",
+        "figures_from_results",
+    } <= local
     assert not {"build_tiny_model", "train", "evaluate", "evaluate_base"} & local
 
 
@@ -357,7 +431,8 @@ def test_conda_env_per_rule_follows_the_gpus_the_profile_gives(tmp_path, load_ru
     assert {r.conda_env for r in cpu_only.values() if r.conda_env} == {"../../envs/cpu.yaml"}
     (tmp_path / "gpu").mkdir()  # evaluation jobs of their own, on the GPUs the profile gives them
     (tmp_path / "gpu" / "config.yaml").write_text(
-        (REPO / "config.yaml").read_text().replace("eval_with_training: true", "eval_with_training: false"))
+        (REPO / "config.yaml").read_text().replace("eval_with_training: true", "eval_with_training: false")
+    )
     with_gpus = load_rules(tmp_path / "gpu", {"train": {"gpu": 1}, "evaluate": {"gpu": 1}})
     gpu_rules = {name for name, r in with_gpus.items() if r.conda_env == "../../envs/gpu.yaml"}
     assert gpu_rules == {"train", "evaluate"}  # tables, figures, MLflow, data: the CPU env
@@ -381,9 +456,25 @@ def test_conda_env_installs_the_project_from_its_copied_location(tmp_path, name)
 
     def resolve(line):
         (copied / "condaenv.requirements.txt").write_text(line.replace("[gpu]", "") + "\n")
-        return subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-deps", "--no-index",
-                               "--no-build-isolation", "-r", "condaenv.requirements.txt"], cwd=copied,
-                              env={**os.environ, "GMC_REPO": str(REPO)}, capture_output=True, text=True, timeout=300)
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "--dry-run",
+                "--no-deps",
+                "--no-index",
+                "--no-build-isolation",
+                "-r",
+                "condaenv.requirements.txt",
+            ],
+            cwd=copied,
+            env={**os.environ, "GMC_REPO": str(REPO)},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
 
     out = resolve(project[0])
     assert out.returncode == 0 and "Would install gmc-" in out.stdout, out.stdout + out.stderr

@@ -30,8 +30,17 @@ def test_extraction_keeps_its_meaning():
 
 @pytest.mark.parametrize(
     "raw, norm",
-    [("025", "25"), (25, "25"), (27.0, "27"), ("27.0", "27"), ("-1.0", "-1"), (" $\\frac12$ ", "\\frac12"),
-     (["69", "84"], "69,84"), ("0.5", "0.5"), ("\\pi", "\\pi")],
+    [
+        ("025", "25"),
+        (25, "25"),
+        (27.0, "27"),
+        ("27.0", "27"),
+        ("-1.0", "-1"),
+        (" $\\frac12$ ", "\\frac12"),
+        (["69", "84"], "69,84"),
+        ("0.5", "0.5"),
+        ("\\pi", "\\pi"),
+    ],
 )
 def test_normalize_gold(raw, norm):
     assert normalize_gold(raw) == norm

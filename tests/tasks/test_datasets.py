@@ -31,8 +31,15 @@ def test_long_integer_answers_load_as_text(tmp_path):
 def test_benchmarks_carry_label_k_and_reference_solutions():
     assert list(benchmark_specs()) == ["synthetic", *BENCHMARKS]
     assert all(spec.label for spec in benchmark_specs().values())
-    assert DEFAULT_SAMPLES == {"synthetic": 4, "math500": 4, "aime24": 16, "aime25": 16, "amc23": 16,
-                               "minerva_math": 4, "olympiadbench": 4}
+    assert DEFAULT_SAMPLES == {
+        "synthetic": 4,
+        "math500": 4,
+        "aime24": 16,
+        "aime25": 16,
+        "amc23": 16,
+        "minerva_math": 4,
+        "olympiadbench": 4,
+    }
     assert EvalConfig().k_for("aime25") == 16 and EvalConfig(samples={"aime25": 2}).k_for("aime25") == 2
     assert set(REFERENCE_SOLUTION_FIELDS) == {"math500", "aime24", "minerva_math", "olympiadbench"}
 
@@ -102,7 +109,9 @@ def test_json_and_parquet_files(tmp_path):
     rows = [{"problem": "p1", "answer": 3.0, "extra": 1}, {"problem": "p2", "answer": "007"}]
     (tmp_path / "a.json").write_text(json.dumps(rows))
     (tmp_path / "b.json").write_text(json.dumps({"data": rows}))
-    pd.DataFrame([{"problem": "p1", "answer": "3.0"}, {"problem": "p2", "answer": "007"}]).to_parquet(tmp_path / "c.parquet")
+    pd.DataFrame([{"problem": "p1", "answer": "3.0"}, {"problem": "p2", "answer": "007"}]).to_parquet(
+        tmp_path / "c.parquet"
+    )
     for name in ("a.json", "b.json", "c.parquet"):
         recs = load_file(tmp_path / name)
         assert [r.answer for r in recs] == ["3", "7"]

@@ -25,8 +25,13 @@ def test_long_integers_and_hostile_text_grade_without_crashing():
     from gmc.tasks.grading import Grader
 
     big = "9" * 5_000  # past Python's 4,300-digit int conversion limit
-    completions = [f"\\boxed{{{big}}}", f"\\boxed{{0{big}}}", f"\\boxed{{{big[:-1]}8}}", "\\boxed{" + "x+" * 2_000 + "1}",
-                   *HOSTILE.values()]
+    completions = [
+        f"\\boxed{{{big}}}",
+        f"\\boxed{{0{big}}}",
+        f"\\boxed{{{big[:-1]}8}}",
+        "\\boxed{" + "x+" * 2_000 + "1}",
+        *HOSTILE.values(),
+    ]
     golds = [big, big, big, "1", *["1"] * len(HOSTILE)]
     with Grader(workers=2, timeout=1.0) as grader:
         start = time.perf_counter()
@@ -149,8 +154,9 @@ def test_grading_goes_on_through_a_jobs_stop_signal_and_the_pool_still_closes(st
     grading; the pool's terminate() still ends them. Forked workers are the run's children;
     a forkserver's are not (they copy none of the run's threads)."""
     received = []
-    previous = {s: signal.signal(s, lambda signum, frame: received.append(signum))
-                for s in (signal.SIGTERM, signal.SIGUSR1)}
+    previous = {
+        s: signal.signal(s, lambda signum, frame: received.append(signum)) for s in (signal.SIGTERM, signal.SIGUSR1)
+    }
     try:
         g = Grader(workers=2, start_method=start_method)
         pool = g._ensure_pool()
@@ -190,8 +196,9 @@ def _stop_the_workers(pool):
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 @pytest.mark.parametrize("start_method", ["fork", "forkserver"])
-@pytest.mark.parametrize("fault", [_kill_the_worker_handler, _stop_the_workers],
-                         ids=["worker_handler_gone", "workers_stopped"])
+@pytest.mark.parametrize(
+    "fault", [_kill_the_worker_handler, _stop_the_workers], ids=["worker_handler_gone", "workers_stopped"]
+)
 def test_close_ends_within_its_bound_whatever_the_pools_state(fault, start_method, caplog):
     """A pool whose terminate() never returns (it waits, without a timeout, for a lock an idle
     worker holds): close() kills the workers after its grace period and returns within twice
@@ -243,8 +250,9 @@ def test_a_process_ends_at_exit_with_an_unclosed_broken_pool():
     """A grader never closed, its pool broken: the interpreter's exit ends the pool within the
     grader's bound, and no worker outlives the process (multiprocessing's exit handler sends
     the daemon workers SIGTERM, which they ignore, and waits for them without a timeout)."""
-    proc = subprocess.Popen([sys.executable, "-c", EXIT_WITH_A_BROKEN_POOL], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", EXIT_WITH_A_BROKEN_POOL], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     pids = [int(p) for p in proc.stdout.readline().split()]
     start = time.monotonic()
     try:

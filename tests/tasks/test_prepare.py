@@ -19,11 +19,16 @@ from gmc.tasks.datasets import (
 )
 from gmc.tasks.prepare import check_manifest, download, prepare, registered
 
-ROWS = {"math": 7470, "math500": 500, "aime24": 30, "aime25": 30, "amc23": 40, "minerva_math": 272,
-        "olympiadbench": 675}
+ROWS = {
+    "math": 7470,
+    "math500": 500,
+    "aime24": 30,
+    "aime25": 30,
+    "amc23": 40,
+    "minerva_math": 272,
+    "olympiadbench": 675,
+}
 """Row counts of the offline copy (its README)."""
-
-
 
 
 def test_data_root_is_the_repository_data_folder_unless_set(monkeypatch, tmp_path):
@@ -50,8 +55,22 @@ def test_offline_check_writes_a_manifest_of_rows_sizes_and_checksums(shared_data
         assert entry["bytes"] == path.stat().st_size
         assert entry["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
     # the same folder checks against its own manifest
-    assert main(["prepare-data", "--data-root", str(shared_data), "--benchmarks", "aime24", "--check", str(out),
-                 "--out", str(tmp_path / "again.json")]) == 0
+    assert (
+        main(
+            [
+                "prepare-data",
+                "--data-root",
+                str(shared_data),
+                "--benchmarks",
+                "aime24",
+                "--check",
+                str(out),
+                "--out",
+                str(tmp_path / "again.json"),
+            ]
+        )
+        == 0
+    )
 
 
 def test_check_names_the_file_that_changed(shared_data, tmp_path):
@@ -86,17 +105,28 @@ def _hub_copies():
     datasets = pytest.importorskip("datasets")
     return {
         # MATH train: no answer field; the answer is the last \boxed{} of the solution
-        "math": datasets.Dataset.from_list([
-            {"problem": "What is $1+1$?", "solution": "Add: $1+1=\\boxed{2}$.", "level": "Level 1",
-             "type": "Algebra"},
-            {"problem": "Simplify $\\frac{2}{4}$.", "solution": "It is $\\boxed{\\frac{1}{2}}$.", "level": "Level 2",
-             "type": "Prealgebra"},
-        ]),
+        "math": datasets.Dataset.from_list(
+            [
+                {
+                    "problem": "What is $1+1$?",
+                    "solution": "Add: $1+1=\\boxed{2}$.",
+                    "level": "Level 1",
+                    "type": "Algebra",
+                },
+                {
+                    "problem": "Simplify $\\frac{2}{4}$.",
+                    "solution": "It is $\\boxed{\\frac{1}{2}}$.",
+                    "level": "Level 2",
+                    "type": "Prealgebra",
+                },
+            ]
+        ),
         # AMC 2023: problem under `question`, float answers
         "amc23": datasets.Dataset.from_list([{"id": 0, "question": "How many?", "answer": 27.0}]),
         # OlympiadBench: `question` and a `final_answer` list
-        "olympiadbench": datasets.Dataset.from_list([
-            {"id": 1606, "question": "Find x and y.", "final_answer": ["$69$,$84$"], "solution": ["..."]}]),
+        "olympiadbench": datasets.Dataset.from_list(
+            [{"id": 1606, "question": "Find x and y.", "final_answer": ["$69$,$84$"], "solution": ["..."]}]
+        ),
     }
 
 
@@ -120,8 +150,23 @@ def test_prepare_from_the_hub_downloads_then_checks(tmp_path, monkeypatch):
     names = {spec.hub_id: name for name, spec in {**TRAIN_SETS, **BENCHMARKS}.items()}
     monkeypatch.setattr(datasets, "load_dataset", lambda hub_id, config, split: copies[names[hub_id]])
     out = tmp_path / "data"
-    assert main(["prepare-data", "--source", "hub", "--data-root", str(out), "--train", "math",
-                 "--benchmarks", "amc23", "olympiadbench"]) == 0
+    assert (
+        main(
+            [
+                "prepare-data",
+                "--source",
+                "hub",
+                "--data-root",
+                str(out),
+                "--train",
+                "math",
+                "--benchmarks",
+                "amc23",
+                "olympiadbench",
+            ]
+        )
+        == 0
+    )
     manifest = json.loads((out / "manifest.json").read_text())
     assert {n: e["rows"] for n, e in manifest["sets"].items()} == {"math": 2, "amc23": 1, "olympiadbench": 1}
     assert manifest["sets"]["math"]["file"] == "train/math/train.jsonl"
@@ -136,8 +181,22 @@ def test_data_tests_skip_naming_the_variable_without_data(tmp_path):
     import sys
 
     env = {**os.environ, "GMC_DATA_ROOT": str(tmp_path)}
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
-                          f"{REPO}/tests/tasks/test_datasets.py::test_gold_answers_are_normalised"],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-rs",
+            "-p",
+            "no:cacheprovider",
+            f"{REPO}/tests/tasks/test_datasets.py::test_gold_answers_are_normalised",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0 and "1 skipped" in out.stdout, out.stdout[-2000:]
     assert f"GMC_DATA_ROOT={tmp_path} has no benchmarks/" in out.stdout

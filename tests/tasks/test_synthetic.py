@@ -26,8 +26,9 @@ def test_synthetic_task_is_seeded_disjoint_and_correct():
     held = SyntheticTask(validation_fraction=0.1)
     validation = held.generate("validation", 200, seed=0)
     assert [r.problem for r in held.generate("test", 200, seed=0)] == [r.problem for r in test]
-    assert not {r.problem for r in validation} & ({r.problem for r in held.generate("train", 2000)} | {
-        r.problem for r in test})
+    assert not {r.problem for r in validation} & (
+        {r.problem for r in held.generate("train", 2000)} | {r.problem for r in test}
+    )
 
 
 def test_synthetic_errors():

@@ -16,8 +16,9 @@ from gmc.theory.config import GradientLabConfig
 from gmc.theory.figures import lab_report
 from gmc.theory.gradients import _Lab, _row, paired_ratio, run_gradient_lab
 
-LAB = dict(delays=(0, 2), group_sizes=(2, 4), prompts=2, batches=4, focus_group_size=4, eps_values=(1000.0,),
-           league=("cispo",))
+LAB = dict(
+    delays=(0, 2), group_sizes=(2, 4), prompts=2, batches=4, focus_group_size=4, eps_values=(1000.0,), league=("cispo",)
+)
 """A lab of seconds: the same weights (d = 0) and two updates apart, caps of 1 + 1000 that never bind."""
 
 
@@ -25,8 +26,9 @@ LAB = dict(delays=(0, 2), group_sizes=(2, 4), prompts=2, batches=4, focus_group_
 def history(tmp_path_factory, small_config):
     """A finished on-policy history of 4 updates of the tiny model, behaviour log-probs from the trainer."""
     folder = tmp_path_factory.mktemp("lab")
-    cfg = small_config(steps=4, behaviour_logprobs="trainer", **{"delay.d": 2, "delay.warmup": "history",
-                                                                 "delay.history_steps": 4})
+    cfg = small_config(
+        steps=4, behaviour_logprobs="trainer", **{"delay.d": 2, "delay.warmup": "history", "delay.history_steps": 4}
+    )
     (folder / "run.yaml").write_text(yaml.safe_dump(to_dict(cfg)))
     main_history(str(folder / "run.yaml"), [], str(folder / "history"), keep=0)
     return folder / "history"
@@ -68,9 +70,10 @@ def test_a_batch_gradient_is_the_per_sample_sum_of_each_estimators_weighted_scor
                 for i in range(g.response_ids.shape[0]):
                     ids = torch.cat([g.prompt_ids, g.response_ids[i, : lengths[i]]]).unsqueeze(0)
                     logits = lab.model(ids).logits[0, len(g.prompt_ids) - 1 : -1].float() / cfg.sampling.temperature
-                    logps.append(logits.log_softmax(-1).gather(1, ids[0, len(g.prompt_ids):, None]).sum())
-                rho = torch.stack([(lp.detach() - g.behaviour_logp[i, : lengths[i]].sum()).exp()
-                                   for i, lp in enumerate(logps)])
+                    logps.append(logits.log_softmax(-1).gather(1, ids[0, len(g.prompt_ids) :, None]).sum())
+                rho = torch.stack(
+                    [(lp.detach() - g.behaviour_logp[i, : lengths[i]].sum()).exp() for i, lp in enumerate(logps)]
+                )
                 cap = 1 + cfg.estimator.eps
                 w = rho.clamp(max=cap) if algorithm == "tic" else rho * min(1.0, cap / float(rho.mean()))
                 r = g.rewards.float()
@@ -78,8 +81,9 @@ def test_a_batch_gradient_is_the_per_sample_sum_of_each_estimators_weighted_scor
                 loss = -sum(w[i] * A[i] * lp for i, lp in enumerate(logps)) / (N * cfg.sampling.max_new_tokens)
                 lab.model.zero_grad(set_to_none=True)
                 loss.backward()
-                naive += torch.cat([p.grad.reshape(-1).double() if p.grad is not None else torch.zeros(p.numel())
-                                    for p in lab.params])
+                naive += torch.cat(
+                    [p.grad.reshape(-1).double() if p.grad is not None else torch.zeros(p.numel()) for p in lab.params]
+                )
             lab.model.zero_grad(set_to_none=True)
             assert float(naive.norm()) > 0
             np.testing.assert_allclose(got[0], naive.numpy(), rtol=1e-4, atol=1e-5 * float(naive.abs().max()))
@@ -100,8 +104,9 @@ def test_a_cells_statistics_are_the_direct_formulas_and_cover_a_known_bias():
     sq = (g**2).sum(1)
     assert row["second_moment"] == pytest.approx(sq.mean())
     assert row["variance"] == pytest.approx(np.trace(np.cov(g.T)))
-    assert row["cosine"] == pytest.approx(g.mean(0) @ target.mean(0)
-                                          / np.linalg.norm(g.mean(0)) / np.linalg.norm(target.mean(0)))
+    assert row["cosine"] == pytest.approx(
+        g.mean(0) @ target.mean(0) / np.linalg.norm(g.mean(0)) / np.linalg.norm(target.mean(0))
+    )
     assert row["bias_lo"] <= 1.0 <= row["bias_hi"] and row["bias"] == pytest.approx(1.0, abs=0.2)
     assert row["ratio/weight_max"] == 3.0 and math.isnan(row["excess"])
     flat = _row(g, np.zeros((n, D)), None, [])  # a target without gradient: no relative bias, no cosine
@@ -161,8 +166,11 @@ def test_a_bad_history_is_refused_naming_it(tmp_path):
 
 def test_a_policy_that_never_varies_is_refused_naming_what_to_change(history, tmp_path, monkeypatch):
     """Prompts every answer of which gets one reward give no gradient: the lab says so, not a table of zeros."""
-    monkeypatch.setattr(_Lab, "sample", lambda self, G, behaviour, prompts=None: [
-        type("Group", (), {"rewards": torch.ones(G)})() for _ in prompts])
+    monkeypatch.setattr(
+        _Lab,
+        "sample",
+        lambda self, G, behaviour, prompts=None: [type("Group", (), {"rewards": torch.ones(G)})() for _ in prompts],
+    )
     lab = _Lab(history, GradientLabConfig(**{**LAB, "prompt_pool": 6}), tmp_path / "scratch", progress=False)
     try:
         with pytest.raises(ValueError, match="0 of 6 screened prompts .* raise prompt_pool"):

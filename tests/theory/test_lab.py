@@ -67,8 +67,13 @@ def test_theory_cli_quick_writes_tables_and_figures(tmp_path):
         assert len(pd.read_csv(tmp_path / f"{name}.csv")) > 0
     claims = pd.read_csv(tmp_path / "claims.csv")
     assert set(claims["claim"].astype(str)) == {"1", "2/3"} and {"exponent", "lo", "hi"} <= set(claims.columns)
-    for stem in ("theory_bias_vs_G_exact_baseline", "theory_bias_vs_G_group_norm", "theory_bias_vs_eps",
-                 "theory_shortfall_vs_eps", "theory_reward_vs_delay"):
+    for stem in (
+        "theory_bias_vs_G_exact_baseline",
+        "theory_bias_vs_G_group_norm",
+        "theory_bias_vs_eps",
+        "theory_shortfall_vs_eps",
+        "theory_reward_vs_delay",
+    ):
         assert (tmp_path / f"{stem}.png").stat().st_size > 1000
         assert (tmp_path / f"{stem}.pdf").stat().st_size > 1000
     assert not list(tmp_path.glob(".*.tmp"))
@@ -117,8 +122,20 @@ def test_claim_fits_recover_synthetic_power_laws():
         for eps in (0.05, 0.1, 0.2, 0.4, 0.8):
             for algorithm, k_eps, k_G in (("tic", -4.0, 0.0), ("gmc", -2.0, -0.4)):
                 y = 1e-3 * eps**k_eps * G**k_G
-                rows.append(dict(variant="exact_baseline", drift=1.0, rho_max_dev=2.0, G=G, eps=eps, algorithm=algorithm,
-                                 excess=y, excess_lo=0.9 * y, excess_hi=1.1 * y, excess_se=0.05 * y))
+                rows.append(
+                    dict(
+                        variant="exact_baseline",
+                        drift=1.0,
+                        rho_max_dev=2.0,
+                        G=G,
+                        eps=eps,
+                        algorithm=algorithm,
+                        excess=y,
+                        excess_lo=0.9 * y,
+                        excess_hi=1.1 * y,
+                        excess_se=0.05 * y,
+                    )
+                )
     claims = claim_fits(pd.DataFrame(rows))
     assert len(claims) == 2 * 5 + 2 * 5
     for r in claims.itertuples():

@@ -16,7 +16,13 @@ from gmc.theory.config import GradientLabConfig
 sm = snakemake  # noqa: F821  (injected by Snakemake)
 sys.stderr = open(sm.log[0], "w")
 values = dict(sm.params["values"])
-kinds = {"train": TrainConfig, "eval": EvalConfig, "tiny": TinyModelConfig, "random-qwen3": RandomModelConfig,
-         "analysis": AnalysisConfig, "gradient_lab": GradientLabConfig}
+kinds = {
+    "train": TrainConfig,
+    "eval": EvalConfig,
+    "tiny": TinyModelConfig,
+    "random-qwen3": RandomModelConfig,
+    "analysis": AnalysisConfig,
+    "gradient_lab": GradientLabConfig,
+}
 from_dict(kinds[sm.params["kind"]], values)  # a bad key or value stops the workflow here, naming it
 write_text(sm.output[0], yaml.safe_dump(values, sort_keys=False))

@@ -22,15 +22,21 @@ def check_ray_mode(cfg) -> None:
     engine other than the HF one (its decoding loop is where new weights are taken in), and a
     publish interval longer than the bound lets a group wait."""
     if cfg.delay.partial_rollouts and cfg.behaviour_logprobs != "sampler":
-        raise ConfigError("partial rollouts need behaviour_logprobs: sampler (each token's log-prob from the "
-                          "weights that sampled it)", "delay.partial_rollouts")
+        raise ConfigError(
+            "partial rollouts need behaviour_logprobs: sampler (each token's log-prob from the "
+            "weights that sampled it)",
+            "delay.partial_rollouts",
+        )
     if cfg.delay.partial_rollouts and cfg.engine != "hf":
         raise ConfigError(f"partial rollouts run on the hf engine, not {cfg.engine!r}", "delay.partial_rollouts")
     if cfg.delay.publish_every > cfg.delay.max_staleness + 1:
-        raise ConfigError(f"weights sent every {cfg.delay.publish_every} steps make groups up to "
-                          f"{cfg.delay.publish_every - 1} versions old before the next send, and the bound drops "
-                          f"those older than max_staleness {cfg.delay.max_staleness}: the run would wait forever; "
-                          "give at most max_staleness + 1", "delay.publish_every")
+        raise ConfigError(
+            f"weights sent every {cfg.delay.publish_every} steps make groups up to "
+            f"{cfg.delay.publish_every - 1} versions old before the next send, and the bound drops "
+            f"those older than max_staleness {cfg.delay.max_staleness}: the run would wait forever; "
+            "give at most max_staleness + 1",
+            "delay.publish_every",
+        )
 
 
 @dataclass

@@ -64,8 +64,13 @@ def check_model_on_every_node(model: str) -> None:
         return None
 
     nodes = [n for n in ray.nodes() if n["Alive"]]
-    found = ray.get([check.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote()
-                     for n in nodes], timeout=RESTART_SECONDS)
+    found = ray.get(
+        [
+            check.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote()
+            for n in nodes
+        ],
+        timeout=RESTART_SECONDS,
+    )
     for node, problem in zip(nodes, found):
         if problem:
             raise RolloutWorkerError(f"node {node['NodeManagerAddress']}: {problem}")
@@ -98,8 +103,11 @@ def reserve_trainer_gpu(device: str):
     if resolve_device(device).type != "cuda" or not torch.cuda.is_available():
         return None
     here = ray.get_runtime_context().get_node_id()
-    actor = _gpu_reservation().options(num_gpus=1, num_cpus=0,
-                                       scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)).remote()
+    actor = (
+        _gpu_reservation()
+        .options(num_gpus=1, num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False))
+        .remote()
+    )
     log.info("GPU %s of this node kept for the trainer", ray.get(actor.gpu.remote(), timeout=RESTART_SECONDS))
     return actor
 
@@ -117,8 +125,15 @@ class WorkerPool:
     is called with it held for every finished task (its output as the worker returns it, and the
     wall clock at which the task was dispatched)."""
 
-    def __init__(self, run, rollouts, records: list[dict], bound: StalenessBound, lock: threading.Condition,
-                 deliver: Callable[[int, dict, float], None]):
+    def __init__(
+        self,
+        run,
+        rollouts,
+        records: list[dict],
+        bound: StalenessBound,
+        lock: threading.Condition,
+        deliver: Callable[[int, dict, float], None],
+    ):
         self.run, self.cfg, self.rollouts, self.prompt_records = run, run.delay, rollouts, records
         self.bound, self.lock, self.deliver = bound, lock, deliver
         self.per_task = self.cfg.groups_per_task or math.ceil(run.prompts_per_step / self.cfg.workers)
@@ -152,9 +167,14 @@ class WorkerPool:
         gpus = self.cfg.worker_gpus if self.cfg.worker_device.startswith("cuda") else 0
         with STOP.blocked():  # Ray's processes start with the stop signals blocked (SLURM signals them too)
             if not ray.is_initialized():
-                ray.init(address=self.cfg.ray_address, include_dashboard=False, log_to_driver=False,
-                         **({} if self.cfg.ray_address else
-                            {"num_cpus": max(2, self.cfg.workers * self.cfg.worker_threads)}))
+                ray.init(
+                    address=self.cfg.ray_address,
+                    include_dashboard=False,
+                    log_to_driver=False,
+                    **(
+                        {} if self.cfg.ray_address else {"num_cpus": max(2, self.cfg.workers * self.cfg.worker_threads)}
+                    ),
+                )
                 self.started_ray = True
             # ray.init replaced the SIGTERM handler with Ray's (kill the Ray processes, exit): the
             # run's stop signals are its own again, so a stop ends it at a step boundary with a checkpoint
@@ -163,15 +183,22 @@ class WorkerPool:
         self.reservation = reserve_trainer_gpu(self.run.device) if gpus else None
         available = ray.available_resources().get("GPU", 0)
         if gpus and available < self.cfg.workers * gpus:
-            raise RolloutWorkerError(f"delay.worker_device {self.cfg.worker_device} asks Ray for {gpus:g} of a GPU per "
-                                     f"worker: {self.cfg.workers} workers, {available:g} GPUs free in the cluster"
-                                     + (" (one kept for the trainer)" if self.reservation else ""))
+            raise RolloutWorkerError(
+                f"delay.worker_device {self.cfg.worker_device} asks Ray for {gpus:g} of a GPU per "
+                f"worker: {self.cfg.workers} workers, {available:g} GPUs free in the cluster"
+                + (" (one kept for the trainer)" if self.reservation else "")
+            )
         # kept for the run: a restarted worker is constructed again from these arguments
         self.records = ray.put(self.prompt_records)
-        self.workers = [RolloutWorker.options(num_cpus=self.cfg.worker_threads, num_gpus=gpus).remote(self.run, self.records, k)
-                        for k in range(self.cfg.workers)]
-        self.transport = (CollectiveTransport("nccl" if gpus else "gloo") if self.cfg.transport == "collective"
-                          else ObjectStoreTransport())
+        self.workers = [
+            RolloutWorker.options(num_cpus=self.cfg.worker_threads, num_gpus=gpus).remote(self.run, self.records, k)
+            for k in range(self.cfg.workers)
+        ]
+        self.transport = (
+            CollectiveTransport("nccl" if gpus else "gloo")
+            if self.cfg.transport == "collective"
+            else ObjectStoreTransport()
+        )
         self.transport.start(self.workers)
 
     def publish(self, model, version: int) -> None:
@@ -313,10 +340,16 @@ class WorkerPool:
             key = tuple(prompts)
             self.losses[key] = self.losses.get(key, 0) + 1
             if self.losses[key] >= MAX_LOSSES:
-                raise RolloutWorkerError(f"rollout worker {k} died {MAX_LOSSES} times generating prompts {prompts} "
-                                         f"({type(error).__name__}: {error})") from None
-            log.warning("rollout worker %d died (%s); it restarts and its %d prompts are generated again", k,
-                        type(error).__name__, len(prompts))
+                raise RolloutWorkerError(
+                    f"rollout worker {k} died {MAX_LOSSES} times generating prompts {prompts} "
+                    f"({type(error).__name__}: {error})"
+                ) from None
+            log.warning(
+                "rollout worker %d died (%s); it restarts and its %d prompts are generated again",
+                k,
+                type(error).__name__,
+                len(prompts),
+            )
             self.bound.lost(len(prompts))
             self.retry.append((prompts, task))
             self.lost_tasks += 1
@@ -328,7 +361,10 @@ class WorkerPool:
         restart marks it back); the caller holds the lock."""
         self.transport.lost(k)
         if k not in {w for w, _ in self.restarting.values()}:
-            self.restarting[self.workers[k].pid.options(max_task_retries=-1).remote()] = (k, time.time() + RESTART_SECONDS)
+            self.restarting[self.workers[k].pid.options(max_task_retries=-1).remote()] = (
+                k,
+                time.time() + RESTART_SECONDS,
+            )
 
     def regroup(self) -> bool:
         """Publish the trainer's current weights (its version) if a worker is back that only a
@@ -349,8 +385,11 @@ class WorkerPool:
         """The tasks to dispatch again after a resume (those to retry, then those in flight, in
         task order) and the counters; the caller holds the lock."""
         in_flight = [(prompts, task) for _, prompts, _, task, _ in self.pending.values()]
-        return {"retry": self.retry + sorted(in_flight, key=lambda p: p[1]), "tasks": self.tasks,
-                "lost_tasks": self.lost_tasks}
+        return {
+            "retry": self.retry + sorted(in_flight, key=lambda p: p[1]),
+            "tasks": self.tasks,
+            "lost_tasks": self.lost_tasks,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.retry = [(list(p), t) for p, t in state["retry"]]

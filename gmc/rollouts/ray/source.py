@@ -43,10 +43,16 @@ def group_stats(g: Group, task_stats, limit: int):
     samples, tokens, reward and longest answer, answers at the token limit counted as truncated,
     the task's seconds in proportion to its samples."""
     share = g.lengths.numel() / task_stats.samples
-    return replace(task_stats, samples=g.lengths.numel(), tokens=int(g.lengths.sum()),
-                   seconds=task_stats.seconds * share, behaviour_seconds=task_stats.behaviour_seconds * share,
-                   reward_sum=float(g.rewards.sum()), length_max=g.max_length,
-                   truncated=int((g.lengths >= limit).sum()))
+    return replace(
+        task_stats,
+        samples=g.lengths.numel(),
+        tokens=int(g.lengths.sum()),
+        seconds=task_stats.seconds * share,
+        behaviour_seconds=task_stats.behaviour_seconds * share,
+        reward_sum=float(g.rewards.sum()),
+        length_max=g.max_length,
+        truncated=int((g.lengths >= limit).sum()),
+    )
 
 
 class RaySource(SyncSource):
@@ -105,9 +111,12 @@ class RaySource(SyncSource):
                 g.consume_wall = now
             lags = Counter(version - g.version for g in batch)
             self.step_stats = {
-                "async/dropped": float(self.bound.dropped), "async/buffer_groups": float(len(self.buffer)),
-                "async/in_flight": float(self.bound.in_flight), "async/trainer_idle_seconds": waited,
-                "async/worker_idle_seconds": self.pool.worker_idle, "async/lost_tasks": float(self.pool.lost_tasks),
+                "async/dropped": float(self.bound.dropped),
+                "async/buffer_groups": float(len(self.buffer)),
+                "async/in_flight": float(self.bound.in_flight),
+                "async/trainer_idle_seconds": waited,
+                "async/worker_idle_seconds": self.pool.worker_idle,
+                "async/lost_tasks": float(self.pool.lost_tasks),
                 "async/wait_seconds": time.perf_counter() - t,
                 **{f"async/staleness_hist/{lag}": float(n) for lag, n in sorted(lags.items())},
             }
@@ -119,8 +128,12 @@ class RaySource(SyncSource):
             return [g for g, _ in self.buffer]
 
     def stats(self) -> dict[str, float]:
-        return {**super().stats(), **self.step_stats, **self.pool.sync_stats,
-                "async/weights_version": float(self.pool.version)}
+        return {
+            **super().stats(),
+            **self.step_stats,
+            **self.pool.sync_stats,
+            "async/weights_version": float(self.pool.version),
+        }
 
     # -- checkpoints -------------------------------------------------------------------------
 
@@ -128,9 +141,13 @@ class RaySource(SyncSource):
         """The source's state at one instant of the dispatcher (which takes prompts from the run's
         order as it goes): so the prompt cursor's state is kept here too, and wins on load."""
         with self.lock:
-            return {"buffer": [g.state() for g, _ in self.buffer], "stats": [asdict(s) for _, s in self.buffer],
-                    "bound": self.bound.state_dict(), **self.pool.state_dict(),
-                    "cursor": self.rollouts.cursor.state_dict()}
+            return {
+                "buffer": [g.state() for g, _ in self.buffer],
+                "stats": [asdict(s) for _, s in self.buffer],
+                "bound": self.bound.state_dict(),
+                **self.pool.state_dict(),
+                "cursor": self.rollouts.cursor.state_dict(),
+            }
 
     def load_state_dict(self, state: dict) -> None:
         with self.lock:

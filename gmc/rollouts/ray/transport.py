@@ -114,10 +114,17 @@ class CollectiveTransport:
         import torch.distributed as dist
 
         address, port = ray.util.get_node_ip_address(), free_port()
-        joins = [self.workers[k].join_group.remote(self.backend, address, port, rank + 1, len(members) + 1)
-                 for rank, k in enumerate(members)]
-        dist.init_process_group(self.backend, init_method=f"tcp://{address}:{port}", rank=0,
-                                world_size=len(members) + 1, timeout=timedelta(seconds=BROADCAST_SECONDS))
+        joins = [
+            self.workers[k].join_group.remote(self.backend, address, port, rank + 1, len(members) + 1)
+            for rank, k in enumerate(members)
+        ]
+        dist.init_process_group(
+            self.backend,
+            init_method=f"tcp://{address}:{port}",
+            rank=0,
+            world_size=len(members) + 1,
+            timeout=timedelta(seconds=BROADCAST_SECONDS),
+        )
         ray.get(joins, timeout=BROADCAST_SECONDS)
         if self.members != members:
             log.info("the collective transport's group: the trainer and workers %s", list(members))
@@ -205,10 +212,12 @@ class CollectiveTransport:
                 errors.append(f"worker {receiving[ref]}: {e.cause!r}")
         if waiting or (failure is not None and not dead):
             stuck = sorted(receiving[r] for r in waiting)
-            raise RuntimeError(f"the broadcast of version {version} to the rollout workers failed"
-                               + (f" ({failure})" if failure is not None else "")
-                               + (f"; workers {stuck} did not receive it within {BROADCAST_SECONDS} s" if stuck else "")
-                               + (f"; {'; '.join(errors)}" if errors else ""))
+            raise RuntimeError(
+                f"the broadcast of version {version} to the rollout workers failed"
+                + (f" ({failure})" if failure is not None else "")
+                + (f"; workers {stuck} did not receive it within {BROADCAST_SECONDS} s" if stuck else "")
+                + (f"; {'; '.join(errors)}" if errors else "")
+            )
         return dead
 
     def task_weights(self, worker: int | None = None):

@@ -63,9 +63,15 @@ class RolloutWorker:
         self.engine.set_generator_state({"seed": self.engine.seed, "calls": task})
         t = time.perf_counter()
         out = self.collector.collect([(i, self.records[i]) for i in prompts], version)
-        return {"groups": [g.state() for g in out.groups], "stats": out.stats, "worker": self.worker,
-                "version": version, "seconds": time.perf_counter() - t, "start_wall": start,
-                "finish_wall": time.time()}
+        return {
+            "groups": [g.state() for g in out.groups],
+            "stats": out.stats,
+            "worker": self.worker,
+            "version": version,
+            "seconds": time.perf_counter() - t,
+            "start_wall": start,
+            "finish_wall": time.time(),
+        }
 
     def _load(self, version: int, weights: dict) -> int:
         """Load the weights of ``version`` (a broadcast: the newest received, at least ``version``)
@@ -78,8 +84,10 @@ class RolloutWorker:
             return version
         with self.arrived:  # a broadcast: wait for the receiving thread to have it
             if not self.arrived.wait_for(lambda: self.incoming_version >= version, timeout=BROADCAST_SECONDS):
-                raise TimeoutError(f"rollout worker {self.worker}: the weights of version {version} did not arrive "
-                                   f"within {BROADCAST_SECONDS} s (newest received: {self.incoming_version})")
+                raise TimeoutError(
+                    f"rollout worker {self.worker}: the weights of version {version} did not arrive "
+                    f"within {BROADCAST_SECONDS} s (newest received: {self.incoming_version})"
+                )
             state, received = self.incoming, self.incoming_version
         if received != self.version:
             self.model.load_state_dict(state)
@@ -108,8 +116,13 @@ class RolloutWorker:
 
         import torch.distributed as dist
 
-        dist.init_process_group(backend, init_method=f"tcp://{address}:{port}", rank=rank, world_size=world,
-                                timeout=timedelta(seconds=BROADCAST_SECONDS))
+        dist.init_process_group(
+            backend,
+            init_method=f"tcp://{address}:{port}",
+            rank=rank,
+            world_size=world,
+            timeout=timedelta(seconds=BROADCAST_SECONDS),
+        )
 
     @ray.method(concurrency_group="weights")
     def leave_group(self) -> None:
