@@ -1,8 +1,5 @@
 # gmc: asynchronous RL post-training with group-mass capping.
 # data -> base model -> one training run per sweep point -> evaluation -> MLflow -> tables -> figures -> report
-from pathlib import Path
-
-import yaml
 from snakemake.utils import min_version
 
 import gmc.workflow
@@ -16,11 +13,12 @@ if not workflow.overwrite_configfiles:
     configfile: "config.yaml"
 
 
-# defaults filled, --config's strings read as the jobs read values, then validated against the
-# schema (hand-written parts + those generated from the settings classes and registries) and
-# every run resolved (gmc.sweep.resolve.resolve_run); a bad key stops here, naming it and what it allows
-with open(Path(workflow.basedir, "workflow", "schemas", "config.schema.yaml")) as fh:
-    gmc.workflow.validate(config, yaml.safe_load(fh))
+# read once: the previous release's keys renamed (a line each), --config's strings read as the
+# jobs read values, validated by the settings classes (gmc.workflow.WorkflowConfig), and the sweep
+# resolved (gmc.sweep.resolve.Sweep: every run's config built once); a bad key stops here, naming
+# it and what it allows
+SWEEP = gmc.workflow.load(config)
+CONFIG = SWEEP.config
 
 
 include: "workflow/rules/common.smk"
@@ -48,7 +46,7 @@ rule all:
         FIGURE_FILES,
         MLFLOW_DONE,
         THEORY,
-        GRADIENT_LAB if config["gradient_lab"]["enabled"] else [],
+        GRADIENT_LAB if CONFIG.lab.enabled else [],
     localrule: True
 
 

@@ -313,18 +313,16 @@ def _plan_memory(args: argparse.Namespace) -> int:
     from gmc.settings import apply_overrides, from_dict, load_config
 
     if args.preset:  # the run of the preset's sweep that needs the most memory, resolved as its job is
-        from gmc.settings import load_yaml, to_dict
-        from gmc.sweep.points import Point, largest_point, sweep_points
-        from gmc.sweep.resolve import resolve_run
-        from gmc.workflow import validate
+        from gmc.settings import to_dict
+        from gmc.sweep.points import Point
+        from gmc.workflow import load_file
 
-        preset = load_yaml(Path(args.preset).read_text())
-        validate(preset)
-        point = Point.parse(args.point) if args.point else largest_point(sweep_points(preset))
+        sweep = load_file(args.preset)
+        point = Point.parse(args.point) if args.point else sweep.largest_point()
         print(f"{args.preset}: run {point.path}")
-        values = to_dict(resolve_run(preset, point))
+        values = to_dict(sweep.run(point))
         if not Path(values["model"]).exists():  # not fetched yet: the hub id's known shape
-            values["model"] = preset["model"]["name"]
+            values["model"] = sweep.config.model
         cfg = from_dict(TrainConfig, apply_overrides(values, args.overrides))
     else:
         cfg = load_config(TrainConfig, args.config, args.overrides)

@@ -4,7 +4,7 @@ A settings class is a frozen dataclass made with :func:`settings`. Its fields ar
 of a key: the type (``Literal`` choices, ``Annotated`` bounds, :func:`registered` names of a
 registry), the default and the attribute docstring under it. pydantic validates an instance on
 construction and when a mapping is loaded (:func:`from_dict`: strict types, unknown keys
-refused), and emits the JSON Schema the workflow validates ``config.yaml`` with
+refused), and emits the JSON Schema of a class, from which the schema of ``config.yaml`` is made
 (:func:`json_schema`, descriptions from the docstrings). Every failure is a
 :class:`ConfigError` naming the dotted key and what it allows. No torch is imported.
 """
@@ -33,6 +33,7 @@ __all__ = [
     "ConfigError",
     "settings",
     "registered",
+    "keys_of",
     "load_named",
     "Positive",
     "NonNegative",
@@ -40,6 +41,7 @@ __all__ = [
     "PositiveInt",
     "NonNegativeInt",
     "from_dict",
+    "from_section",
     "to_dict",
     "load_config",
     "load_yaml",
@@ -104,6 +106,23 @@ def registered(names: Callable[[], Iterable[str]], what: str):
         return value
 
     return Annotated[str, AfterValidator(check), Field(json_schema_extra=lambda s: s.update(enum=list(names())))]
+
+
+def keys_of(cls: Callable[[], type], drop: Iterable[str] = (), nested: dict[str, Callable[[], type]] | None = None):
+    """The type of a config section that holds keys of the settings class ``cls()`` as given: a
+    mapping kept as written, so a job's config file holds what its section gave, and built into
+    the class where a job needs it (absent keys take the class's defaults; ``drop`` lists the keys
+    another part of the config sets, ``nested`` the sub-sections whose keys another class gives).
+    Its JSON schema is the class's (:func:`json_schema`), made when a schema is made, so a field
+    added to the class needs no second edit."""
+
+    def schema(node: dict) -> None:
+        node.clear()
+        node.update(json_schema(cls(), drop))
+        for key, sub in (nested or {}).items():
+            node["properties"][key] = {"description": node["properties"][key]["description"], **json_schema(sub())}
+
+    return Annotated[dict[str, Any], Field(json_schema_extra=schema)]
 
 
 def load_named(path: str) -> Callable:
@@ -214,6 +233,15 @@ def from_dict(cls, data: dict[str, Any]):
     except (TypeError, ValueError) as e:  # a value JSON cannot carry
         raise ConfigError(f"cannot read the values: {e}") from None
     return obj
+
+
+def from_section(cls, data: dict[str, Any], where: str):
+    """:func:`from_dict` of a config section's values, its errors named under the section's key
+    ``where`` (``evaluate.temperature``)."""
+    try:
+        return from_dict(cls, data)
+    except ConfigError as e:
+        raise ConfigError(e.reason, f"{where}.{e.key}" if e.key else where) from None
 
 
 def to_dict(obj) -> dict[str, Any]:
@@ -349,6 +377,8 @@ def json_schema(cls, drop: Iterable[str] = ()) -> dict[str, Any]:
         for part in parents:
             node = node["properties"][part]
         node["properties"].pop(leaf, None)
+        if leaf in node.get("required", []):
+            node["required"] = [k for k in node["required"] if k != leaf]
     return schema
 
 

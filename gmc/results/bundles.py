@@ -32,7 +32,7 @@ from gmc.results.stages import stage_times, stages_markdown
 from gmc.results.tables import write_tables
 from gmc.run.provenance import git_revision, package_versions
 from gmc.run.rundir import CONFIG, GROUPS, INFO, METRICS, SHARED, SUMMARY
-from gmc.sweep.points import parse_point
+from gmc.sweep.points import Point
 
 PROVENANCE = "provenance.json"
 """The bundle's record of where it was made: commit, date, machine, threads, packages."""
@@ -113,14 +113,14 @@ def publish(results: str | Path, bundle: str | Path, logs: list[str | Path] = ()
     stages = stage_times(list(logs)) if logs else None
     with atomic_dir(bundle) as tmp:
         for run in sorted((results / "train").glob("**/seed~*")):
-            if parse_point(run) is None or not ((run / SUMMARY).exists() or (run / SHARED).exists()):
+            if Point.find(run) is None or not ((run / SUMMARY).exists() or (run / SHARED).exists()):
                 continue
             out = tmp / run.relative_to(results)
             out.mkdir(parents=True)
             for name in RUN_FILES:
                 if (run / name).exists():
                     shutil.copy2(run / name, out / name)
-            named = not parse_point(run)["delay"].isdigit()
+            named = not Point.parse(run).delay.is_fixed
             for name, keep in FIGURE_FIELDS.items():
                 if (run / name).exists() and (name != GROUPS or named):
                     rows = [{k: r[k] for k in keep if k in r} for r in read_jsonl(run / name)]

@@ -8,7 +8,6 @@ config imports no torch.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import field
 from pathlib import Path
 from typing import Annotated, Literal
@@ -33,7 +32,16 @@ from gmc.settings import (
 )
 from gmc.tasks.synthetic import SyntheticTask
 
-__all__ = ["TrainConfig", "ConfigError", "from_dict", "to_dict", "load_config", "load_train_config", "history_config"]
+__all__ = [
+    "TrainConfig",
+    "ConfigError",
+    "from_dict",
+    "to_dict",
+    "load_config",
+    "load_train_config",
+    "history_config",
+    "history_values",
+]
 
 Dtype = Literal["float32", "bfloat16", "float16"]
 
@@ -258,27 +266,35 @@ class TrainConfig:
             )
 
 
-def history_config(cfg: TrainConfig) -> TrainConfig | None:
-    """The on-policy run whose end a run with ``delay.warmup: history`` starts from (None for a
-    run without one): the run's settings trained by ``delay.history_algorithm`` for
-    ``delay.history_length`` updates, synchronously, at a constant learning rate, keeping its last
-    checkpoint, without the run's mismatch correction. Runs whose histories are equal (every
-    setting but the estimator and its correction, the delay and what only the measured run uses)
-    share one: a run with a correction starts where the same run without it does."""
+def history_values(cfg: TrainConfig) -> dict | None:
+    """The settings of the on-policy run whose end a run with ``delay.warmup: history`` starts
+    from, as plain values (None for a run without one): the run's settings trained by
+    ``delay.history_algorithm`` for ``delay.history_length`` steps, synchronously, at a constant
+    learning rate, keeping its last checkpoint, without the run's mismatch correction. Runs whose
+    histories are equal (every setting but the estimator and its correction, the delay and what
+    only the measured run uses) share one: a run with a correction starts where the same run
+    without it does. Plain values name a history without building its TrainConfig
+    (:func:`history_config` builds it)."""
     steps = cfg.delay.history_length
     if steps == 0:
         return None
-    return dataclasses.replace(
-        cfg,
-        algorithm=cfg.delay.history_algorithm,
-        steps=steps,
-        delay=DelayConfig(mode="sync"),
-        lr_schedule="constant",
-        keep_checkpoints="last",
-        tracking_uri=None,
-        experiment=None,
-        rollout_correction=None,
-    )
+    return {
+        **to_dict(cfg),
+        "algorithm": cfg.delay.history_algorithm,
+        "steps": steps,
+        "delay": to_dict(DelayConfig(mode="sync")),
+        "lr_schedule": "constant",
+        "keep_checkpoints": "last",
+        "tracking_uri": None,
+        "experiment": None,
+        "rollout_correction": None,
+    }
+
+
+def history_config(cfg: TrainConfig) -> TrainConfig | None:
+    """The TrainConfig of the history a run starts from (:func:`history_values`); None without one."""
+    values = history_values(cfg)
+    return None if values is None else from_dict(TrainConfig, values)
 
 
 def load_train_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:

@@ -9,8 +9,6 @@ import sys
 import pytest
 from helpers import REPO, workdir
 
-from gmc.sweep.points import model_settings
-
 
 def test_lint(snakemake):
     out = snakemake(["--lint", "--cores", "1"], cwd=REPO)
@@ -47,13 +45,11 @@ def test_at_the_largest_delay_half_of_the_updates_train_on_the_runs_own_batches(
     """Every sweep's runs are at least twice as long as its largest fixed delay, and under the
     history warm-up the history covers that delay: the first d updates train on the history's
     batches, the rest on the run's own."""
-    from gmc.sweep.resolve import history_steps
-
-    config = load_workflow(tmp_path, configfiles=[preset] if preset else []).config
-    largest = max(config["sweep"]["delays"])
-    assert config["train"]["steps"] >= 2 * largest
-    if config["sweep"]["warmup"] == "history":
-        assert history_steps(config) >= largest
+    sweep = load_workflow(tmp_path, configfiles=[preset] if preset else []).globals["SWEEP"]
+    largest = max(sweep.config.sweep.delay)
+    assert sweep.config.train["steps"] >= 2 * largest
+    if sweep.run_delay.warmup == "history":
+        assert sweep.history_steps >= largest
 
 
 def test_paper_preset_dry_run_plans_the_full_sweep(tmp_path, snakemake):
@@ -104,12 +100,12 @@ def test_the_league_presets_plan_every_correction_and_their_table(
     if preset == "corrections_long.yaml":  # the warm start learns the long task's format
         for seed in range(5):  # one warm start per seed
             assert f"--config results/corrections_long/configs/model/seed~{seed}.yaml" in text
-        wf = load_workflow(tmp_path / "wf", configfiles=[REPO / "workflow" / "presets" / preset])
-        assert model_settings(wf.config, 2)["synthetic"]["min_operands"] == 11
-        assert model_settings(wf.config, 2)["seed"] == 2
+        sweep = load_workflow(tmp_path / "wf", configfiles=[REPO / "workflow" / "presets" / preset]).globals["SWEEP"]
+        assert sweep.model_settings(2)["synthetic"]["min_operands"] == 11
+        assert sweep.model_settings(2)["seed"] == 2
         # the warm start's acceptance rule, judged on a validation split no run trains or evaluates on
-        assert model_settings(wf.config, 2)["accept_accuracy"] == 0.2
-        assert model_settings(wf.config, 2)["synthetic"]["validation_fraction"] == 0.1
+        assert sweep.model_settings(2)["accept_accuracy"] == 0.2
+        assert sweep.model_settings(2)["synthetic"]["validation_fraction"] == 0.1
 
 
 def test_the_real_asynchrony_preset_plans_ray_points_beside_the_simulated_ones(tmp_path, snakemake):
@@ -135,11 +131,8 @@ def test_the_group_size_preset_plans_four_group_sizes_at_one_sampling_budget(tmp
     assert int(train_jobs[0].split()[-1]) == (3 * 2 - 1) * 4 * 5  # gmc at delay 0: tic's run
     for g in (4, 8, 16, 32):
         assert f"algo~gmc/delay~64/group~{g}/seed~4/summary.json" in text
-    from gmc.sweep.points import sweep_points
-    from gmc.sweep.resolve import resolve_run
-
-    config = load_workflow(tmp_path / "wf", configfiles=[preset]).config
-    runs = [resolve_run(config, p) for p in sweep_points(config)]
+    sweep = load_workflow(tmp_path / "wf", configfiles=[preset]).globals["SWEEP"]
+    runs = [sweep.run(p) for p in sweep.points]
     assert {cfg.group_size * cfg.prompts_per_step for cfg in runs} == {64}
     assert sorted({cfg.seed for cfg in runs}) == [0, 1, 2, 3, 4]
 
@@ -171,7 +164,7 @@ def test_a_trace_is_a_sweep_point(tmp_path, snakemake):
     trace = tmp_path / "staleness_trace.jsonl"
     trace.write_text('{"prompt_index": 1, "version": 0, "consumed_version": 0}\n')
     extra = tmp_path / "traces.yaml"
-    extra.write_text(f"traces: {{run7: {{file: {trace}, algorithms: [gmc, tic], group_sizes: [8]}}}}\n")
+    extra.write_text(f"traces: {{run7: {{trace: {trace}, algorithm: [gmc, tic], group_size: [8]}}}}\n")
     out = snakemake(
         ["-n", "-p", "--cores", "2", "--configfile", "config.yaml", str(extra)],
         cwd=workdir(tmp_path, REPO / "config.yaml"),
@@ -190,15 +183,13 @@ def test_every_train_job_reads_its_resolved_config_file_and_nothing_else(tmp_pat
     """``snakemake -n -p`` shows each training job as ``workflow/scripts/requeue.sh <log> train
     --config <results>/configs/train/<point>.yaml`` (``gmc train``) with no ``--set``;
     the files written by the workflow (one per kind of delay of the preset, made for real) hold
-    what :func:`gmc.sweep.resolve.resolve_run` returns for their point."""
+    what :meth:`gmc.sweep.resolve.Sweep.run` returns for their point."""
     import re
 
     import yaml
 
     from gmc.run.config import TrainConfig
     from gmc.settings import from_dict, to_dict
-    from gmc.sweep.points import sweep_points
-    from gmc.sweep.resolve import resolve_run, shared_histories, shared_prefills, shared_runs
 
     shutil.copy(REPO / "config.yaml", tmp_path / "config.yaml")
     extra = ["--configfile", str(preset)] if preset else []
@@ -206,10 +197,8 @@ def test_every_train_job_reads_its_resolved_config_file_and_nothing_else(tmp_pat
     assert out.returncode == 0, out.stderr[-3000:]
     lines = (out.stdout + out.stderr).splitlines()
     commands = [line for line in lines if "workflow/scripts/requeue.sh " in line and " train --config " in line]
-    config = load_workflow(tmp_path / "wf", configfiles=[preset] if preset else []).config
-    points = sweep_points(config)
-    shared = shared_runs(config, points)
-    results = config["results"]
+    sweep = load_workflow(tmp_path / "wf", configfiles=[preset] if preset else []).globals["SWEEP"]
+    points, shared, results = sweep.points, sweep.shared, sweep.config.results
     assert len(commands) == len(points) - len(shared)
     for command in commands:
         assert "--set" not in command
@@ -220,7 +209,7 @@ def test_every_train_job_reads_its_resolved_config_file_and_nothing_else(tmp_pat
         f"{results}/configs/train/{p.path}.yaml" for p in points if p not in shared
     }
     # one prefill per class of fixed-delay runs that differ only in the estimator; its members start from it
-    prefills = shared_prefills(config, points)
+    prefills = sweep.prefills
     makers = [line for line in lines if "python -m gmc prefill " in line]
     assert sorted(re.search(r"--config (\S+) --out (\S+)", c).groups() for c in makers) == sorted(
         {
@@ -234,9 +223,9 @@ def test_every_train_job_reads_its_resolved_config_file_and_nothing_else(tmp_pat
         assert (given[1] if given else None) == (
             f"{results}/prefill/{prefills[point][0]}.pt" if point in prefills else None
         )
-        assert point not in prefills or resolve_run(config, point).delay.d > 0
+        assert point not in prefills or sweep.run(point).delay.d > 0
     # one history per class of runs that differ only in the estimator and the delay; its members start from it
-    histories = shared_histories(config, points)
+    histories = sweep.histories
     makers = [line for line in lines if "workflow/scripts/requeue.sh " in line and " history --config " in line]
     assert sorted(re.search(r"--config (\S+) --out (\S+) --keep (\d+)", c).groups() for c in makers) == sorted(
         {
@@ -252,16 +241,16 @@ def test_every_train_job_reads_its_resolved_config_file_and_nothing_else(tmp_pat
         assert (given[1] if given else None) == (
             f"{results}/history/{histories[point][0]}" if point in histories else None
         )
-        cfg = resolve_run(config, point)
+        cfg = sweep.run(point)
         assert point not in histories or (cfg.delay.warmup == "history" and cfg.delay.history_length >= cfg.delay.d)
-    sample = list({p.delay if not p.delay.isdigit() else "fixed": p for p in points}.values())
+    sample = list({p.delay.mode: p for p in points}.values())
     files = [f"{results}/configs/train/{p.path}.yaml" for p in sample]
     made = snakemake(["--cores", "1", *extra, "--", *files], cwd=tmp_path)
     assert made.returncode == 0, made.stderr[-3000:]
     for point, file in zip(sample, files):
         written = yaml.safe_load((tmp_path / file).read_text())
-        assert written == to_dict(resolve_run(config, point))
-        assert from_dict(TrainConfig, written) == resolve_run(config, point)
+        assert written == to_dict(sweep.run(point))
+        assert from_dict(TrainConfig, written) == sweep.run(point)
 
 
 def test_a_changed_key_reruns_exactly_the_runs_it_reaches(tmp_path, snakemake):
@@ -305,38 +294,61 @@ def test_a_changed_key_reruns_exactly_the_runs_it_reaches(tmp_path, snakemake):
 
 @pytest.mark.parametrize("preset", [None, *PRESETS], ids=lambda p: p.name if p else "config.yaml")
 def test_a_preset_is_the_whole_science(tmp_path, load_workflow, preset):
-    """The configuration the workflow uses is the preset's file completed by the schema's defaults,
-    key by key, whatever config.yaml says (config.yaml is that file without --configfile); its
-    train section is the TrainConfig the jobs build."""
-    import yaml
-
-    from gmc import workflow as schema
-    from gmc.io import flatten
-    from gmc.run.config import TrainConfig
-    from gmc.settings import from_dict
+    """The configuration the workflow uses is the preset's file alone, completed by the settings
+    classes' defaults, whatever config.yaml says (config.yaml is that file without --configfile)."""
+    from gmc.workflow import load_file
 
     stand_in = tmp_path / "config.yaml"
     stand_in.write_text(
-        "sweep: {algorithms: [none], delays: [3], group_sizes: [2], seeds: [9], "
-        "references: {algorithms: [is], delays: [3]}}\ntrain: {lr: 0.5}\n"
+        "sweep: {algorithm: [none], delay: [3], group_size: [2], seed: [9], "
+        "references: {algorithm: [is], delay: [3]}}\ntrain: {lr: 0.5}\n"
     )
-    used = load_workflow(tmp_path, configfiles=[preset] if preset else []).config
-    expected = yaml.safe_load((preset or stand_in).read_text())
-    whole = schema.schema(yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text()))
-    schema.fill_defaults(expected, whole)
-    assert flatten(used) == flatten(expected)
-    assert from_dict(TrainConfig, used["train"]) == from_dict(TrainConfig, expected["train"])
+    used = load_workflow(tmp_path, configfiles=[preset] if preset else []).globals["CONFIG"]
+    assert used == load_file(preset or stand_in).config
     if preset is not None and "paper" in preset.name:
-        assert used["train"]["behaviour_logprobs"] == "trainer"  # the trainer's numerics, stated
+        assert used.train["behaviour_logprobs"] == "trainer"  # the trainer's numerics, stated
+
+
+def test_the_dag_builds_each_run_config_once(tmp_path, monkeypatch):
+    """Planning a sweep (the Snakefile read, the DAG built and dry-run) builds one TrainConfig per
+    point, not one per rule or helper that reads it: the sweep resolves each once
+    (:class:`gmc.sweep.resolve.Sweep`), and histories are named from plain values."""
+    from snakemake.api import SnakemakeApi
+    from snakemake.settings.types import ConfigSettings, DAGSettings, OutputSettings, ResourceSettings
+
+    from gmc.run.config import TrainConfig
+
+    built = []
+    post_init = TrainConfig.__post_init__
+
+    def counting(self):
+        built.append(self)
+        post_init(self)
+
+    monkeypatch.setattr(TrainConfig, "__post_init__", counting)
+    shutil.copy(REPO / "config.yaml", tmp_path / "config.yaml")
+    monkeypatch.chdir(tmp_path)
+    with SnakemakeApi(OutputSettings(dryrun=True, quiet={"all"})) as api:
+        wf = api.workflow(
+            resource_settings=ResourceSettings(cores=2),
+            config_settings=ConfigSettings(),
+            snakefile=REPO / "Snakefile",
+            workdir=tmp_path,
+        )
+        dag = wf.dag(dag_settings=DAGSettings())
+        dag.execute_workflow(executor="dryrun")
+    points = wf._workflow.globals["SWEEP"].points
+    assert len(points) == 35 and len(built) == len(points)
+    assert {(c.algorithm, c.seed) for c in built} == {(p.algorithm, p.seed) for p in points}
 
 
 def test_bad_config_value_names_key_and_allowed_values(tmp_path, snakemake):
-    cfg = (REPO / "config.yaml").read_text().replace("algorithms: [grpo, tic, gmc]", "algorithms: [grpo, ppo]", 1)
+    cfg = (REPO / "config.yaml").read_text().replace("algorithm: [grpo, tic, gmc]", "algorithm: [grpo, ppo]", 1)
     (tmp_path / "config.yaml").write_text(cfg)
     out = snakemake(["-n", "--cores", "1"], cwd=tmp_path)
     assert out.returncode != 0
     text = out.stdout + out.stderr
-    assert "ppo" in text and "algorithms" in text and "gmc" in text
+    assert "sweep.algorithm[1]" in text and "ppo" in text and "gmc" in text
 
 
 def test_unknown_config_key_is_rejected(tmp_path, snakemake):

@@ -1,5 +1,7 @@
-# Sweep points, paths and helpers shared by the rules. Every output path names its parameters
-# (gmc.sweep.points.POINT); tables, figures and theory files come from the registries of gmc.results.outputs.
+# Sweep points, paths and helpers shared by the rules, all read from the resolved sweep (SWEEP,
+# gmc.sweep.resolve.Sweep) and its configuration (CONFIG, gmc.workflow.WorkflowConfig). Every output
+# path names its parameters (gmc.sweep.points.POINT); tables, figures and theory files come from the
+# registries of gmc.results.outputs.
 import os
 from pathlib import Path
 
@@ -16,31 +18,10 @@ from gmc.results.outputs import (
 from gmc.policy.preflight import check_model_dir
 from gmc.run.rundir import SHARED as SHARED_FILE
 from gmc.settings import to_dict
-from gmc.workflow import lab_values
-from gmc.sweep.points import (
-    ALGO_WILDCARD,
-    base_eval_dirs,
-    BUILT_MODELS,
-    PER_SEED_MODELS,
-    POINT,
-    Point,
-    delay_wildcard,
-    model_dir,
-    model_settings,
-    per_seed_path,
-    sweep_points,
-)
-from gmc.sweep.resolve import (
-    eval_values,
-    lab_history,
-    resolve_eval,
-    resolve_run,
-    shared_histories,
-    shared_prefills,
-    shared_runs,
-)
+from gmc.sweep.points import ALGO_WILDCARD, POINT, Delay, Point
+from gmc.sweep.resolve import BUILT_MODELS
 
-RESULTS = config["results"]
+RESULTS = CONFIG.results
 # conda environments for --sdm conda: envs/cpu.yaml for every job except those given GPUs, which
 # get envs/gpu.yaml (CUDA torch, vLLM). The env files install the project from GMC_REPO (this
 # checkout), since Snakemake runs them from copies under .snakemake/conda/.
@@ -52,6 +33,8 @@ CONDA_ENV = "../../envs/cpu.yaml"
 # gives a job's priority to none of its inputs)
 BUILD_PRIORITY = 20
 START_PRIORITY = 10
+TRAIN_GPUS = CONFIG.resources.train_gpus
+EVAL_GPUS = CONFIG.resources.eval_gpus
 
 
 def conda_env(rule, config_gpus):
@@ -62,21 +45,21 @@ def conda_env(rule, config_gpus):
     return "../../envs/gpu.yaml" if int(gpus or 0) > 0 else CONDA_ENV
 
 
-BENCHMARKS = list(resolve_eval(config).benchmarks)
+BENCHMARKS = list(SWEEP.evaluation.benchmarks)
 
 
 wildcard_constraints:
     algo=ALGO_WILDCARD,
-    delay=delay_wildcard(),
+    delay=Delay.wildcard(),
     group=r"\d+",
     seed=r"\d+",
     history=r"[0-9a-f]{16}",
     prefill=r"[0-9a-f]{16}",
 
 
-MODEL_NAME = config["model"]["name"]
-# one base model for every seed, or one per seed (the tiny model's warm start: gmc.sweep.points.PER_SEED_MODELS)
-MODEL_DIR = None if MODEL_NAME in PER_SEED_MODELS else model_dir(config)
+MODEL_NAME = CONFIG.model
+# one base model for every seed, or one per seed (the tiny model's warm start: gmc.sweep.resolve.PER_SEED_MODELS)
+MODEL_DIR = None if SWEEP.per_seed_model else SWEEP.model_dir()
 # a local folder of weights is used where it is (checked now, before any job: config, weights,
 # tokenizer); a hub id is fetched once into the results folder, a built model made there
 LOCAL_MODEL = MODEL_DIR == MODEL_NAME
@@ -86,7 +69,7 @@ if LOCAL_MODEL:
 
 def per_seed(path, ext=""):
     """``path`` with a ``seed~{seed}`` level where each seed has its own base model, then ``ext``."""
-    return per_seed_path(config, path, ext=ext)
+    return SWEEP.per_seed_path(path, ext=ext)
 
 
 def seed_of(wildcards):
@@ -96,34 +79,31 @@ def seed_of(wildcards):
 
 def base_model(wildcards):
     """The base model of a point's (or a base evaluation's) seed."""
-    return model_dir(config, seed_of(wildcards))
+    return SWEEP.model_dir(seed_of(wildcards))
 
 
-POINTS = sweep_points(config)
+POINTS = SWEEP.points
 # points whose run is provably identical to another's (on-policy, one on-policy class): trained once
-SHARED = shared_runs(config, POINTS)
+SHARED = SWEEP.shared
 # fixed-delay runs of one prefill class (every setting but the estimator): the prefill generated once
-PREFILLS = shared_prefills(config, POINTS)
+PREFILLS = SWEEP.prefills
 PREFILL_MAKERS = {name: point for name, point in PREFILLS.values()}
 # runs that start from one on-policy history (warmup: history; every setting but the estimator
 # and the delay): the history trained once, keeping the batches the largest fixed delay needs
-HISTORIES = shared_histories(config, POINTS)
-HISTORY_MAKERS = {}
-for _point, (_name, _keep) in HISTORIES.items():
-    HISTORY_MAKERS.setdefault(_name, (_point, _keep))
-RUN_DIRS = [f"{RESULTS}/train/{p.path}" for p in POINTS]
+HISTORIES = SWEEP.histories
+HISTORY_MAKERS = SWEEP.history_makers()
 # the training set every run reads (the train section's, shared by the sweep)
-TRAIN_DATA = resolve_run(config, POINTS[0]).train_data
+TRAIN_DATA = SWEEP.run(POINTS[0]).train_data
 TRAIN_DONE = [
     f"{RESULTS}/train/{p.path}/{SHARED_FILE if p in SHARED else 'summary.json'}"
     for p in POINTS
 ]
 EVAL_DIRS = [
     f"{RESULTS}/eval/{p.path}" for p in POINTS if p not in SHARED
-] + base_eval_dirs(config)
+] + SWEEP.base_eval_dirs()
 EVAL_DONE = [f"{d}/{b}.json" for d in EVAL_DIRS for b in BENCHMARKS]
 # each trained run evaluated by its own training job (gmc train --evaluate), not a job of its own
-EVAL_WITH_TRAINING = config["resources"]["eval_with_training"]
+EVAL_WITH_TRAINING = CONFIG.resources.eval_with_training
 POINT_EVAL = [f"{RESULTS}/eval/{POINT}/{b}.json" for b in BENCHMARKS]
 MLFLOW_DONE = f"{RESULTS}/mlflow/synced.json"
 TABLE_FILES = [f"{RESULTS}/tables/{f}" for t in TABLES for f in table_files(t)]
@@ -132,7 +112,11 @@ FIGURE_FILES = [
 ]
 THEORY = [f"{RESULTS}/theory/{f}" for f in THEORY_FILES]
 GRADIENT_LAB = [f"{RESULTS}/{LAB_FOLDER}/{f}" for f in GRADIENT_LAB_FILES]
-LAB_HISTORY = lab_history(config, POINTS) if config["gradient_lab"]["enabled"] else None
+LAB_HISTORY = (
+    SWEEP.lab_history(CONFIG.lab.history_seed, CONFIG.lab.history_group_size)
+    if CONFIG.lab.enabled
+    else None
+)
 
 
 def folder(side, key=0, up=1):
@@ -154,14 +138,12 @@ REQUEUE_SCRIPT = Path(workflow.basedir, "workflow", "scripts", "requeue.sh")
 
 def point_of(wildcards):
     """The sweep point a job's wildcards name."""
-    return Point(
-        wildcards.algo, wildcards.delay, int(wildcards.group), int(wildcards.seed)
-    )
+    return Point.of(wildcards.algo, wildcards.delay, wildcards.group, wildcards.seed)
 
 
 def run_config(wildcards):
-    """The whole TrainConfig of the run at a point, as plain values (gmc.sweep.resolve.resolve_run)."""
-    return to_dict(resolve_run(config, point_of(wildcards)))
+    """The whole TrainConfig of the run at a point, as plain values (SWEEP.run: built once)."""
+    return to_dict(SWEEP.run(point_of(wildcards)))
 
 
 def shared_run(wildcards):

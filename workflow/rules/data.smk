@@ -10,8 +10,8 @@ rule prepare_data:
         CONDA_ENV
     params:
         train=TRAIN_DATA,
-        source=config["data"]["source"],
-        root=f"--data-root {config['data']['root']}" if config["data"]["root"] else "",
+        source=CONFIG.data_source,
+        root=f"--data-root {CONFIG.data_root}" if CONFIG.data_root else "",
         benchmarks=" ".join(BENCHMARKS),
     shell:
         "python -m gmc prepare-data --train {params.train} --benchmarks {params.benchmarks} "

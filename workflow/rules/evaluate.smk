@@ -1,5 +1,5 @@
 rule eval_config:
-    """The EvalConfig every evaluation job reads (config.yaml's evaluate and data sections)."""
+    """The EvalConfig every evaluation job reads (config.yaml's evaluate section and data settings)."""
     output:
         f"{RESULTS}/configs/eval.yaml",
     log:
@@ -9,7 +9,7 @@ rule eval_config:
         CONDA_ENV
     params:
         kind="eval",
-        values=eval_values(config),
+        values=SWEEP.eval_values(),
     script:
         "../scripts/write_config.py"
 
@@ -27,10 +27,10 @@ if not EVAL_WITH_TRAINING:
         log:
             f"{RESULTS}/logs/eval/{POINT}.log",
         conda:
-            conda_env("evaluate", config["resources"]["eval_gpus"])
+            conda_env("evaluate", EVAL_GPUS)
         threads: 1
         resources:
-            gpu=config["resources"]["eval_gpus"],
+            gpu=EVAL_GPUS,
         params:
             run=folder("input", "summary"),
             out=folder("output"),
@@ -53,10 +53,10 @@ rule evaluate_base:
     log:
         per_seed(f"{RESULTS}/logs/eval/base", ".log"),
     conda:
-        conda_env("evaluate_base", config["resources"]["eval_gpus"])
+        conda_env("evaluate_base", EVAL_GPUS)
     threads: 1
     resources:
-        gpu=config["resources"]["eval_gpus"],
+        gpu=EVAL_GPUS,
     params:
         out=folder("output"),
     shell:

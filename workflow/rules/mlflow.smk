@@ -5,14 +5,12 @@ import shlex
 
 from gmc.run.tracking import resolve_experiment, resolve_uri
 
-MLFLOW_LIVE_URI = resolve_uri(config["mlflow"]["tracking_uri"], default=None)
-MLFLOW_URI = resolve_uri(
-    config["mlflow"]["tracking_uri"], default=f"sqlite:///{RESULTS}/mlflow.db"
-)
-MLFLOW_EXPERIMENT = resolve_experiment(config["mlflow"]["experiment"])
+MLFLOW_LIVE_URI = resolve_uri(CONFIG.tracking_uri, default=None)
+MLFLOW_URI = resolve_uri(CONFIG.tracking_uri, default=f"sqlite:///{RESULTS}/mlflow.db")
+MLFLOW_EXPERIMENT = resolve_experiment(CONFIG.experiment)
 MLFLOW_SWEEP = f"{RESULTS}/mlflow/sweep.json"
 # live logging (a tracking URI set): training jobs nest under the sweep's parent run, made first
-# (the runs' configs carry the URI and experiment: gmc.sweep.resolve.RUN_KEYS)
+# (the runs' configs carry the URI and experiment: gmc.sweep.resolve.Sweep.run_values)
 MLFLOW_TRAIN_INPUT = [MLFLOW_SWEEP] if MLFLOW_LIVE_URI else []
 
 

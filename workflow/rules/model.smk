@@ -1,5 +1,5 @@
 if MODEL_NAME in BUILT_MODELS:
-    # a model built per seed has a config and a folder per seed (gmc.sweep.points.PER_SEED_MODELS)
+    # a model built per seed has a config and a folder per seed (gmc.sweep.resolve.PER_SEED_MODELS)
 
     rule model_config:
         """The settings of the locally built base model (TinyModelConfig or RandomModelConfig)."""
@@ -13,7 +13,7 @@ if MODEL_NAME in BUILT_MODELS:
             CONDA_ENV
         params:
             kind=MODEL_NAME,
-            values=lambda wildcards: model_settings(config, seed_of(wildcards)),
+            values=lambda wildcards: SWEEP.model_settings(seed_of(wildcards)),
         script:
             "../scripts/write_config.py"
 
@@ -51,12 +51,8 @@ elif MODEL_NAME == "random-qwen3":
             CONDA_ENV
         threads: 1
         params:
-            source=config["data"]["source"],
-            root=(
-                f"--data-root {config['data']['root']}"
-                if config["data"]["root"]
-                else ""
-            ),
+            source=CONFIG.data_source,
+            root=f"--data-root {CONFIG.data_root}" if CONFIG.data_root else "",
         shell:
             "OMP_NUM_THREADS={threads} python -m gmc build-random-model --out {output} --config {input.cfg} "
             "--source {params.source} {params.root} > {log} 2>&1"
@@ -74,6 +70,6 @@ elif not LOCAL_MODEL:
         conda:
             CONDA_ENV
         params:
-            name=config["model"]["name"],
+            name=CONFIG.model,
         shell:
             "python -m gmc fetch-model --name {params.name} --out {output} > {log} 2>&1"

@@ -9,7 +9,7 @@ rule analysis_config:
         CONDA_ENV
     params:
         kind="analysis",
-        values=config["analysis"],
+        values=CONFIG.analysis,
     script:
         "../scripts/write_config.py"
 

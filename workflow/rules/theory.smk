@@ -20,7 +20,7 @@ rule theory_lab:
         CONDA_ENV
     threads: 1
     params:
-        quick="--quick" if config["theory"]["quick"] else "",
+        quick="--quick" if CONFIG.theory.quick else "",
         out=folder("output"),
     shell:
         "OMP_NUM_THREADS={threads} python -m gmc theory --out {params.out} {params.quick} > {log} 2>&1"
@@ -40,7 +40,7 @@ if LAB_HISTORY is not None:
             CONDA_ENV
         params:
             kind="gradient_lab",
-            values=lab_values(config),
+            values=CONFIG.lab_values(),
         script:
             "../scripts/write_config.py"
 
@@ -68,10 +68,10 @@ if LAB_HISTORY is not None:
         log:
             f"{RESULTS}/logs/gradient_lab.log",
         conda:
-            conda_env("gradient_lab", config["resources"]["train_gpus"])
+            conda_env("gradient_lab", TRAIN_GPUS)
         threads: 1
         resources:
-            gpu=config["resources"]["train_gpus"],
+            gpu=TRAIN_GPUS,
         params:
             history=folder("input", "history"),
             out=folder("output"),

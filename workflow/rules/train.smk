@@ -1,5 +1,5 @@
 rule train_config:
-    """The whole TrainConfig of one run (gmc.sweep.resolve.resolve_run): the train section with the sweep
+    """The whole TrainConfig of one run (gmc.sweep.resolve.Sweep.run): the train section with the sweep
     point, the delay mode's section, the model, data, synthetic and mlflow settings. A changed key
     rewrites exactly the files of the runs it reaches, and those runs alone train again.
     """
@@ -36,10 +36,10 @@ rule train:
     log:
         f"{RESULTS}/logs/train/{POINT}.log",
     conda:
-        conda_env("train", config["resources"]["train_gpus"])
+        conda_env("train", TRAIN_GPUS)
     threads: 1
     resources:
-        gpu=config["resources"]["train_gpus"],
+        gpu=TRAIN_GPUS,
     params:
         script=REQUEUE_SCRIPT,
         dir=folder("output", "summary"),
@@ -68,8 +68,8 @@ rule history:
     job resumes from the history's checkpoint.
     """
     input:
-        model=lambda wildcards: model_dir(
-            config, HISTORY_MAKERS[wildcards.history][0].seed
+        model=lambda wildcards: SWEEP.model_dir(
+            HISTORY_MAKERS[wildcards.history][0].seed
         ),
         cfg=lambda wildcards: f"{RESULTS}/configs/train/{HISTORY_MAKERS[wildcards.history][0].path}.yaml",
         data=f"{RESULTS}/data/manifest.json",
@@ -79,10 +79,10 @@ rule history:
         f"{RESULTS}/logs/history/{{history}}.log",
     priority: START_PRIORITY
     conda:
-        conda_env("history", config["resources"]["train_gpus"])
+        conda_env("history", TRAIN_GPUS)
     threads: 1
     resources:
-        gpu=config["resources"]["train_gpus"],
+        gpu=TRAIN_GPUS,
     params:
         script=REQUEUE_SCRIPT,
         dir=folder("output"),
@@ -99,9 +99,7 @@ rule prefill:
     have all trained.
     """
     input:
-        model=lambda wildcards: model_dir(
-            config, PREFILL_MAKERS[wildcards.prefill].seed
-        ),
+        model=lambda wildcards: SWEEP.model_dir(PREFILL_MAKERS[wildcards.prefill].seed),
         cfg=lambda wildcards: f"{RESULTS}/configs/train/{PREFILL_MAKERS[wildcards.prefill].path}.yaml",
         data=f"{RESULTS}/data/manifest.json",
     output:
@@ -110,10 +108,10 @@ rule prefill:
         f"{RESULTS}/logs/prefill/{{prefill}}.log",
     priority: START_PRIORITY
     conda:
-        conda_env("prefill", config["resources"]["train_gpus"])
+        conda_env("prefill", TRAIN_GPUS)
     threads: 1
     resources:
-        gpu=config["resources"]["train_gpus"],
+        gpu=TRAIN_GPUS,
     shell:
         "OMP_NUM_THREADS={threads} python -m gmc prefill --config {input.cfg} --out {output} > {log} 2>&1"
 
