@@ -1,7 +1,7 @@
 """Figures of a sweep (PNG and PDF), one function per entry of :data:`gmc.results.outputs.FIGURES`,
 and the helpers every figure of the package uses (the theory lab's are :mod:`gmc.theory.figures`).
 
-A figure function takes the runs' frame (:func:`gmc.results.tables.collect`; curves are read from
+A figure function takes the runs' frame (:func:`gmc.results.collect.collect`; curves are read from
 the run directories it names) and an output folder, labels its axes, shows the 95% intervals
 over seeds (:func:`gmc.results.stats.mean_interval`) and writes each figure atomically in both formats;
 estimators are labelled and coloured by :data:`gmc.estimators.registry.REGISTRY`, delays by
@@ -33,9 +33,9 @@ ALGORITHM_MARKERS = {name: "osD^vP*Xph"[i % 10] for i, name in enumerate(REGISTR
 def algorithm_styles(frame: pd.DataFrame) -> dict[str, dict]:
     """Each algorithm of ``frame`` as its lines draw it (``color``, ``marker``, ``ls``, ``mfc``): a
     registered estimator in its colour and marker, solid; a variant
-    (:func:`gmc.results.tables.variant_estimators`) in its estimator's colour and marker, dashed
+    (:func:`gmc.results.collect.variant_estimators`) in its estimator's colour and marker, dashed
     and open, so that it reads as its estimator's kin and apart from every other line."""
-    from gmc.results.tables import variant_estimators
+    from gmc.results.collect import variant_estimators
 
     bases = variant_estimators(frame)
     styles = {}
@@ -119,7 +119,8 @@ def _score_column(frame: pd.DataFrame) -> tuple[str, str]:
     """The headline score: mean Pass@1 over benchmarks when evaluated, else final train reward.
 
     Adds ``score`` and its evaluation standard error ``score_se`` (0 for the train reward) to ``frame``."""
-    from gmc.results.tables import FINAL_REWARD, SE, benchmarks_in, with_benchmark_means
+    from gmc.results.collect import FINAL_REWARD, benchmarks_in, with_benchmark_means
+    from gmc.run.evaluate import SE
 
     benches = benchmarks_in(frame)
     means = with_benchmark_means(frame)
@@ -190,7 +191,7 @@ def _line_by_algorithm(ax, frame, x, y, se=None, seeds_in_label=True):
 def run_figures(results: str | Path, out: str | Path | None = None) -> list[Path]:
     """Every figure of :data:`gmc.results.outputs.FIGURES` from the run directories under ``results``
     (no training, no evaluation), into ``out`` (default ``<results>/figures``)."""
-    from gmc.results.tables import collect
+    from gmc.results.collect import collect
 
     results = Path(results)
     out = Path(out or results / "figures")
@@ -203,7 +204,7 @@ def league_figure(regimes: dict[str, str | Path], out: Path) -> list[Path]:
     panel's title to its results folder (largest group size of each; delays as :func:`_delay_axis`
     places them; bars: 95% interval over seeds; each panel's title gives its seeds, and a league
     of estimators shares one legend beside the panels). Written to ``out/league.{png,pdf}``."""
-    from gmc.results.tables import collect
+    from gmc.results.collect import collect
 
     fig, axes = panel_row(len(regimes), 5.5)
     for ax, (name, results) in zip(axes, regimes.items()):

@@ -4,9 +4,9 @@ name (method.md section 7).
 :data:`TABLES` and :data:`FIGURES` are the registries ``gmc tables`` / ``gmc figures`` call and
 the workflow's rules read for their outputs; an entry names the function that makes it
 (``module:function``, imported only when called, so the workflow reads the registry without
-pandas or matplotlib). A table function takes the runs' frame (:func:`gmc.results.tables.collect`),
-the base model's scores (:func:`gmc.results.tables.base_scores`, a row per seed) and the
-analysis settings (:class:`AnalysisConfig`) and returns a :class:`gmc.results.tables.Rendered`
+pandas or matplotlib). A table function takes the runs' frame (:func:`gmc.results.collect.collect`),
+the base model's scores (:func:`gmc.results.collect.base_scores`, a row per seed) and the
+analysis settings (:class:`AnalysisConfig`) and returns a :class:`gmc.results.render.Rendered`
 table, written as ``<name>.csv``, ``.md``, ``.tex`` and ``.html`` (the HTML report's); a figure function takes the frame and the
 output folder and writes ``<name>.png`` and ``.pdf``.
 """

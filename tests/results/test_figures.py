@@ -3,10 +3,8 @@
 import pytest
 from helpers import fake_run, sweep
 
+from gmc.results.collect import collect
 from gmc.results.stats import mean_interval
-from gmc.results.tables import (
-    collect,
-)
 
 
 def test_figures_show_intervals_over_seeds(tmp_path):

@@ -9,7 +9,7 @@ import pytest
 from gmc import estimators
 from gmc.estimators import REGISTRY
 from gmc.estimators.registry import PG_SEQ_MEAN
-from gmc.results import figures, outputs, tables
+from gmc.results import collect, figures, outputs, tables
 from gmc.rollouts import delays
 from gmc.rollouts.delays import DELAY_MODES, DelayMode
 from gmc.sweep.points import delay_order, delay_title
@@ -63,7 +63,7 @@ def test_a_new_delay_mode_and_estimator_need_only_their_registry_entries(tmp_pat
     )
     monkeypatch.setitem(figures.ALGORITHM_COLORS, "newest", "tab:pink")
     _fake_results(tmp_path, [(a, d, 4) for a in ("gmc", "newest") for d in ("0", "8", "latency", "bursty")])
-    frame = tables.collect(tmp_path)
+    frame = collect.collect(tmp_path)
     assert list(dict.fromkeys(frame["delay"])) == ["0", "8", "latency", "bursty"]
     assert delay_title("bursty") == "bursty arrivals" and delay_title("8") == "delay d = 8"
     assert delay_title("trace-run7") == "replayed trace run7"
@@ -85,7 +85,7 @@ def extra_figure(frame, out):
 
 
 def extra_table(runs, base, analysis):
-    from gmc.results.tables import Rendered
+    from gmc.results.render import Rendered
 
     table = runs[["algorithm", "delay"]].drop_duplicates()
     return Rendered(table, table.to_string(), "")

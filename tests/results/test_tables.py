@@ -10,14 +10,10 @@ import pandas as pd
 import pytest
 from helpers import fake_run
 
-from gmc.results.tables import (
-    base_scores,
-    collect,
-    parse_point,
-    to_latex,
-    to_markdown,
-    write_tables,
-)
+from gmc.results.collect import base_scores, collect
+from gmc.results.render import to_latex, to_markdown
+from gmc.results.tables import write_tables
+from gmc.sweep.points import parse_point
 
 
 def test_tables_aggregate_seeds(tmp_path):
@@ -105,8 +101,8 @@ def test_a_family_counts_each_test_once(tmp_path):
     p-value, verdict 'one run', not among the conclusions); tic − grpo at delay 0 pairs the same
     runs as gmc − grpo there, so it is that test again, with its p-values; Holm's adjustment
     runs over the distinct tests alone, by hand."""
+    from gmc.results.inference import ONE_RUN
     from gmc.results.stats import holm
-    from gmc.results.tables import ONE_RUN
 
     r = tmp_path / "results"
     for seed, (t0, p0, g, t, p) in enumerate(
@@ -233,7 +229,7 @@ def test_evaluated_differences_are_paired_per_problem_and_judged_in_the_conclusi
 def test_a_tables_html_page_is_its_markdown():
     """Headings, paragraphs (lines joined), lists, pipe tables (the separator row dropped), strong
     and code spans, everything else escaped."""
-    from gmc.results.tables import markdown_html
+    from gmc.results.render import markdown_html
 
     page = markdown_html(
         "Note: p < 0.05 is **resolved**\nin `paired`.\n\n## Pass@1\n\n- a & b\n- c\n\n"

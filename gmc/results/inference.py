@@ -1,0 +1,504 @@
+"""What the tables infer from the runs' frame (:func:`gmc.results.collect.collect`; method.md
+section 7): means and 95% intervals over seeds (:func:`aggregate`), the paired differences of
+estimators at equal (delay, G, seed) and each one's cost of staleness
+(:func:`paired_differences`), their tests within each family, Holm-adjusted, with the
+equivalence tests within the margin and the smallest difference a family detects (:func:`judge`,
+:func:`family_detectable`), the league at the largest delay (:func:`league_ranking`), the
+sweep's outcomes (:func:`outcomes`) and every verdict on them (:func:`conclusions`). Each returns
+a tidy frame; the statistics themselves are :mod:`gmc.results.stats`', the text of the tables
+:mod:`gmc.results.render`'s.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from gmc.estimators import REGISTRY, SHARED_DIAGNOSTICS
+from gmc.results.collect import (
+    FINAL_REWARD,
+    PROBLEMS,
+    delay_key,
+    score_columns,
+    variant_estimators,
+    with_benchmark_means,
+)
+from gmc.results.outputs import AnalysisConfig
+from gmc.results.stats import (
+    ALPHA,
+    Interval,
+    detectable,
+    equivalence_p,
+    holm,
+    mean_interval,
+    p_value,
+    paired_difference,
+    problem_paired_se,
+)
+from gmc.run.evaluate import SE
+
+PAIRS = (("gmc", "tic"), ("gmc", "grpo"), ("tic", "grpo"), ("gmc", "is"), ("gmc", "none"))
+"""Paired comparisons ``a − b`` of the ``paired`` table: the paper's ordering GMC >= TIC >= GRPO,
+and GMC against the uncapped and uncorrected references."""
+
+
+def aggregate(frame: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
+    """Per (algorithm, delay, group): ``:mean``, ``:std`` (over seeds), ``:lo``, ``:hi`` and
+    ``:half`` (the 95% interval and its half-width) per column; ``n_seeds`` counts the seeds."""
+    keys = ["algorithm", "delay", "group"]
+    cols = [c for c in columns if c in frame.columns]
+    rows = []
+    for key, grp in frame.groupby(keys, sort=False):
+        row = dict(zip(keys, key), n_seeds=len(grp))
+        if "shared_with" in grp.columns and grp["shared_with"].notna().any():
+            row["shared_with"] = grp["shared_with"].dropna().iloc[0]
+        for col in cols:
+            se = grp[col + SE] if col + SE in grp.columns else None
+            iv = mean_interval(grp[col], se)
+            row.update(
+                {
+                    f"{col}:mean": iv.mean,
+                    f"{col}:std": iv.sd,
+                    f"{col}:lo": iv.lo,
+                    f"{col}:hi": iv.hi,
+                    f"{col}:half": iv.half,
+                }
+            )
+        rows.append(row)
+    out = pd.DataFrame(rows)
+    last = ["n_seeds", *(["shared_with"] if "shared_with" in out.columns else [])]
+    return out[keys + [c for c in out.columns if c not in keys and c not in last] + last]
+
+
+PAIRED_COLUMNS = [
+    "comparison",
+    "delay",
+    "group",
+    "metric",
+    "diff",
+    "lo",
+    "hi",
+    "half",
+    "se",
+    "n_seeds",
+    "n_sign",
+    "excludes_zero",
+    "same_test_as",
+]
+
+
+ONE_RUN = "one run"
+"""``same_test_as`` and ``verdict`` of a difference whose two sides are one run in every seed (a
+shared run, :func:`gmc.sweep.resolve.shared_runs`): zero by construction, not a test."""
+
+
+def paired_differences(
+    frame: pd.DataFrame, pairs=PAIRS, margin: float = AnalysisConfig().equivalence_margin
+) -> pd.DataFrame:
+    """Paired differences, one row per (comparison, delay, group, metric): mean difference, 95%
+    interval, its standard error, seeds paired, seeds with the mean's sign, and whether the
+    interval excludes zero; then each family's (the table's differences in one metric) tests
+    (:func:`judge`). Two kinds: ``a − b`` for each estimator pair (``pairs``, then each variant
+    and its estimator, :func:`variant_pairs`) at equal (delay, group, seed),
+    and the cost of staleness, ``A: stale − on-policy``, each estimator at every other delay
+    against itself at delay 0 at equal (group, seed). Points where either side is missing are
+    skipped. An evaluated score is paired per problem within a seed (:func:`_problem_paired_se`).
+
+    A family holds each test once: a difference whose sides are one run in every seed (gmc − tic
+    at delay 0, where gmc's run is tic's) is no test (``same_test_as`` :data:`ONE_RUN`), and one
+    that pairs the same runs as an earlier difference (gmc − grpo and tic − grpo at delay 0) is
+    that test again (``same_test_as`` names it) and takes its verdict without counting twice."""
+    frame = with_benchmark_means(frame)
+    metrics = score_columns(frame)
+    rows = []
+    for a, b in [*pairs, *variant_pairs(frame)]:
+        fa, fb = frame[frame["algorithm"] == a], frame[frame["algorithm"] == b]
+        both = fa.merge(fb, on=["delay", "group", "seed"], suffixes=(":a", ":b"))
+        rows += _difference_rows(f"{a} − {b}", both, metrics)
+    for algorithm, runs in frame.groupby("algorithm", sort=False):
+        on_policy = runs[runs["delay"] == "0"].drop(columns="delay")
+        stale = runs[runs["delay"] != "0"]
+        both = stale.merge(on_policy, on=["group", "seed"], suffixes=(":a", ":b"))
+        rows += _difference_rows(f"{algorithm}: stale − on-policy", both, metrics)
+    out = pd.DataFrame(rows, columns=[*PAIRED_COLUMNS, "_runs"])
+    if out.empty:
+        return out.drop(columns="_runs")
+    order = {c: i for i, c in enumerate(dict.fromkeys(out["comparison"]))}
+    out["_c"] = out["comparison"].map(order)
+    out = out.sort_values(["_c", "delay", "group"], key=delay_key, kind="stable").drop(columns="_c")
+    out = out.reset_index(drop=True)
+    first: dict = {}  # (metric, runs) -> the row of their first difference
+    repeats: dict = {}  # row -> the earlier row whose test it is
+    for i, r in out.iterrows():
+        if r["same_test_as"] != ONE_RUN and r["_runs"] is not None:
+            j = first.setdefault((r["metric"], r["_runs"]), i)
+            if j != i:
+                repeats[i] = j
+                out.at[i, "same_test_as"] = f"{out.at[j, 'comparison']} at delay {out.at[j, 'delay']}"
+    tests = out["same_test_as"] == ""
+    judged = judge(out[tests].drop(columns="_runs"), ["metric"], margin)
+    added = [c for c in judged.columns if c not in out.columns]
+    out = out.drop(columns="_runs").join(judged[added])
+    out["verdict"] = out["verdict"].astype(object)
+    for i, j in repeats.items():  # a repeated test takes its first difference's tests
+        out.loc[i, added] = out.loc[j, added]
+    out.loc[out["same_test_as"] == ONE_RUN, "verdict"] = ONE_RUN
+    return out
+
+
+def variant_pairs(frame: pd.DataFrame) -> list[tuple[str, str]]:
+    """``(variant, its estimator)`` for each variant in ``frame`` whose estimator ran too: a variant
+    is compared with the estimator it varies (``gmc_tis − gmc``)."""
+    present = set(frame["algorithm"])
+    return [(a, e) for a, e in variant_estimators(frame).items() if e in present]
+
+
+def _difference_rows(comparison: str, both: pd.DataFrame, metrics: list[str]) -> list[dict]:
+    """Rows of :func:`paired_differences` for one comparison; ``both`` holds the paired runs side by
+    side (columns ``<metric>:a`` and ``<metric>:b``)."""
+    rows = []
+    for (delay, group), grp in both.groupby(["delay", "group"], sort=False):
+        # a run shared by both sides (gmc.sweep.resolve.shared_runs) is one evaluation: no noise between them
+        one = grp["run_dir:a"] == grp["run_dir:b"] if "run_dir:a" in grp.columns else pd.Series(False, grp.index)
+        # the runs a difference pairs, whichever side each is on: two differences of the same runs are one test
+        runs = (
+            frozenset(frozenset(pair) for pair in zip(grp["run_dir:a"], grp["run_dir:b"]))
+            if "run_dir:a" in grp.columns
+            else None
+        )
+        for m in metrics:
+            se_a = grp[f"{m}{SE}:a"].where(~one, 0.0) if f"{m}{SE}:a" in grp.columns else None
+            se_b = grp[f"{m}{SE}:b"].where(~one, 0.0) if f"{m}{SE}:b" in grp.columns else None
+            p = paired_difference(grp[f"{m}:a"], grp[f"{m}:b"], se_a, se_b, se_d=_problem_paired_se(grp, m))
+            iv = p.interval
+            rows.append(
+                dict(
+                    comparison=comparison,
+                    delay=delay,
+                    group=group,
+                    metric=m,
+                    diff=iv.mean,
+                    lo=iv.lo,
+                    hi=iv.hi,
+                    half=iv.half,
+                    se=iv.se,
+                    n_seeds=iv.n,
+                    n_sign=p.n_sign,
+                    excludes_zero=p.excludes_zero,
+                    same_test_as=ONE_RUN if len(grp) and one.all() else "",
+                    _runs=runs,
+                )
+            )
+    return rows
+
+
+def _problem_paired_se(both: pd.DataFrame, metric: str):
+    """Per paired seed, the evaluation standard error of the difference in ``metric`` paired per
+    problem (:func:`gmc.results.stats.problem_paired_se`; for the mean over benchmarks, theirs
+    combined as for independent benchmarks); None where a seed's two evaluations did not record
+    their problems, or not the same ones (the unpaired error applies then)."""
+    if not metric.startswith("eval/"):
+        return None
+    _, bench, key = metric.split("/")
+    benches = (
+        [bench]
+        if bench != "mean"
+        else sorted(
+            {c.split("/")[1] for c in both.columns if c.startswith("eval/") and c.endswith(f"/{key}{PROBLEMS}:a")}
+        )
+    )
+    if not benches:
+        return None
+    out = []
+    for _, row in both.iterrows():
+        ses = []
+        for b in benches:
+            a, c = row.get(f"eval/{b}/{key}{PROBLEMS}:a"), row.get(f"eval/{b}/{key}{PROBLEMS}:b")
+            if not isinstance(a, tuple) or not isinstance(c, tuple) or a[0] != c[0] or len(a[1]) != len(c[1]):
+                return None
+            ses.append(problem_paired_se(a[1], c[1]))
+        out.append(math.sqrt(sum(s * s for s in ses)) / len(ses))
+    return out
+
+
+def judge(table: pd.DataFrame, family: list[str], margin: float, prefix: str = "") -> pd.DataFrame:
+    """Each difference's tests, with Holm's adjustment over its family (the rows that share the
+    ``family`` columns): ``p`` (two-sided, ``diff = 0``), ``p_holm``, ``p_equivalent`` (two one-sided
+    tests that ``|diff| < margin``), ``p_equivalent_holm`` and ``verdict``: ``resolved`` where
+    ``p_holm < 0.05``, ``equivalent`` where ``p_equivalent_holm < 0.05``, else ``inconclusive``.
+    ``prefix`` names the columns of one kind of difference in a wider table (``vs_gmc:``)."""
+    table = table.copy()
+    ivs = [_interval(r, prefix) for _, r in table.iterrows()]
+    table[f"{prefix}p"] = [p_value(iv) for iv in ivs]
+    table[f"{prefix}p_equivalent"] = [equivalence_p(iv, margin) for iv in ivs]
+    for col in ("p", "p_equivalent"):
+        adjusted = pd.Series(float("nan"), index=table.index)
+        for _, grp in table.groupby(family, sort=False) if family else [(None, table)]:
+            adjusted[grp.index] = holm(grp[f"{prefix}{col}"])
+        table[f"{prefix}{col}_holm"] = adjusted
+    table[f"{prefix}verdict"] = [
+        verdict(p, e) for p, e in zip(table[f"{prefix}p_holm"], table[f"{prefix}p_equivalent_holm"])
+    ]
+    return table
+
+
+def _interval(row, prefix: str) -> Interval:
+    """The :class:`~gmc.results.stats.Interval` of a table row's difference (from its mean,
+    standard error and seeds)."""
+    n, se = int(row[f"{prefix}n_seeds"]), float(row[f"{prefix}se"])
+    sd = se * math.sqrt(n) if n else math.nan
+    return Interval(
+        float(row[f"{prefix}diff"]),
+        float(row[f"{prefix}lo"]),
+        float(row[f"{prefix}hi"]),
+        float(row[f"{prefix}half"]),
+        n,
+        sd,
+        0.0,
+    )
+
+
+def verdict(p_holm: float, p_equivalent_holm: float) -> str:
+    """``resolved``, ``equivalent`` or ``inconclusive`` from a difference's adjusted p-values."""
+    if p_holm < ALPHA:
+        return "resolved"
+    if p_equivalent_holm < ALPHA:
+        return "equivalent"
+    return "inconclusive"
+
+
+def family_detectable(table: pd.DataFrame, prefix: str = "") -> tuple[int, int, float]:
+    """A family's size ``m``, its typical number of seeds ``n`` (the median) and the smallest
+    difference it detects at 80% power after Holm's adjustment (:func:`gmc.results.stats.detectable`),
+    from the root mean square of its differences' per-seed spread (evaluation noise included)."""
+    ok = table[table[f"{prefix}n_seeds"] >= 2]
+    if f"{prefix}same_test_as" in ok.columns:  # each test once
+        ok = ok[ok[f"{prefix}same_test_as"] == ""]
+    if ok.empty:
+        return len(table), 0, float("nan")
+    sd = math.sqrt(float(((ok[f"{prefix}se"] ** 2) * ok[f"{prefix}n_seeds"]).mean()))
+    n = int(ok[f"{prefix}n_seeds"].median())
+    return len(ok), n, detectable(sd, n, len(ok))
+
+
+LEAGUE_SCORE = ("eval/mean/pass_at_1", FINAL_REWARD)
+"""The league's score: final Pass@1 (mean over benchmarks), or the final training reward where a
+sweep evaluates nothing."""
+
+
+def league_ranking(runs: pd.DataFrame, margin: float) -> pd.DataFrame:
+    """Every estimator at the largest fixed delay (largest group size), ranked by final Pass@1:
+    its mean and 95% interval over seeds, the paired difference to ``gmc`` and its cost of
+    staleness (itself at that delay minus itself at delay 0) with their sign counts, both judged
+    as one family (:func:`judge_league`), and its own statistics (clipped, masked or capped
+    fraction; ESS / G; shortfall), mean over training. No rows where the sweep has no fixed delay
+    or no score."""
+    frame = with_benchmark_means(runs)
+    score = next((c for c in LEAGUE_SCORE if c in frame.columns), None)
+    numeric = frame[frame["delay"].astype(str).str.isdigit()]
+    if score is None or numeric.empty:
+        return pd.DataFrame(columns=["rank", "algorithm", "delay", "group"])
+    delay = str(max(int(d) for d in numeric["delay"]))
+    group = int(numeric["group"].max())
+    point = numeric[(numeric["group"] == group)]
+    at = point[point["delay"] == delay]
+    se = score + SE
+
+    def paired(a: pd.DataFrame, b: pd.DataFrame) -> dict:
+        both = a.merge(b, on="seed", suffixes=(":a", ":b"))
+        if both.empty:
+            return dict(
+                diff=float("nan"),
+                lo=float("nan"),
+                hi=float("nan"),
+                half=float("nan"),
+                se=float("nan"),
+                n_seeds=0,
+                n_sign=0,
+                excludes_zero=False,
+            )
+        p = paired_difference(
+            both[f"{score}:a"],
+            both[f"{score}:b"],
+            both.get(f"{se}:a"),
+            both.get(f"{se}:b"),
+            se_d=_problem_paired_se(both, score),
+        )
+        iv = p.interval
+        return dict(
+            diff=iv.mean,
+            lo=iv.lo,
+            hi=iv.hi,
+            half=iv.half,
+            se=iv.se,
+            n_seeds=iv.n,
+            n_sign=p.n_sign,
+            excludes_zero=p.excludes_zero,
+        )
+
+    problems = [c for c in point.columns if c.endswith(PROBLEMS) and c.startswith("eval/")]
+    keep = ["seed", score, *([se] if se in point.columns else []), *problems]
+    gmc = at[at["algorithm"] == "gmc"][keep]
+    rows = []
+    for algorithm, grp in at.groupby("algorithm", sort=False):
+        iv = mean_interval(grp[score], grp[se] if se in grp.columns else None)
+        on_policy = point[(point["algorithm"] == algorithm) & (point["delay"] == "0")][keep]
+        own = REGISTRY[algorithm].diagnostics if algorithm in REGISTRY else ()
+        row = dict(
+            algorithm=algorithm,
+            delay=delay,
+            group=group,
+            score=score,
+            mean=iv.mean,
+            lo=iv.lo,
+            hi=iv.hi,
+            half=iv.half,
+            n_seeds=iv.n,
+            **{f"vs_gmc:{k}": v for k, v in paired(grp[keep], gmc.iloc[:0] if algorithm == "gmc" else gmc).items()},
+            **{f"staleness_cost:{k}": v for k, v in paired(grp[keep], on_policy).items()},
+            own_statistic=own[0] if own else "",
+            own_value=float(grp[own[0]].mean()) if own and own[0] in grp.columns else float("nan"),
+        )
+        for col in SHARED_DIAGNOSTICS:
+            row[col] = float(grp[col].mean()) if col in grp.columns else float("nan")
+        rows.append(row)
+    table = pd.DataFrame(rows).sort_values("mean", ascending=False, kind="stable").reset_index(drop=True)
+    table.insert(0, "rank", range(1, len(table) + 1))
+    return judge_league(table, margin)
+
+
+LEAGUE_KINDS = ("vs_gmc", "staleness_cost")
+"""The league's two kinds of differences, one family together (the league's differences in its score)."""
+
+
+def judge_league(table: pd.DataFrame, margin: float) -> pd.DataFrame:
+    """:func:`judge` over the league's differences of both kinds as one family."""
+    long = pd.concat(
+        [
+            table[[c for c in table.columns if c.startswith(f"{k}:")]]
+            .rename(columns=lambda c: c.split(":", 1)[1])
+            .assign(kind=k, row=table.index)
+            for k in LEAGUE_KINDS
+        ],
+        ignore_index=True,
+    )
+    judged = judge(long, [], margin)
+    table = table.copy()
+    for k in LEAGUE_KINDS:
+        part = judged[judged["kind"] == k].set_index("row")
+        for col in ("p", "p_holm", "p_equivalent", "p_equivalent_holm", "verdict"):
+            table[f"{k}:{col}"] = part[col]
+    return table
+
+
+def outcomes(runs: pd.DataFrame) -> list[tuple[str, str, str]]:
+    """The sweep's outcomes as ``(column, role, label)``: Pass@1 over the benchmarks at the
+    evaluation temperature, primary, and the final training reward at the sampling temperature,
+    secondary; the training reward alone is primary where nothing was evaluated."""
+    frame = with_benchmark_means(runs)
+
+    def at(col: str) -> str:
+        values = sorted(set(runs[col].dropna())) if col in runs.columns else []
+        return f" (T = {', '.join(f'{v:g}' for v in values)})" if values else ""
+
+    out = []
+    if "eval/mean/pass_at_1" in frame.columns:
+        out.append(("eval/mean/pass_at_1", "primary", f"Pass@1{at('eval_temperature')}"))
+    out.append((FINAL_REWARD, "secondary" if out else "primary", f"train reward{at('train_temperature')}"))
+    return out
+
+
+CONCLUSION_COLUMNS = [
+    "role",
+    "outcome",
+    "table",
+    "comparison",
+    "delay",
+    "group",
+    "diff",
+    "lo",
+    "hi",
+    "n_seeds",
+    "p_holm",
+    "p_equivalent_holm",
+    "verdict",
+    "family_size",
+    "detectable",
+    "same_test_as",
+]
+
+
+def conclusions(runs: pd.DataFrame, margin: float) -> pd.DataFrame:
+    """Every difference of the primary outcome's families (the paired table's and the league's),
+    and of the secondary's, judged ``resolved``, ``equivalent`` within the margin or
+    ``inconclusive`` after Holm's adjustment per family (:func:`judge`), each family with the
+    smallest difference it detects at 80% power: what a document may say of the sweep, and what
+    ``gmc compare-results`` judges a re-run by."""
+    paired = paired_differences(runs, margin=margin)
+    league = league_ranking(runs, margin)
+    rows = []
+    for metric, role, label in outcomes(runs):
+        fam = paired[(paired["metric"] == metric) & (paired["verdict"] != ONE_RUN)] if len(paired) else paired
+        if len(fam):
+            m, _, mde = family_detectable(fam)
+            rows += [
+                dict(
+                    role=role,
+                    outcome=label,
+                    table="paired",
+                    comparison=r.comparison,
+                    delay=r.delay,
+                    group=r.group,
+                    diff=r.diff,
+                    lo=r.lo,
+                    hi=r.hi,
+                    n_seeds=r.n_seeds,
+                    p_holm=r.p_holm,
+                    p_equivalent_holm=r.p_equivalent_holm,
+                    verdict=r.verdict,
+                    family_size=m,
+                    detectable=mde,
+                    same_test_as=r.same_test_as,
+                )
+                for r in fam.itertuples()
+            ]
+        if len(league) and league["score"].iloc[0] == metric:
+            long = pd.concat(
+                [
+                    league[[c for c in league.columns if c.startswith(f"{k}:")]]
+                    .rename(columns=lambda c: c.split(":", 1)[1])
+                    .assign(
+                        comparison=[
+                            f"{a} − gmc" if k == "vs_gmc" else f"{a}: stale − on-policy" for a in league["algorithm"]
+                        ]
+                    )
+                    for k in LEAGUE_KINDS
+                ],
+                ignore_index=True,
+            )
+            long = long[long["n_seeds"] > 0]
+            m, _, mde = family_detectable(long)
+            delay, group = league["delay"].iloc[0], league["group"].iloc[0]
+            rows += [
+                dict(
+                    role=role,
+                    outcome=label,
+                    table="league",
+                    comparison=r.comparison,
+                    delay=delay,
+                    group=group,
+                    diff=r.diff,
+                    lo=r.lo,
+                    hi=r.hi,
+                    n_seeds=r.n_seeds,
+                    p_holm=r.p_holm,
+                    p_equivalent_holm=r.p_equivalent_holm,
+                    verdict=r.verdict,
+                    family_size=m,
+                    detectable=mde,
+                    same_test_as="",
+                )
+                for r in long.itertuples()
+            ]
+    return pd.DataFrame(rows, columns=CONCLUSION_COLUMNS)
