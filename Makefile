@@ -111,8 +111,8 @@ test-slurm: $(STAMP)
 	PYTHON=$(BIN)/python .ci/slurm/run.sh
 
 lint: $(STAMP)
-	$(BIN)/ruff check gmc tests workflow/scripts bench
-	$(BIN)/ruff format --check gmc tests workflow/scripts bench
+	$(BIN)/ruff check gmc tests workflow/scripts bench docs/hooks
+	$(BIN)/ruff format --check gmc tests workflow/scripts bench docs/hooks
 	$(BIN)/snakefmt --check Snakefile workflow/rules
 	PATH="$(abspath $(BIN)):$$PATH" snakemake --lint
 

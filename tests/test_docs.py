@@ -1,8 +1,10 @@
 """The documentation stands alone and points at real things: the README is a short entry that
 links the documentation, the specification is in docs/, every file and registry the extension
-guide names exists, every page is in the site's navigation, and every number a page quotes from
-a published bundle is the bundle's."""
+guide names exists, every page is in the site's navigation, every number a page quotes from
+a published bundle is the bundle's, and the site shows the docstrings' reST roles as links or
+code, never as text."""
 
+import importlib.util
 import os
 import re
 import shutil
@@ -222,6 +224,58 @@ def test_every_module_of_the_package_has_its_api_on_a_reference_page():
             assert page == f"{room}.md", (module, page)
         elif room == "run":
             assert page == "run.md", (module, page)
+
+
+def sphinx_roles():
+    """docs/hooks/sphinx_roles.py, the griffe extension of the site's build that turns the
+    docstrings' Sphinx roles into links (skips without griffe, which the docs extra installs)."""
+    pytest.importorskip("griffe")
+    spec = importlib.util.spec_from_file_location("sphinx_roles", DOCS / "hooks" / "sphinx_roles.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_docstrings_roles_become_links_or_code_spans():
+    rewrite = sphinx_roles().rewrite
+    targets = {"gmc.x.Foo": "gmc.x.Foo", "Foo.bar": "gmc.x.Foo.bar", ".sub": "gmc.x.sub", "run": "gmc.x.run"}
+    text = (
+        ":class:`~gmc.x.Foo` has :meth:`Foo.bar`, :py:func:`run()` is in :mod:`.sub`; "
+        ":func:`the runner <run>`, :data:`LIMIT`, :func:`!run`, ``:class:`Foo` `` quoted\n"
+        "```python\nx = ':attr:`y`'\n```\n:exc:`ValueError`"
+    )
+    assert rewrite(text, targets.get) == (
+        "[`Foo`][gmc.x.Foo] has [`Foo.bar`][gmc.x.Foo.bar], [`run()`][gmc.x.run] is in [`sub`][gmc.x.sub]; "
+        "[`the runner`][gmc.x.run], `LIMIT`, `run`, ``:class:`Foo` `` quoted\n"
+        "```python\nx = ':attr:`y`'\n```\n`ValueError`"
+    )
+
+
+RAW_ROLE_RE = re.compile(r":(?:py:)?(?:class|func|meth|attr|data|mod|exc|obj):")
+"""A reST role as it shows on a page where nothing turned it into a link: ``:class:`` before the
+code span of its target."""
+
+
+def test_the_site_shows_no_raw_rest_role(tmp_path):
+    """The site as ``make docs`` builds it (``mkdocs build --strict``, here into a temporary
+    folder; skipped without the docs extra) shows no role as text outside code: every role of the
+    docstrings the reference pages render is a link or a code span."""
+    for module in ("mkdocs", "material", "mkdocstrings_handlers.python"):
+        pytest.importorskip(module)
+    site = tmp_path / "site"
+    build = [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)]
+    done = subprocess.run(build, cwd=REPO, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    raw, links = [], 0
+    for page in sorted(site.rglob("*.html")):
+        html = page.read_text()
+        links += len(re.findall(r'<a class="autorefs[^"]*"[^>]*><code>', html))
+        prose = re.sub(r"<(pre|code)\b.*?</\1>", lambda code: code[0].replace(":", "\0"), html, flags=re.S)
+        raw += [
+            f"{page.relative_to(site)}: {html[m.start() - 60 : m.end() + 40]!r}" for m in RAW_ROLE_RE.finditer(prose)
+        ]
+    assert raw == [], f"{len(raw)} raw roles, first {raw[:5]}"
+    assert links, "no docstring role became a link"
 
 
 RUN_AS_WRITTEN = {
