@@ -46,7 +46,7 @@ def load_policy(
         model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=DTYPES[dtype])
     except OSError as e:
         raise OSError(
-            f"cannot load model {name_or_path!r}: {e}. Offline? Point model.name at a local folder "
+            f"cannot load model {name_or_path!r}: {e}. Offline? Point model at a local folder "
             "(for example one made by `gmc build-tiny-model`)."
         ) from e
     tokenizer.padding_side = "left"

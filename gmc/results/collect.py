@@ -19,7 +19,7 @@ import yaml
 
 from gmc.run.evaluate import SE, eval_scores, problem_scores
 from gmc.run.rundir import SHARED, SUMMARY
-from gmc.sweep.points import delay_order, parse_point
+from gmc.sweep.points import Point, delay_order
 
 FINAL_REWARD = "rollout/reward_mean_last20"
 """The final training reward (``summary.json``): the mean reward of the rollouts of a run's last 20
@@ -34,14 +34,14 @@ def collect(results: str | Path) -> pd.DataFrame:
     rows = []
     found = [*(results / "train").glob(f"**/{SHARED}"), *(results / "train").glob(f"**/{SUMMARY}")]
     for marker in sorted(found):
-        point = parse_point(marker.parent)
+        point = Point.find(marker.parent)
         if point is None:
             continue
         run_dir, extra = marker.parent, {}
         if marker.name == SHARED:
             shared = json.loads(marker.read_text())["run"]
-            run_dir, extra = results / "train" / shared, {"shared_with": parse_point(shared)["algorithm"]}
-        row = {**point, **json.loads((run_dir / SUMMARY).read_text()), "run_dir": str(run_dir), **extra}
+            run_dir, extra = results / "train" / shared, {"shared_with": Point.parse(shared).algorithm}
+        row = {**point.fields(), **json.loads((run_dir / SUMMARY).read_text()), "run_dir": str(run_dir), **extra}
         eval_dir = results / "eval" / run_dir.relative_to(results / "train")
         row.update(eval_scores(eval_dir))
         row.update({f"{k}{PROBLEMS}": v for k, v in problem_scores(eval_dir).items()})

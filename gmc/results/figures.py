@@ -23,7 +23,7 @@ from gmc.io import save_figure  # noqa: E402
 from gmc.results.outputs import FIGURES  # noqa: E402
 from gmc.results.stats import mean_interval  # noqa: E402
 from gmc.run.rundir import GROUPS, METRICS  # noqa: E402
-from gmc.sweep.points import delay_order, delay_title  # noqa: E402
+from gmc.sweep.points import Delay, delay_order, is_fixed  # noqa: E402
 
 ALGORITHM_COLORS = {name: e.color for name, e in REGISTRY.items()}
 ALGORITHM_MARKERS = {name: "osD^vP*Xph"[i % 10] for i, name in enumerate(REGISTRY)}
@@ -110,7 +110,7 @@ def spread(values: list, k: int = 4) -> list:
 
 
 def _numeric_delays(frame: pd.DataFrame) -> pd.DataFrame:
-    out = frame[frame["delay"].str.isdigit()].copy()
+    out = frame[frame["delay"].map(is_fixed)].copy()
     out["delay"] = out["delay"].astype(int)
     return out
 
@@ -276,7 +276,7 @@ def reward_vs_step(frame: pd.DataFrame, out: Path) -> list[Path]:
                     alpha=0.2,
                     lw=0,
                 )
-        ax.set_title(delay_title(delay))
+        ax.set_title(Delay.parse(delay).title)
         ax.set_xlabel("optimizer step")
     legend(fig, axes)
     axes[0].set_ylabel("rollout reward (10-step mean)")
@@ -296,12 +296,12 @@ def score_vs_delay(frame: pd.DataFrame, out: Path) -> list[Path]:
     colors = {a: style["color"] for a, style in algorithm_styles(frame).items()}
     for ax, g in zip(axes, groups):
         _line_by_algorithm(ax, _delay_axis(ax, numeric[numeric["group"] == g]), "x", score, "score_se")
-        lat = frame[~frame["delay"].str.isdigit() & (frame["group"] == g)]
+        lat = frame[~frame["delay"].map(is_fixed) & (frame["group"] == g)]
         modes = sorted(lat["delay"].unique(), key=delay_order)
         for (algo, delay), grp in lat.groupby(["algorithm", "delay"]):
             ax.axhline(grp[score].mean(), color=colors[algo], lw=1, ls=styles[modes.index(delay) % len(styles)])
         for i, delay in enumerate(modes):  # one legend entry per line style
-            ax.plot([], [], color="gray", lw=1, ls=styles[i % len(styles)], label=delay_title(delay))
+            ax.plot([], [], color="gray", lw=1, ls=styles[i % len(styles)], label=Delay.parse(delay).title)
         ax.set_title(f"G = {g}")
     legend(fig, axes)
     axes[0].set_ylabel(score_label)
@@ -333,7 +333,7 @@ def score_vs_group(frame: pd.DataFrame, out: Path) -> list[Path]:
         ax.set_xscale("log", base=2)
         ax.set_xticks(groups, [str(g) for g in groups])
         ax.set_xlabel("group size G")
-        ax.set_title(delay_title(delay))
+        ax.set_title(Delay.parse(delay).title)
     legend(fig, axes)
     axes[0].set_ylabel(score_label)
     axes[0].set_ylim(*SCORE_RANGE)  # shared by the panels
@@ -373,7 +373,7 @@ def staleness_vs_length(frame: pd.DataFrame, out: Path) -> list[Path]:
     from gmc.io import read_jsonl
 
     fig, ax = plt.subplots(figsize=(5, 3.6), layout="constrained")
-    named = frame[~frame["delay"].str.isdigit()]
+    named = frame[~frame["delay"].map(is_fixed)]
     styles = algorithm_styles(named)
     for (delay, algo), grp in named.groupby(["delay", "algorithm"]):
         rows = [r for d in grp["run_dir"] for r in read_jsonl(Path(d) / GROUPS)]
@@ -386,7 +386,7 @@ def staleness_vs_length(frame: pd.DataFrame, out: Path) -> list[Path]:
             stats.values,
             marker="o",
             color=styles[algo]["color"],
-            label=f"{algorithm_label(algo)}, {delay_title(delay)}",
+            label=f"{algorithm_label(algo)}, {Delay.parse(delay).title}",
         )
     if named.empty:
         ax.text(
@@ -396,7 +396,7 @@ def staleness_vs_length(frame: pd.DataFrame, out: Path) -> list[Path]:
         ax.legend()
     ax.set_xlabel("longest response in the group (tokens)")
     ax.set_ylabel("mean staleness (optimizer updates)")
-    modes = ", ".join(delay_title(d) for d in sorted(named["delay"].unique(), key=delay_order))
+    modes = ", ".join(Delay.parse(d).title for d in sorted(named["delay"].unique(), key=delay_order))
     ax.set_title(
         f"{modes[:1].upper() + modes[1:]}: staleness by answer length" if modes else "Staleness by answer length"
     )
@@ -411,7 +411,7 @@ def staleness_distribution(frame: pd.DataFrame, out: Path) -> list[Path]:
     from gmc.io import read_jsonl
 
     fig, ax = plt.subplots(figsize=(5.5, 3.6), layout="constrained")
-    named = frame[~frame["delay"].str.isdigit()]
+    named = frame[~frame["delay"].map(is_fixed)]
     delays = sorted(named["delay"].unique(), key=delay_order)
     width = 0.8 / max(1, len(delays))
     for i, delay in enumerate(delays):
@@ -422,7 +422,7 @@ def staleness_distribution(frame: pd.DataFrame, out: Path) -> list[Path]:
             values + (i - (len(delays) - 1) / 2) * width,
             counts / counts.sum(),
             width=width,
-            label=f"{delay_title(delay)} ({runs['seed'].nunique()} seeds, mean {lags.mean():.2f})",
+            label=f"{Delay.parse(delay).title} ({runs['seed'].nunique()} seeds, mean {lags.mean():.2f})",
         )
     if named.empty:
         ax.text(

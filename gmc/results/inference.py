@@ -37,6 +37,7 @@ from gmc.results.stats import (
     problem_paired_se,
 )
 from gmc.run.evaluate import SE
+from gmc.sweep.points import is_fixed
 
 PAIRS = (("gmc", "tic"), ("gmc", "grpo"), ("tic", "grpo"), ("gmc", "is"), ("gmc", "none"))
 """Paired comparisons ``a − b`` of the ``paired`` table: the paper's ordering GMC >= TIC >= GRPO,
@@ -90,7 +91,7 @@ PAIRED_COLUMNS = [
 
 ONE_RUN = "one run"
 """``same_test_as`` and ``verdict`` of a difference whose two sides are one run in every seed (a
-shared run, :func:`gmc.sweep.resolve.shared_runs`): zero by construction, not a test."""
+shared run, :attr:`gmc.sweep.resolve.Sweep.shared`): zero by construction, not a test."""
 
 
 def paired_differences(
@@ -159,7 +160,7 @@ def _difference_rows(comparison: str, both: pd.DataFrame, metrics: list[str]) ->
     side (columns ``<metric>:a`` and ``<metric>:b``)."""
     rows = []
     for (delay, group), grp in both.groupby(["delay", "group"], sort=False):
-        # a run shared by both sides (gmc.sweep.resolve.shared_runs) is one evaluation: no noise between them
+        # a run shared by both sides (gmc.sweep.resolve.Sweep.shared) is one evaluation: no noise between them
         one = grp["run_dir:a"] == grp["run_dir:b"] if "run_dir:a" in grp.columns else pd.Series(False, grp.index)
         # the runs a difference pairs, whichever side each is on: two differences of the same runs are one test
         runs = (
@@ -296,7 +297,7 @@ def league_ranking(runs: pd.DataFrame, margin: float) -> pd.DataFrame:
     or no score."""
     frame = with_benchmark_means(runs)
     score = next((c for c in LEAGUE_SCORE if c in frame.columns), None)
-    numeric = frame[frame["delay"].astype(str).str.isdigit()]
+    numeric = frame[frame["delay"].astype(str).map(is_fixed)]
     if score is None or numeric.empty:
         return pd.DataFrame(columns=["rank", "algorithm", "delay", "group"])
     delay = str(max(int(d) for d in numeric["delay"]))

@@ -1,7 +1,7 @@
 """MLflow as a view of the run directories (files stay the source of truth).
 
 Where runs go: the tracking URI given explicitly (``gmc mlflow-sync --tracking-uri``, the
-``tracking_uri`` key of a train config, the workflow's ``mlflow.tracking_uri``), else
+``tracking_uri`` key of a train config, the workflow's ``tracking_uri``), else
 ``MLFLOW_TRACKING_URI``, else (imports only) ``sqlite:///results/mlflow.db``; the experiment
 likewise (``--experiment`` / ``experiment``, else ``MLFLOW_EXPERIMENT_NAME``, else ``gmc``). An
 experiment that gmc creates in a local store keeps its artifacts beside the database

@@ -162,7 +162,7 @@ def read_rows(path: str | os.PathLike) -> list[tuple[int, dict[str, Any]]]:
     path = Path(path)
     if not path.exists():
         raise DataError(
-            f"{path}: file not found (set the data root with --data-root, data.root or "
+            f"{path}: file not found (set the data root with --data-root, data_root or "
             f"${DEFAULT_DATA_ROOT_ENV}; `gmc prepare-data --source hub` fills it)"
         )
     suffix = path.suffix.lower()
@@ -306,7 +306,7 @@ def load_dataset(
     elif source == "hub":
         records = _load_hub(name, spec)
     else:
-        raise DataError(f"data source must be 'local' or 'hub', got {source!r} (setting data.source)")
+        raise DataError(f"data source must be 'local' or 'hub', got {source!r} (setting data_source)")
     return records[:limit] if limit else records
 
 
@@ -318,7 +318,7 @@ def _load_hub(name: str, spec: DatasetSpec) -> list[Record]:
     except Exception as e:  # offline, unknown id, auth...
         raise DataError(
             f"could not load dataset {name!r} from the hub ({spec.hub_id}, split {spec.hub_split}): {e}. "
-            "Offline? Set data.source: local and data.root to a folder holding the files."
+            "Offline? Set data_source: local and data_root to a folder holding the files."
         ) from e
     return hub_records(name, spec, ds)
 

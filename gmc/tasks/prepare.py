@@ -98,7 +98,7 @@ def prepare(names: list[str], root: str | os.PathLike | None = None, source: str
     """Download (``source='hub'``) or check (``'local'``) the named sets under ``root``
     (default :func:`gmc.tasks.datasets.data_root`); returns the manifest."""
     if source not in ("local", "hub"):
-        raise DataError(f"data source must be 'local' or 'hub', got {source!r} (setting data.source)")
+        raise DataError(f"data source must be 'local' or 'hub', got {source!r} (setting data_source)")
     root = data_root(root)
     sets: dict[str, Any] = {}
     for name in dict.fromkeys(names):  # order kept, duplicates dropped

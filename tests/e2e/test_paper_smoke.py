@@ -28,7 +28,7 @@ PAPER = yaml.safe_load((PRESETS / "paper.yaml").read_text())
 
 
 KEPT = [
-    "data.source",
+    "data_source",
     "train.train_data",
     "train.model_dtype",
     "train.optimizer",
@@ -38,9 +38,9 @@ KEPT = [
     "train.sampling.temperature",
     "train.sampling.top_p",
     "train.estimator.eps",
-    "sweep.algorithms",
+    "sweep.algorithm",
     "latency.enabled",
-    "latency.algorithms",
+    "latency.algorithm",
     "latency.delay.alpha",
     "latency.delay.step_time",
     "evaluate.benchmarks",
@@ -57,20 +57,17 @@ def paper_plan_checkpoints() -> bool:
     from gmc.policy.memory import GIB, plan
     from gmc.run.config import TrainConfig
     from gmc.settings import from_dict, to_dict
-    from gmc.sweep.points import largest_point, sweep_points
-    from gmc.sweep.resolve import resolve_run
-    from gmc.workflow import validate
+    from gmc.workflow import load_file
 
-    preset = yaml.safe_load((PRESETS / "paper.yaml").read_text())
-    validate(preset)  # the schema's defaults filled in, as gmc plan-memory --preset reads it
-    values = to_dict(resolve_run(preset, largest_point(sweep_points(preset))))
-    values["model"] = PAPER["model"]["name"]  # the hub id's known shape, nothing fetched
+    sweep = load_file(PRESETS / "paper.yaml")  # as gmc plan-memory --preset reads it
+    values = to_dict(sweep.run(sweep.largest_point()))
+    values["model"] = PAPER["model"]  # the hub id's known shape, nothing fetched
     return plan(from_dict(TrainConfig, values), int(79.6 * GIB)).gradient_checkpointing
 
 
 def test_smoke_preset_keeps_the_paper_settings():
     paper, smoke = flatten(PAPER), flatten(SMOKE)
-    missing = sorted(k for k in paper if k not in smoke and not k.startswith("model.tiny."))
+    missing = sorted(k for k in paper if k not in smoke and not k.startswith("tiny_model."))
     assert not missing, f"paper.yaml settings absent from paper_smoke.yaml: {missing}"
     for key in KEPT:
         assert smoke[key] == paper[key], key
@@ -78,8 +75,8 @@ def test_smoke_preset_keeps_the_paper_settings():
     # the smoke's toy activations always fit, so it turns it on itself: the path the paper runs
     assert paper["train.gradient_checkpointing"] == "auto" and smoke["train.gradient_checkpointing"] is True
     assert paper_plan_checkpoints()
-    assert smoke["model.name"] == "random-qwen3" and smoke["train.engine"] == "hf"
-    assert len(SMOKE["sweep"]["delays"]) > 1 and len(SMOKE["sweep"]["group_sizes"]) > 1
+    assert smoke["model"] == "random-qwen3" and smoke["train.engine"] == "hf"
+    assert len(SMOKE["sweep"]["delay"]) > 1 and len(SMOKE["sweep"]["group_size"]) > 1
     assert set(SMOKE["evaluate"]["samples"]) == set(PAPER["evaluate"]["samples"]) and SMOKE["evaluate"]["limit"] >= 2
 
 
@@ -91,11 +88,11 @@ def test_smoke_preset_dry_run_plans_the_expected_jobs(tmp_path, snakemake):
         parts = line.split()
         if len(parts) == 2 and parts[1].isdigit():
             counts[parts[0]] = int(parts[1])
-    runs = len(SMOKE["sweep"]["algorithms"]) * len(SMOKE["sweep"]["delays"]) * len(SMOKE["sweep"]["group_sizes"]) + len(
-        SMOKE["latency"]["algorithms"]
-    ) * len(SMOKE["latency"]["group_sizes"])
+    sweep, latency = SMOKE["sweep"], SMOKE["latency"]
+    runs = len(sweep["algorithm"]) * len(sweep["delay"]) * len(sweep["group_size"])
+    runs += len(latency["algorithm"]) * len(latency["group_size"])
     # gmc at delay 0 trains no run of its own (tic's, one on-policy class), at every group size
-    shared = len(SMOKE["sweep"]["group_sizes"])
+    shared = len(SMOKE["sweep"]["group_size"])
     assert runs == 15 and counts["train"] == counts["evaluate"] == runs - shared and counts["share_run"] == shared
     for rule in (
         "build_random_model",
@@ -140,7 +137,7 @@ def test_every_run_trained_the_paper_code_path():
     tokenizer = AutoTokenizer.from_pretrained(Path(RESULTS, "models", "random-qwen3"))
     prompts = [format_prompt(tokenizer, r.problem, False) for r in load_dataset("math")]
     shortest = min(len(ids) for ids in tokenizer(prompts, add_special_tokens=False)["input_ids"]) + 1
-    rows = SMOKE["train"]["prompts_per_step"] * min(SMOKE["sweep"]["group_sizes"])
+    rows = SMOKE["train"]["prompts_per_step"] * min(SMOKE["sweep"]["group_size"])
     assert len(micro_batches([shortest] * rows, budget)) > 1
     for d in dirs:
         cfg = yaml.safe_load((d / "config.yaml").read_text())  # the resolved TrainConfig
@@ -197,7 +194,7 @@ def test_every_checkpoint_was_evaluated_on_every_benchmark():
 @needs_run
 def test_tables_figures_and_mlflow():
     main = pd.read_csv(Path(RESULTS, "tables", "main.csv"))
-    assert set(main["algorithm"]) == {"base", *SMOKE["sweep"]["algorithms"]}
+    assert set(main["algorithm"]) == {"base", *SMOKE["sweep"]["algorithm"]}
     for name in SMOKE["evaluate"]["benchmarks"]:
         assert any(c.startswith(f"eval/{name}/pass_at_1") for c in main.columns), name
     for t in ("main", "diagnostics"):

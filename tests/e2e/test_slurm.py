@@ -46,11 +46,11 @@ pytestmark = [
 
 def config() -> dict:
     cfg = yaml.safe_load((REPO / "tests" / "data" / "workflow_config.yaml").read_text())
-    cfg["model"]["tiny"]["max_steps"] = 30  # enough to earn some reward, so that training moves
+    cfg["tiny_model"]["max_steps"] = 30  # enough to earn some reward, so that training moves
     # 20 ms of wall clock per decoding step (no CPU), about half a second a step: a job can be
     # cancelled mid-run on a fast machine too; the numbers are those of the same runs without it
     cfg["train"].update(steps=STEPS, checkpoint_every=CHECKPOINT_EVERY, hf={"token_seconds": 0.02})
-    cfg["sweep"].update(algorithms=["gmc"], delays=[0], group_sizes=[4], seeds=[0, 1])
+    cfg["sweep"].update(algorithm=["gmc"], delay=[0], group_size=[4], seed=[0, 1])
     cfg["sweep"].pop("references")  # the reduced sweep is the grid only
     cfg["latency"]["enabled"] = False
     cfg["resources"]["eval_with_training"] = False  # evaluation jobs of their own, as at paper scale
@@ -120,7 +120,7 @@ def test_sweep_through_slurm_equals_local_and_survives_a_cancelled_job(tmp_path)
         (tmp_path / name).mkdir()
         (tmp_path / name / "config.yaml").write_text(yaml.safe_dump(config()))
     # the base models (one per seed) once, for both runs (their build is not what is compared)
-    models = [f"results/models/tiny/seed~{s}" for s in config()["sweep"]["seeds"]]
+    models = [f"results/models/tiny/seed~{s}" for s in config()["sweep"]["seed"]]
     build = subprocess.run(
         [*SNAKEMAKE, *models, "--cores", "2", *THREADS],
         cwd=tmp_path / "local",
@@ -261,7 +261,7 @@ def test_a_training_job_signalled_before_its_time_limit_is_requeued_and_resumed(
     # about half a second a step (the first test's pace): when the signal comes the run has tens
     # of steps to go, far longer than SLURM takes to deliver it; checked below, not assumed
     cfg["train"].update(steps=LONG_STEPS, checkpoint_every=0)
-    cfg["sweep"].update(seeds=[0])
+    cfg["sweep"].update(seed=[0])
     for name in ("local", "slurm"):
         (tmp_path / name).mkdir()
         (tmp_path / name / "config.yaml").write_text(yaml.safe_dump(cfg))

@@ -135,7 +135,7 @@ def test_two_group_sizes_at_one_budget_and_the_gradient_lab_end_to_end(tmp_path,
 @pytest.mark.slow
 @pytest.mark.timeout(WORKFLOW_TIMEOUT)
 def test_a_local_weights_folder_is_used_where_it_is(tmp_path, snakemake, shared_data):
-    """model.name may be a local folder of HF weights: checked before any job (what is missing is
+    """model may be a local folder of HF weights: checked before any job (what is missing is
     named), used in place (nothing fetched, no copy), end to end through training and evaluation."""
     import yaml
 
@@ -161,9 +161,9 @@ def test_a_local_weights_folder_is_used_where_it_is(tmp_path, snakemake, shared_
         capture_output=True,
     )
     config = yaml.safe_load((REPO / "tests" / "data" / "workflow_config.yaml").read_text())
-    config["model"] = {"name": str(weights)}
+    config["model"] = str(weights)
     config["train"].update(steps=2, prompts_per_step=1, **{"sampling": {"max_new_tokens": 8}})
-    config["sweep"].update(algorithms=["gmc"], delays=[1], seeds=[0], references={})
+    config["sweep"].update(algorithm=["gmc"], delay=[1], seed=[0], references={})
     config["latency"]["enabled"] = False
     config["evaluate"].update(synthetic_problems=2, max_new_tokens=8)
     run_dir = tmp_path / "run"

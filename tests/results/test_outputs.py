@@ -12,7 +12,7 @@ from gmc.estimators.registry import PG_SEQ_MEAN
 from gmc.results import collect, figures, outputs, tables
 from gmc.rollouts import delays
 from gmc.rollouts.delays import DELAY_MODES, DelayMode
-from gmc.sweep.points import delay_order, delay_title
+from gmc.sweep.points import Delay, delay_order
 
 
 def _fake_results(root: Path, points):
@@ -65,8 +65,8 @@ def test_a_new_delay_mode_and_estimator_need_only_their_registry_entries(tmp_pat
     _fake_results(tmp_path, [(a, d, 4) for a in ("gmc", "newest") for d in ("0", "8", "latency", "bursty")])
     frame = collect.collect(tmp_path)
     assert list(dict.fromkeys(frame["delay"])) == ["0", "8", "latency", "bursty"]
-    assert delay_title("bursty") == "bursty arrivals" and delay_title("8") == "delay d = 8"
-    assert delay_title("trace-run7") == "replayed trace run7"
+    assert Delay.parse("bursty").title == "bursty arrivals" and Delay.parse("8").title == "delay d = 8"
+    assert Delay.parse("trace-run7").title == "replayed trace run7"
     written = tables.write_tables(tmp_path)
     assert "ratio/frac_new_capped:mean" in written["diagnostics"].columns
     assert figures.algorithm_label("newest") == "Newest-GRPO"

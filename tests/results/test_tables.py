@@ -13,7 +13,6 @@ from helpers import fake_run
 from gmc.results.collect import base_scores, collect
 from gmc.results.render import to_latex, to_markdown
 from gmc.results.tables import write_tables
-from gmc.sweep.points import parse_point
 
 
 def test_tables_aggregate_seeds(tmp_path):
@@ -132,14 +131,7 @@ def test_a_family_counts_each_test_once(tmp_path):
     assert "7 tests; the smallest detectable" in md and "(the same runs as gmc − grpo at delay 0)" in md
 
 
-def test_parse_point_and_missing_runs(tmp_path):
-    assert parse_point("results/train/algo~gmc/delay~latency/group~8/seed~2") == {
-        "algorithm": "gmc",
-        "delay": "latency",
-        "group": 8,
-        "seed": 2,
-    }
-    assert parse_point("results/train/other") is None
+def test_a_results_folder_without_runs_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="no finished runs"):
         collect(tmp_path)
 

@@ -331,7 +331,7 @@ def _run_tracking(tmp_path, *config: str, env: dict | None = None) -> tuple[str 
     jobs read, written by the workflow itself, for a one-point sweep and its references."""
     repo = REPO
     (tmp_path / "config.yaml").write_text((repo / "config.yaml").read_text())
-    one = "sweep={algorithms: [gmc], delays: [0], group_sizes: [8], seeds: [0]}"
+    one = "sweep={algorithm: [gmc], delay: [0], group_size: [8], seed: [0]}"
     args = [
         sys.executable,
         "-m",
@@ -362,7 +362,7 @@ def test_workflow_logs_live_only_when_a_tracking_uri_is_set(tmp_path):
     assert len(sync) == 1 and "--tracking-uri sqlite:///results/mlflow.db --experiment gmc" in sync[0]
     assert _run_tracking(tmp_path)[0] is None  # imported at the end, not logged live
 
-    live = "mlflow={tracking_uri: 'http://127.0.0.1:5000'}"
+    live = "tracking_uri=http://127.0.0.1:5000"
     sync = [c for c in _dry_run_commands(tmp_path, live) if "gmc mlflow-sync" in c]
     assert len(sync) == 2 and any("--sweep results" in c and "results/mlflow/sweep.json" in c for c in sync)
     assert _run_tracking(tmp_path, live) == ("http://127.0.0.1:5000", "gmc")
@@ -370,4 +370,4 @@ def test_workflow_logs_live_only_when_a_tracking_uri_is_set(tmp_path):
     env = {"MLFLOW_TRACKING_URI": "http://127.0.0.1:5001", "MLFLOW_EXPERIMENT_NAME": "mine"}
     assert _run_tracking(tmp_path, env=env) == ("http://127.0.0.1:5001", "mine")
     # the config wins over the environment
-    assert _run_tracking(tmp_path, "mlflow={tracking_uri: 'http://h:1', experiment: x}", env=env) == ("http://h:1", "x")
+    assert _run_tracking(tmp_path, "tracking_uri=http://h:1", "experiment=x", env=env) == ("http://h:1", "x")

@@ -72,14 +72,14 @@ def test_training_set_and_duplicates_reported(shared_data, caplog):
 def test_unknown_name_and_bad_source():
     with pytest.raises(DataError, match="unknown dataset 'math501'.*math500"):
         load_dataset("math501")
-    with pytest.raises(DataError, match="data.source"):
+    with pytest.raises(DataError, match="data_source"):
         load_dataset("math500", source="ftp")
 
 
 def test_hub_failure_names_the_setting(monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(DataError, match="data.source: local"):
+    with pytest.raises(DataError, match="data_source: local"):
         load_dataset("aime25", source="hub")
 
 
