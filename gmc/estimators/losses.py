@@ -1,9 +1,9 @@
 """Policy-gradient estimators for stale rollouts (method.md sections 2 and 3).
 
-Every estimator is a pure function ``fn(logp, logp_behaviour, mask, advantages, cfg,
+Every estimator is a pure function ``fn(logp, behaviour_logp, mask, advantages, cfg,
 ref_logp=None, *, max_new_tokens=None)`` returning ``(loss, stats)``. Shapes: ``logp``,
-``logp_behaviour``, ``mask`` are ``[B, G, T]`` (B prompts, G responses per prompt, T response
-tokens), ``advantages`` is ``[B, G]``. ``logp`` carries the gradient; ``logp_behaviour`` is
+``behaviour_logp``, ``mask`` are ``[B, G, T]`` (B prompts, G responses per prompt, T response
+tokens), ``advantages`` is ``[B, G]``. ``logp`` carries the gradient; ``behaviour_logp`` is
 treated as a constant. ``cfg`` holds the estimator's resolved settings (its registry entry's
 :meth:`~gmc.estimators.Estimator.resolved`: the aggregation and mask denominator filled in);
 ``max_new_tokens`` is the generation's token limit, the divisor of ``seq_sum_const``, which the
@@ -74,15 +74,15 @@ def advantages_for(rewards: Tensor, lengths: Tensor, cfg: EstimatorConfig) -> Te
     return group_advantages(r, scale=cfg.scale_advantages)
 
 
-def token_log_ratios(logp: Tensor, logp_behaviour: Tensor, mask: Tensor) -> Tensor:
-    """``l = logp - logp_behaviour`` per token, float32, exactly 0 on padding, ``[B, G, T]``."""
-    diff = logp.detach().float() - logp_behaviour.float()
+def token_log_ratios(logp: Tensor, behaviour_logp: Tensor, mask: Tensor) -> Tensor:
+    """``l = logp - behaviour_logp`` per token, float32, exactly 0 on padding, ``[B, G, T]``."""
+    diff = logp.detach().float() - behaviour_logp.float()
     return torch.where(mask.bool(), diff, torch.zeros_like(diff))
 
 
-def trajectory_log_ratios(logp: Tensor, logp_behaviour: Tensor, mask: Tensor) -> Tensor:
-    """``L = sum_t (logp - logp_behaviour)`` over response tokens, float32, ``[B, G]``."""
-    return token_log_ratios(logp, logp_behaviour, mask).sum(dim=-1)
+def trajectory_log_ratios(logp: Tensor, behaviour_logp: Tensor, mask: Tensor) -> Tensor:
+    """``L = sum_t (logp - behaviour_logp)`` over response tokens, float32, ``[B, G]``."""
+    return token_log_ratios(logp, behaviour_logp, mask).sum(dim=-1)
 
 
 def log_group_mass(log_ratio: Tensor) -> Tensor:
@@ -232,13 +232,13 @@ def _frac(flags: Tensor, mask: Tensor) -> float:
     return (flags & m).sum() / m.sum().clamp(min=1)
 
 
-def _check_shapes(logp: Tensor, logp_behaviour: Tensor, mask: Tensor, advantages: Tensor) -> None:
+def _check_shapes(logp: Tensor, behaviour_logp: Tensor, mask: Tensor, advantages: Tensor) -> None:
     if logp.dim() != 3:
         raise ValueError(f"logp must be [B, G, T], got shape {tuple(logp.shape)}")
-    if logp_behaviour.shape != logp.shape or mask.shape != logp.shape:
+    if behaviour_logp.shape != logp.shape or mask.shape != logp.shape:
         raise ValueError(
-            "logp, logp_behaviour and mask must share a shape; got "
-            f"{tuple(logp.shape)}, {tuple(logp_behaviour.shape)}, {tuple(mask.shape)}"
+            "logp, behaviour_logp and mask must share a shape; got "
+            f"{tuple(logp.shape)}, {tuple(behaviour_logp.shape)}, {tuple(mask.shape)}"
         )
     if advantages.shape != logp.shape[:2]:
         raise ValueError(f"advantages must be [B, G] = {tuple(logp.shape[:2])}, got {tuple(advantages.shape)}")
@@ -283,12 +283,12 @@ def _ppo_clip(l_tok: Tensor, advantages: Tensor, cfg: EstimatorConfig) -> tuple[
 
 @estimator_loss
 def grpo_loss(
-    logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *, max_new_tokens: int | None = None
+    logp, behaviour_logp, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *, max_new_tokens: int | None = None
 ):
     """Vanilla GRPO: per-token PPO clip of ``r = exp(l)`` (:func:`_ppo_clip`; two-sided with
     ``grpo_delta``)."""
-    _check_shapes(logp, logp_behaviour, mask, advantages)
-    l_tok = token_log_ratios(logp, logp_behaviour, mask)
+    _check_shapes(logp, behaviour_logp, mask, advantages)
+    l_tok = token_log_ratios(logp, behaviour_logp, mask)
     coef, clipped = _ppo_clip(l_tok, advantages, cfg)
     loss, stats = _pg_loss(coef, logp, mask, cfg, ref_logp, max_new_tokens)
     stats["ratio/frac_tokens_clipped"] = _frac(clipped, mask)
@@ -299,7 +299,7 @@ def grpo_loss(
 def _trajectory_loss(algorithm: str):
     def loss_fn(
         logp,
-        logp_behaviour,
+        behaviour_logp,
         mask,
         advantages,
         cfg: EstimatorConfig,
@@ -307,8 +307,8 @@ def _trajectory_loss(algorithm: str):
         *,
         max_new_tokens: int | None = None,
     ):
-        _check_shapes(logp, logp_behaviour, mask, advantages)
-        l_tok = token_log_ratios(logp, logp_behaviour, mask)
+        _check_shapes(logp, behaviour_logp, mask, advantages)
+        l_tok = token_log_ratios(logp, behaviour_logp, mask)
         L = l_tok.sum(-1)
         A = advantages.float()
         w = trajectory_weights(algorithm, L, cfg.eps, cfg.is_log_ratio_clamp)
@@ -348,12 +348,12 @@ none_loss = _trajectory_loss("none")
 
 @estimator_loss
 def gspo_loss(
-    logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *, max_new_tokens: int | None = None
+    logp, behaviour_logp, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *, max_new_tokens: int | None = None
 ):
     """GSPO: ``s = exp(L/|y|)`` with PPO clip at sequence level; under ``seq_mean`` (its registry
     default) the coefficient ``s A`` on every token is GSPO's ``s A grad(L/|y|)``."""
-    _check_shapes(logp, logp_behaviour, mask, advantages)
-    l_tok = token_log_ratios(logp, logp_behaviour, mask)
+    _check_shapes(logp, behaviour_logp, mask, advantages)
+    l_tok = token_log_ratios(logp, behaviour_logp, mask)
     L = l_tok.sum(-1)
     lengths = mask.float().sum(-1).clamp(min=1.0)
     s = torch.exp((L / lengths).clamp(max=50.0))
@@ -368,11 +368,11 @@ def gspo_loss(
 
 @estimator_loss
 def tis_loss(
-    logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *, max_new_tokens: int | None = None
+    logp, behaviour_logp, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *, max_new_tokens: int | None = None
 ):
     """Token-level truncated IS: ``min(r_t, 1+eps)`` detached times ``A``."""
-    _check_shapes(logp, logp_behaviour, mask, advantages)
-    l_tok = token_log_ratios(logp, logp_behaviour, mask)
+    _check_shapes(logp, behaviour_logp, mask, advantages)
+    l_tok = token_log_ratios(logp, behaviour_logp, mask)
     log_cap = math.log1p(cfg.eps)
     w_tok = torch.exp(l_tok.clamp(max=log_cap))
     coef = w_tok * advantages.float().unsqueeze(-1)
@@ -394,7 +394,7 @@ def _token_ratio(l_tok: Tensor) -> Tensor:
     return torch.exp(l_tok.clamp(-20.0, 20.0))
 
 
-def _decoupled_weight(logp, logp_behaviour, prox_logp, mask, advantages, cfg: EstimatorConfig) -> tuple[Tensor, Tensor]:
+def _decoupled_weight(logp, behaviour_logp, prox_logp, mask, advantages, cfg: EstimatorConfig) -> tuple[Tensor, Tensor]:
     """AReaL's decoupled PPO (``use_decoupled_loss``) per token, before the advantage: the
     behaviour weight ``exp(l_b)``, ``l_b = log pi_prox - log mu`` (clamped as :func:`_token_ratio`),
     times the proximal ratio ``pi / pi_prox``, or 0 where PPO's clip (:func:`_ppo_clip`, ``eps_low``,
@@ -402,7 +402,7 @@ def _decoupled_weight(logp, logp_behaviour, prox_logp, mask, advantages, cfg: Es
     one (the batch's first update), whose ratio is exactly 1 and never clipped. Returns the weight
     and ``l_b``, what AReaL's masks measure."""
     prox = logp.detach() if prox_logp is None else prox_logp
-    l_behaviour = token_log_ratios(prox, logp_behaviour, mask)
+    l_behaviour = token_log_ratios(prox, behaviour_logp, mask)
     l_prox = token_log_ratios(logp, prox, mask)
     _, clipped = _ppo_clip(l_prox, advantages, cfg)
     proximal = torch.where(clipped, torch.zeros_like(l_prox), torch.exp(l_prox.clamp(max=50.0)))
@@ -432,13 +432,13 @@ def _token_mask_loss(
 
 @estimator_loss
 def cispo_loss(
-    logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *, max_new_tokens: int | None = None
+    logp, behaviour_logp, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *, max_new_tokens: int | None = None
 ):
     """CISPO (MiniMax-M1, arXiv 2506.13585): ``-sg(clip(r, 1-cispo_eps_low, 1+cispo_eps_high)) A
     log pi``; no token's gradient is ever zeroed. verl ``loss_mode=cispo`` (``clip_ratio_low``,
     ``clip_ratio_high``), TRL ``loss_type="cispo"`` (``epsilon_high`` = ``1+cispo_eps_high``)."""
-    _check_shapes(logp, logp_behaviour, mask, advantages)
-    l_tok = token_log_ratios(logp, logp_behaviour, mask)
+    _check_shapes(logp, behaviour_logp, mask, advantages)
+    l_tok = token_log_ratios(logp, behaviour_logp, mask)
     r = _token_ratio(l_tok)
     w = r.clamp(1.0 - cfg.cispo_eps_low, 1.0 + cfg.cispo_eps_high)
     loss, stats = _pg_loss(w * advantages.float().unsqueeze(-1), logp, mask, cfg, ref_logp, max_new_tokens)
@@ -449,14 +449,14 @@ def cispo_loss(
 
 @estimator_loss
 def icepop_loss(
-    logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *, max_new_tokens: int | None = None
+    logp, behaviour_logp, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *, max_new_tokens: int | None = None
 ):
     """Token-level masked IS (IcePop): ``r A`` on the tokens with ``icepop_low <= r <= icepop_high``,
     0 elsewhere. verl ``rollout_is="token"`` with ``rollout_is_threshold="0.5_5.0"``, TRL
     ``vllm_importance_sampling_mode="token_mask"``. Denominator ``all`` by default: both peers
     zero the weight of a dropped token and keep it in the token count."""
-    _check_shapes(logp, logp_behaviour, mask, advantages)
-    l_tok = token_log_ratios(logp, logp_behaviour, mask)
+    _check_shapes(logp, behaviour_logp, mask, advantages)
+    l_tok = token_log_ratios(logp, behaviour_logp, mask)
     r = _token_ratio(l_tok)
     kept = (r >= cfg.icepop_low) & (r <= cfg.icepop_high)
     return _token_mask_loss(r, kept, l_tok, logp, mask, advantages, cfg, ref_logp, max_new_tokens)
@@ -493,7 +493,7 @@ def divergence_keep_mask(l_tok: Tensor, mask: Tensor, metric: str, low: float, h
 
 @estimator_loss
 def seq_mask_loss(
-    logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *, max_new_tokens: int | None = None
+    logp, behaviour_logp, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *, max_new_tokens: int | None = None
 ):
     """Sequence-level masked IS: a response is dropped when its metric leaves
     ``[seq_mask_low, seq_mask_high]``. ``seq_mask_metric="rho"``: the metric is the trajectory ratio
@@ -506,8 +506,8 @@ def seq_mask_loss(
     ``sequence_mask``, verl's sequence IS band and verl's bypass-mode rejection (which divides by
     the batch's token count); verl's decoupled mode rejects by shrinking ``response_mask``, i.e.
     ``mask_denominator="kept"``."""
-    _check_shapes(logp, logp_behaviour, mask, advantages)
-    l_tok = token_log_ratios(logp, logp_behaviour, mask)
+    _check_shapes(logp, behaviour_logp, mask, advantages)
+    l_tok = token_log_ratios(logp, behaviour_logp, mask)
     L = l_tok.sum(-1)
     m = mask.bool()
     A = advantages.float()
@@ -566,7 +566,7 @@ def m2po_keep_mask(l_tok: Tensor, mask: Tensor, tau: float) -> Tensor:
 @estimator_loss
 def m2po_loss(
     logp,
-    logp_behaviour,
+    behaviour_logp,
     mask,
     advantages,
     cfg: EstimatorConfig,
@@ -581,13 +581,13 @@ def m2po_loss(
     one), weighted by :func:`_decoupled_weight`. At a batch's first update that is ``r A`` on the
     kept tokens, no clip. Denominator ``kept`` by default, as AReaL: its ``grpo_loss_fn`` narrows
     ``loss_mask`` to the kept tokens before the loss divides by that mask's count."""
-    _check_shapes(logp, logp_behaviour, mask, advantages)
-    weight, l_behaviour = _decoupled_weight(logp, logp_behaviour, prox_logp, mask, advantages, cfg)
+    _check_shapes(logp, behaviour_logp, mask, advantages)
+    weight, l_behaviour = _decoupled_weight(logp, behaviour_logp, prox_logp, mask, advantages, cfg)
     kept = m2po_keep_mask(l_behaviour, mask, cfg.m2po_tau)
     loss, stats = _token_mask_loss(
         weight,
         kept,
-        token_log_ratios(logp, logp_behaviour, mask),
+        token_log_ratios(logp, behaviour_logp, mask),
         logp,
         mask,
         advantages,
@@ -602,7 +602,7 @@ def m2po_loss(
 
 @estimator_loss
 def gmpo_loss(
-    logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *, max_new_tokens: int | None = None
+    logp, behaviour_logp, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *, max_new_tokens: int | None = None
 ):
     """GMPO (arXiv 2507.20673): ``-A exp(mean_t clip(l_t))`` with each token's log-ratio clipped
     sign-aware before the geometric mean (to at most ``gmpo_clip_high`` for ``A > 0``, at least
@@ -610,8 +610,8 @@ def gmpo_loss(
     verl ``loss_mode=geo_mean`` (``clip_ratio_low``, ``clip_ratio_high``). Gradient ``A s / |y|`` on
     every unclipped token, which ``seq_mean`` (its registry default: verl takes the mean over
     sequences) turns into GMPO's ``A s / |y|``."""
-    _check_shapes(logp, logp_behaviour, mask, advantages)
-    l_tok = token_log_ratios(logp, logp_behaviour, mask)
+    _check_shapes(logp, behaviour_logp, mask, advantages)
+    l_tok = token_log_ratios(logp, behaviour_logp, mask)
     A = advantages.float().unsqueeze(-1).expand_as(l_tok)
     clipped = ((A > 0) & (l_tok > cfg.gmpo_clip_high)) | ((A < 0) & (l_tok < -cfg.gmpo_clip_low))
     l_clip = torch.where(clipped, l_tok.clamp(-cfg.gmpo_clip_low, cfg.gmpo_clip_high), l_tok)
@@ -626,7 +626,7 @@ def gmpo_loss(
 
 @estimator_loss
 def dppo_loss(
-    logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *, max_new_tokens: int | None = None
+    logp, behaviour_logp, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *, max_new_tokens: int | None = None
 ):
     """DPPO, total-variation form (arXiv 2602.04879): mask a token whose probability moved more
     than ``dppo_delta_high`` up (``A > 0``) or ``dppo_delta_low`` down (``A <= 0``); the rest get
@@ -634,17 +634,17 @@ def dppo_loss(
     ``clip_ratio_high``, ``clip_ratio_c``); prime-rl's default loss is the same mask without the cap
     and with a penalty (``prime_dppo``). Denominator ``all`` by default: verl multiplies the masked
     tokens' loss by 0 under the unchanged ``response_mask``."""
-    _check_shapes(logp, logp_behaviour, mask, advantages)
-    l_tok = token_log_ratios(logp, logp_behaviour, mask)
-    valid = _tv_keeps(logp, logp_behaviour, mask, advantages, cfg)
+    _check_shapes(logp, behaviour_logp, mask, advantages)
+    l_tok = token_log_ratios(logp, behaviour_logp, mask)
+    valid = _tv_keeps(logp, behaviour_logp, mask, advantages, cfg)
     weight = _token_ratio(l_tok).clamp(max=cfg.dppo_ratio_cap)
     return _token_mask_loss(weight, valid, l_tok, logp, mask, advantages, cfg, ref_logp, max_new_tokens)
 
 
-def _tv_keeps(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig) -> Tensor:
+def _tv_keeps(logp, behaviour_logp, mask, advantages, cfg: EstimatorConfig) -> Tensor:
     """DPPO's total-variation trust region: the tokens whose probability rose by at most
     ``dppo_delta_high`` (``A > 0``) or fell by at most ``dppo_delta_low`` (``A <= 0``)."""
-    dp = torch.where(mask.bool(), torch.exp(logp.detach().float()) - torch.exp(logp_behaviour.float()), 0.0)
+    dp = torch.where(mask.bool(), torch.exp(logp.detach().float()) - torch.exp(behaviour_logp.float()), 0.0)
     A = advantages.float().unsqueeze(-1).expand_as(dp)
     return torch.where(A > 0, dp <= cfg.dppo_delta_high, dp >= -cfg.dppo_delta_low)
 
@@ -660,7 +660,7 @@ def _binary_kl(log_p: Tensor, log_q: Tensor, eps: float) -> Tensor:
 
 @estimator_loss
 def dppo_kl_loss(
-    logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *, max_new_tokens: int | None = None
+    logp, behaviour_logp, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *, max_new_tokens: int | None = None
 ):
     """DPPO, binary-KL form (arXiv 2602.04879; verl ``loss_mode=dppo_kl``): each token's
     behaviour and current probabilities ``q`` and ``p`` as two Bernoulli distributions, ``D =
@@ -668,11 +668,11 @@ def dppo_kl_loss(
     advantage is masked where ``D > dppo_kl_high`` and its probability rose, one of negative
     advantage where ``D > dppo_kl_low`` and it fell; the rest get ``min(r, dppo_ratio_cap) A``.
     Denominator ``all``, as verl's."""
-    _check_shapes(logp, logp_behaviour, mask, advantages)
-    l_tok = token_log_ratios(logp, logp_behaviour, mask)
+    _check_shapes(logp, behaviour_logp, mask, advantages)
+    l_tok = token_log_ratios(logp, behaviour_logp, mask)
     m = mask.bool()
     p = torch.where(m, torch.exp(logp.detach().float()), 0.0)
-    q = torch.where(m, torch.exp(logp_behaviour.float()), 0.0)
+    q = torch.where(m, torch.exp(behaviour_logp.float()), 0.0)
     D = q * -l_tok + (1.0 - q) * torch.log((1.0 - q + 1e-8) / (1.0 - p + 1e-8))
     A = advantages.float().unsqueeze(-1).expand_as(l_tok)
     valid = torch.where(A > 0, (D <= cfg.dppo_kl_high) | (p <= q), (D <= cfg.dppo_kl_low) | (p >= q))
@@ -682,7 +682,7 @@ def dppo_kl_loss(
 
 @estimator_loss
 def prime_dppo_loss(
-    logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *, max_new_tokens: int | None = None
+    logp, behaviour_logp, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *, max_new_tokens: int | None = None
 ):
     """prime-rl's default loss (``loss.type=default``): DPPO's total-variation mask
     (``dppo_delta_low``, ``dppo_delta_high``; prime-rl's ``dppo_mask_low``, ``dppo_mask_high``), the
@@ -690,13 +690,13 @@ def prime_dppo_loss(
     valid token, kept or masked (``kl_tau``), which pulls a stale token back towards its behaviour
     probability with a gradient ``2 prime_kl_tau log r``. Denominator ``all``: prime-rl sums the
     per-token loss over the batch's loss-mask tokens and divides by their count."""
-    _check_shapes(logp, logp_behaviour, mask, advantages)
-    l_tok = token_log_ratios(logp, logp_behaviour, mask)
-    valid = _tv_keeps(logp, logp_behaviour, mask, advantages, cfg)
+    _check_shapes(logp, behaviour_logp, mask, advantages)
+    l_tok = token_log_ratios(logp, behaviour_logp, mask)
+    valid = _tv_keeps(logp, behaviour_logp, mask, advantages, cfg)
     loss, stats = _token_mask_loss(
         _token_ratio(l_tok), valid, l_tok, logp, mask, advantages, cfg, ref_logp, max_new_tokens
     )
-    log_r = torch.where(mask.bool(), logp.float() - logp_behaviour.float(), 0.0)  # with its gradient
+    log_r = torch.where(mask.bool(), logp.float() - behaviour_logp.float(), 0.0)  # with its gradient
     penalty = _aggregate(log_r.pow(2), mask, cfg.aggregation, max_new_tokens)
     loss = loss + cfg.prime_kl_tau * penalty
     stats["loss/ratio_penalty"] = penalty.detach()
@@ -707,7 +707,7 @@ def prime_dppo_loss(
 @estimator_loss
 def kpop_loss(
     logp,
-    logp_behaviour,
+    behaviour_logp,
     mask,
     advantages,
     cfg: EstimatorConfig,
@@ -723,15 +723,15 @@ def kpop_loss(
     and reverse binary KL exceeds ``kpop_threshold``; the rest weighted by
     :func:`_decoupled_weight`, which at a batch's first update is ``r A``. Denominator ``all``: AReaL
     divides by the loss mask's count before the rejection."""
-    _check_shapes(logp, logp_behaviour, mask, advantages)
-    weight, _ = _decoupled_weight(logp, logp_behaviour, prox_logp, mask, advantages, cfg)
-    lp, lb = (logp.detach() if prox_logp is None else prox_logp), logp_behaviour
+    _check_shapes(logp, behaviour_logp, mask, advantages)
+    weight, _ = _decoupled_weight(logp, behaviour_logp, prox_logp, mask, advantages, cfg)
+    lp, lb = (logp.detach() if prox_logp is None else prox_logp), behaviour_logp
     divergence = torch.maximum(_binary_kl(lp, lb, 1e-8), _binary_kl(lb, lp, 1e-8))
     kept = mask.bool() & (divergence <= cfg.kpop_threshold)
     return _token_mask_loss(
         weight,
         kept,
-        token_log_ratios(logp, logp_behaviour, mask),
+        token_log_ratios(logp, behaviour_logp, mask),
         logp,
         mask,
         advantages,
@@ -743,14 +743,14 @@ def kpop_loss(
 
 @estimator_loss
 def opsm_loss(
-    logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *, max_new_tokens: int | None = None
+    logp, behaviour_logp, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *, max_new_tokens: int | None = None
 ):
     """GRPO with DeepSeek-V3.2's off-policy sequence mask (TRL ``off_policy_mask_threshold``):
     GRPO's clipped coefficient (:func:`_ppo_clip`, two-sided with ``grpo_delta``), and a response
     of negative advantage whose mean per-token ``log mu - log pi`` exceeds ``opsm_threshold``
     dropped whole. Denominator ``all``: TRL multiplies the dropped responses' loss by 0."""
-    _check_shapes(logp, logp_behaviour, mask, advantages)
-    l_tok = token_log_ratios(logp, logp_behaviour, mask)
+    _check_shapes(logp, behaviour_logp, mask, advantages)
+    l_tok = token_log_ratios(logp, behaviour_logp, mask)
     coef, clipped = _ppo_clip(l_tok, advantages, cfg)
     lengths = mask.float().sum(-1).clamp(min=1.0)
     kept_rows = (advantages.float() >= 0) | (-l_tok.sum(-1) / lengths <= cfg.opsm_threshold)
@@ -764,7 +764,7 @@ def opsm_loss(
 
 @estimator_loss
 def sapo_loss(
-    logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *, max_new_tokens: int | None = None
+    logp, behaviour_logp, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *, max_new_tokens: int | None = None
 ):
     """SAPO (Soft Adaptive Policy Optimization, arXiv 2511.20347): a smooth sigmoid gate on the token
     ratio in place of PPO's hard clip. The peers' loss is ``-f(r) A`` with
@@ -776,8 +776,8 @@ def sapo_loss(
     ``sapo_temperature_neg``; mean per sequence), AReaL ``actor.use_sapo_loss`` (which averages over
     the batch's tokens instead). ``ratio/frac_tokens_damped``: the tokens whose gradient the gate at
     least halves (``4 s (1 - s) <= 1/2``; at the default temperatures, ratios above about 2.76)."""
-    _check_shapes(logp, logp_behaviour, mask, advantages)
-    l_tok = token_log_ratios(logp, logp_behaviour, mask)
+    _check_shapes(logp, behaviour_logp, mask, advantages)
+    l_tok = token_log_ratios(logp, behaviour_logp, mask)
     r = _token_ratio(l_tok)
     A = advantages.float().unsqueeze(-1).expand_as(r)
     tau = torch.where(A > 0, torch.full_like(r, cfg.sapo_tau_pos), torch.full_like(r, cfg.sapo_tau_neg))

@@ -173,7 +173,7 @@ class Estimator:
     """A registered estimator: its loss, what it declares of itself, and how results show it."""
 
     loss: str
-    """``module:function`` of its loss ``fn(logp, logp_behaviour, mask, advantages, cfg,
+    """``module:function`` of its loss ``fn(logp, behaviour_logp, mask, advantages, cfg,
     ref_logp=None, *, max_new_tokens=None) -> (loss, stats)`` (and ``prox_logp=None`` for a
     :attr:`proximal` one), with ``cfg`` the settings :meth:`resolved` gives; imported when the loss
     is needed (:meth:`loss_function`)."""
