@@ -174,9 +174,9 @@ class Estimator:
 
     loss: str
     """``module:function`` of its loss ``fn(logp, behaviour_logp, mask, advantages, cfg,
-    ref_logp=None, *, max_new_tokens=None) -> (loss, stats)`` (and ``prox_logp=None`` for a
-    :attr:`proximal` one), with ``cfg`` the settings :meth:`resolved` gives; imported when the loss
-    is needed (:meth:`loss_function`)."""
+    ref_logp=None, *, max_new_tokens=None, prox_logp=None) -> (loss, stats)`` (``prox_logp`` given
+    to a :attr:`proximal` one alone), with ``cfg`` the settings :meth:`resolved` gives; imported
+    when the loss is needed (:meth:`loss_function`)."""
     label: str
     """Name in figure legends and reports."""
     color: str
