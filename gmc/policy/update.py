@@ -170,7 +170,7 @@ class Update:
         adv = advantages_for(rewards, lengths, self.cfg)
         behaviour = None if on_policy else self._per_token(groups, "behaviour_logp", T, device)
         sampler = self._per_token(groups, "sampler_logp", T, device)
-        prox = {} if proximal is None else {"prox_logp": self._stack(proximal, T, device)}
+        prox = None if proximal is None else self._stack(proximal, T, device)
         corr = self.correction
         reads_current = corr is not None and (self.sampler_behaviour or on_policy)
         weights, keep, extra = None, mask, {}
@@ -185,17 +185,7 @@ class Update:
                 weights, keep, extra = correct(current - sampler, mask, corr)
             if weights is not None:
                 logp.register_hook(lambda grad: grad * weights)
-            loss, stats = self.loss_fn(
-                logp,
-                current if on_policy else behaviour,
-                keep,
-                adv,
-                self.cfg,
-                ref_logp=ref,
-                max_new_tokens=self.max_new_tokens,
-                **prox,
-                **self.quiet,
-            )
+            loss, stats = self._loss(logp, current if on_policy else behaviour, keep, adv, ref, prox)
             loss.backward()
             loss = loss.detach()
         elif self.per_row and not reads_current and not (on_policy and ref is None):
@@ -208,17 +198,7 @@ class Update:
                 if reads_current:
                     weights, keep, extra = correct(values - sampler, mask, corr)
             leaf = values.clone().requires_grad_(True)
-            loss, stats = self.loss_fn(
-                leaf,
-                values if on_policy else behaviour,
-                keep,
-                adv,
-                self.cfg,
-                ref_logp=ref,
-                max_new_tokens=self.max_new_tokens,
-                **prox,
-                **self.quiet,
-            )
+            loss, stats = self._loss(leaf, values if on_policy else behaviour, keep, adv, ref, prox)
             (coef,) = torch.autograd.grad(loss, leaf)
             if weights is not None:
                 coef = coef * weights
@@ -245,13 +225,12 @@ class Update:
         adv: Tensor,
         ref: Tensor | None,
         weights: Tensor | None = None,
-        prox: dict | None = None,
+        prox: Tensor | None = None,
     ) -> tuple[Tensor, dict, Tensor]:
         """The micro-batched step of a loss that splits per row (``behaviour`` None: on-policy,
         the rows' own log-probs are their behaviour; ``weights``: each token's gradient is
-        multiplied by its weight; ``prox``: the loss's proximal log-probs, as a keyword); returns
-        the loss, statistics and every row's log-probs."""
-        prox = prox or {}
+        multiplied by its weight; ``prox``: the loss's proximal log-probs); returns the loss,
+        statistics and every row's log-probs."""
         B, G, T = mask.shape
         values = torch.zeros(B * G, T, device=mask.device)  # every row's log-probs, filled as forwarded
         held = values if behaviour is None else behaviour.reshape(B * G, T)  # the other rows: any finite values
@@ -263,33 +242,39 @@ class Update:
             if flat_weights is not None:
                 lp.register_hook(lambda grad, w=flat_weights[at, : lp.shape[1]]: grad * w)
             logp = held.index_put((at,), torch.nn.functional.pad(lp, (0, T - lp.shape[1]))).view(B, G, T)
-            loss, _ = self.loss_fn(
-                logp,
-                logp.detach() if behaviour is None else behaviour,
-                mask,
-                adv,
-                self.cfg,
-                ref_logp=ref,
-                max_new_tokens=self.max_new_tokens,
-                **prox,
-                **self.quiet,
-            )
+            loss, _ = self._loss(logp, logp.detach() if behaviour is None else behaviour, mask, adv, ref, prox)
             loss.backward()
             values[at, : lp.shape[1]] = lp.detach()
         logp = values.view(B, G, T)
         with torch.no_grad():
-            loss, stats = self.loss_fn(
-                logp,
-                logp if behaviour is None else behaviour,
-                mask,
-                adv,
-                self.cfg,
-                ref_logp=ref,
-                max_new_tokens=self.max_new_tokens,
-                **prox,
-                **self.quiet,
-            )
+            loss, stats = self._loss(logp, logp if behaviour is None else behaviour, mask, adv, ref, prox)
         return loss, stats, logp
+
+    def _loss(
+        self,
+        logp: Tensor,
+        behaviour_logp: Tensor,
+        mask: Tensor,
+        adv: Tensor,
+        ref: Tensor | None,
+        prox: Tensor | None,
+    ) -> tuple[Tensor, dict]:
+        """The estimator's loss and statistics on the whole batch, ``[B, G, T]`` log-probs (``ref``:
+        the reference policy's, for the KL term; ``prox``: the proximal policy's, given only to a
+        loss that takes one), with the run's settings and token limit; statistics left on the
+        device where the loss can leave them."""
+        proximal = {} if prox is None else {"prox_logp": prox}
+        return self.loss_fn(
+            logp,
+            behaviour_logp,
+            mask,
+            adv,
+            self.cfg,
+            ref_logp=ref,
+            max_new_tokens=self.max_new_tokens,
+            **proximal,
+            **self.quiet,
+        )
 
     def _forward(self, rows: Rows, idx: list[int]) -> Tensor:
         """The training forward of one canonical micro-batch, with gradient."""
