@@ -1,6 +1,6 @@
 """The no-grad log-prob pass over float32 masters in bfloat16 (the behaviour pass, which on a GPU
 runs beside vLLM): autocast casting each weight where it is used (its cache off, what
-``gmc.policy.update.sequence_logprobs`` does) against casting every weight once and keeping the
+``gmc.policy.logprobs.sequence_logprobs`` does) against casting every weight once and keeping the
 copies for the pass (the cache on). Time in this process (interleaved), peak memory in a fresh
 process per variant (ru_maxrss, minus a process that only builds the inputs); the log-probs
 must be equal.
@@ -22,7 +22,7 @@ SETUP = """
 import torch
 from common import random_qwen3
 from gmc.policy.memory import ModelShape
-from gmc.policy.update import Rows, _forward, precision
+from gmc.policy.logprobs import Rows, _forward, precision
 torch.manual_seed(0)
 shape = ModelShape(hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8,
                    num_key_value_heads=4, head_dim=64, vocab_size=32768, tie_word_embeddings=True)

@@ -101,7 +101,7 @@ def qwen3_4b():
 
 def rows_for(budget: int, micro_batches: int, vocab: int):
     """Stale groups of 64 + 4,096-token rows (4,224 padded) filling ``micro_batches`` forwards."""
-    from gmc.policy.update import canonical_length
+    from gmc.policy.logprobs import canonical_length
     from gmc.rollouts.groups import Group
 
     P, T = (8, 56) if SMALL else (64, 4096)
@@ -128,8 +128,9 @@ def memory_4b(rec: Record) -> None:
     (the device's used memory before the part allocated anything), as the plan counts them;
     planned: at the micro-batches' real padded tokens (whole 4,224-token rows) and at the budget."""
     from gmc.estimators import REGISTRY, EstimatorConfig, get_estimator
+    from gmc.policy.logprobs import Rows, padded_tokens
     from gmc.policy.memory import plan
-    from gmc.policy.update import Rows, Update, padded_tokens
+    from gmc.policy.update import Update
     from gmc.run.config import load_train_config
 
     context = (torch.cuda.mem_get_info()[1] - torch.cuda.mem_get_info()[0]) / GIB if CUDA else 0.0
@@ -219,7 +220,7 @@ def mfu(rec: Record, model: str, rounds: int, attention: bool) -> None:
 def logprob_identity(rec: Record) -> None:
     """A row's log-probs alone, beside other rows, and in a partial last micro-batch, on CUDA in bf16."""
     from gmc.policy.build import Qwen3Shape, qwen3_model
-    from gmc.policy.update import Rows, sequence_logprobs
+    from gmc.policy.logprobs import Rows, sequence_logprobs
 
     with torch.device(DEVICE):
         model = qwen3_model(
@@ -248,7 +249,7 @@ def profile_micro_batch(rec: Record) -> None:
     """The top CUDA kernels of one micro-batch forward/backward of the 4B shape (16,384 tokens)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from gmc.policy.update import Rows, _forward, precision
+    from gmc.policy.logprobs import Rows, _forward, precision
 
     model, shape = qwen3_4b()
     (g,) = rows_for(16384, 1, shape.vocab_size)

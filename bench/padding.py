@@ -1,7 +1,7 @@
 """Padding of the update's canonical micro-batches at the paper's shape: 1,024 rows of a 64-token
 prompt and a response of up to 4,096 tokens, budget 16,384, two length distributions (uniform
 with 30% of the answers cut at the limit; log-normal), under gmc's canonical lengths (multiples
-of a thirty-second to a sixty-fourth of a row, :func:`gmc.policy.update.canonical_length`)
+of a thirty-second to a sixty-fourth of a row, :func:`gmc.policy.logprobs.canonical_length`)
 against a grid of eighths (multiples of an eighth to a sixteenth). Per grid: the padded tokens
 over the real ones, the forwards of one pass, and the distinct lengths (buckets).
 
@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import write_result  # noqa: E402
 
-from gmc.policy.update import canonical_length  # noqa: E402
+from gmc.policy.logprobs import canonical_length  # noqa: E402
 
 ROWS, PROMPT, LIMIT, BUDGET = 1024, 64, 4096, 16384
 

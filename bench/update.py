@@ -36,8 +36,9 @@ import torch
 from common import interleaved, random_qwen3, write_result
 
 from gmc.estimators import REGISTRY, EstimatorConfig, get_estimator
+from gmc.policy.logprobs import Rows, canonical_length, padded_tokens, sequence_logprobs
 from gmc.policy.memory import ModelShape
-from gmc.policy.update import Rows, Update, canonical_length, padded_tokens, sequence_logprobs
+from gmc.policy.update import Update
 from gmc.rollouts.groups import Group
 
 

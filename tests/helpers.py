@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from gmc.policy.update import Rows, sequence_logprobs
+from gmc.policy.logprobs import Rows, sequence_logprobs
 from gmc.tasks.datasets import PLAIN_TEMPLATE
 from gmc.tasks.synthetic import SyntheticTask
 

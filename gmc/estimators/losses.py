@@ -1,13 +1,19 @@
 """Policy-gradient estimators for stale rollouts (method.md sections 2 and 3).
 
-Every estimator is a pure function ``fn(logp, logp_behaviour, mask, advantages, cfg,
-ref_logp=None, *, max_new_tokens=None)`` returning ``(loss, stats)``. Shapes: ``logp``,
-``logp_behaviour``, ``mask`` are ``[B, G, T]`` (B prompts, G responses per prompt, T response
-tokens), ``advantages`` is ``[B, G]``. ``logp`` carries the gradient; ``logp_behaviour`` is
-treated as a constant. ``cfg`` holds the estimator's resolved settings (its registry entry's
+Every estimator is a pure function ``fn(logp, behaviour_logp, mask, advantages, cfg,
+ref_logp=None, *, max_new_tokens=None, prox_logp=None)`` returning ``(loss, stats)``. Shapes:
+``logp``, ``behaviour_logp``, ``mask`` are ``[B, G, T]`` (B prompts, G responses per prompt, T
+response tokens), ``advantages`` is ``[B, G]``. ``logp`` carries the gradient; ``behaviour_logp``
+is treated as a constant. ``cfg`` holds the estimator's resolved settings (its registry entry's
 :meth:`~gmc.estimators.Estimator.resolved`: the aggregation and mask denominator filled in);
 ``max_new_tokens`` is the generation's token limit, the divisor of ``seq_sum_const``, which the
-update passes (the run's ``sampling.max_new_tokens``).
+update passes (the run's ``sampling.max_new_tokens``); ``prox_logp`` is the proximal policy of
+AReaL's decoupled losses (``m2po``, ``kpop``), which the others refuse.
+
+:func:`estimator_loss` makes each of them from a body ``(x: LossInputs, cfg) -> (loss, stats)``
+that holds the estimator's own math alone: the shapes are checked, the token and trajectory
+log-ratios computed once (:class:`LossInputs`) and the ratio statistics every estimator reports
+added in one place.
 
 Each estimator is written as a *coefficient* on the per-token score: its gradient is
 ``-aggregate(coef * grad log pi)``, with ``coef`` detached. The loss is
@@ -37,8 +43,9 @@ added when ``kl_coef > 0`` and ``ref_logp`` is given.
 
 from __future__ import annotations
 
-import functools
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -74,15 +81,15 @@ def advantages_for(rewards: Tensor, lengths: Tensor, cfg: EstimatorConfig) -> Te
     return group_advantages(r, scale=cfg.scale_advantages)
 
 
-def token_log_ratios(logp: Tensor, logp_behaviour: Tensor, mask: Tensor) -> Tensor:
-    """``l = logp - logp_behaviour`` per token, float32, exactly 0 on padding, ``[B, G, T]``."""
-    diff = logp.detach().float() - logp_behaviour.float()
+def token_log_ratios(logp: Tensor, behaviour_logp: Tensor, mask: Tensor) -> Tensor:
+    """``l = logp - behaviour_logp`` per token, float32, exactly 0 on padding, ``[B, G, T]``."""
+    diff = logp.detach().float() - behaviour_logp.float()
     return torch.where(mask.bool(), diff, torch.zeros_like(diff))
 
 
-def trajectory_log_ratios(logp: Tensor, logp_behaviour: Tensor, mask: Tensor) -> Tensor:
-    """``L = sum_t (logp - logp_behaviour)`` over response tokens, float32, ``[B, G]``."""
-    return token_log_ratios(logp, logp_behaviour, mask).sum(dim=-1)
+def trajectory_log_ratios(logp: Tensor, behaviour_logp: Tensor, mask: Tensor) -> Tensor:
+    """``L = sum_t (logp - behaviour_logp)`` over response tokens, float32, ``[B, G]``."""
+    return token_log_ratios(logp, behaviour_logp, mask).sum(dim=-1)
 
 
 def log_group_mass(log_ratio: Tensor) -> Tensor:
@@ -119,6 +126,22 @@ def trajectory_weights(algorithm: str, log_ratio: Tensor, eps: float, is_clamp: 
 # Shared machinery
 
 
+@dataclass(frozen=True)
+class LossInputs:
+    """What an estimator's body sees of a batch (:func:`estimator_loss` builds it once a call, its
+    shapes checked): the loss's arguments and the log-ratios every estimator starts from."""
+
+    logp: Tensor  # [B, G, T] the current policy's, carries the gradient
+    behaviour_logp: Tensor  # [B, G, T] the behaviour policy's, a constant
+    mask: Tensor  # [B, G, T] the response tokens
+    advantages: Tensor  # [B, G]
+    l_tok: Tensor  # [B, G, T] logp - behaviour_logp per token (token_log_ratios): float32, detached, 0 on padding
+    L: Tensor  # [B, G] trajectory log-ratios, sum_t l_tok
+    ref_logp: Tensor | None  # [B, G, T] the reference policy's, for the KL term
+    prox_logp: Tensor | None  # [B, G, T] a decoupled loss's proximal policy's; None: the current one
+    max_new_tokens: int | None  # the generation's token limit, the divisor of seq_sum_const
+
+
 def _aggregate(
     per_token: Tensor, mask: Tensor, how: str | None, max_new_tokens: int | None, every_row: bool = True
 ) -> Tensor:
@@ -147,21 +170,15 @@ def _aggregate(
 
 
 def _pg_loss(
-    coef: Tensor,
-    logp: Tensor,
-    mask: Tensor,
-    cfg: EstimatorConfig,
-    ref_logp: Tensor | None,
-    max_new_tokens: int | None,
-    kept: Tensor | None = None,
+    coef: Tensor, x: LossInputs, cfg: EstimatorConfig, kept: Tensor | None = None
 ) -> tuple[Tensor, dict[str, float]]:
-    """``aggregate(-coef * exp(logp - sg(logp)))`` (+ k3 KL); ``coef`` broadcasts to ``[B,G,T]``.
-    ``cfg`` holds the estimator's resolved settings (:meth:`gmc.estimators.Estimator.resolved`):
-    the aggregation is ``cfg.aggregation``. ``kept`` (bool, broadcasting to ``[B,G,T]``): what a
-    masking estimator keeps; its coefficient is 0 elsewhere, and under ``cfg.mask_denominator ==
-    "kept"`` the policy-gradient term divides by the kept tokens (and counts the responses that
-    keep one) instead of every valid one."""
-    how = cfg.aggregation
+    """``aggregate(-coef * exp(logp - sg(logp)))`` (+ k3 KL to ``x.ref_logp``); ``coef`` broadcasts
+    to ``[B,G,T]``. ``cfg`` holds the estimator's resolved settings
+    (:meth:`gmc.estimators.Estimator.resolved`): the aggregation is ``cfg.aggregation``. ``kept``
+    (bool, broadcasting to ``[B,G,T]``): what a masking estimator keeps; its coefficient is 0
+    elsewhere, and under ``cfg.mask_denominator == "kept"`` the policy-gradient term divides by
+    the kept tokens (and counts the responses that keep one) instead of every valid one."""
+    how, logp, mask, max_new_tokens = cfg.aggregation, x.logp, x.mask, x.max_new_tokens
     m = mask.bool()
     lp = torch.where(m, logp.float(), torch.zeros_like(logp, dtype=torch.float32))
     unit = torch.exp(lp - lp.detach())  # value 1, gradient grad logp; padding never reaches it
@@ -178,9 +195,9 @@ def _pg_loss(
     stats = {"loss/pg": pg.detach()}
     loss = pg
     if cfg.kl_coef > 0:
-        if ref_logp is None:
+        if x.ref_logp is None:
             raise ValueError("EstimatorConfig.kl_coef > 0 needs ref_logp (reference log-probs)")
-        delta = torch.where(m, ref_logp.float() - lp, torch.zeros_like(lp))
+        delta = torch.where(m, x.ref_logp.float() - lp, torch.zeros_like(lp))
         kl = _aggregate(torch.exp(delta) - delta - 1.0, mask, how, max_new_tokens)
         loss = loss + cfg.kl_coef * kl
         stats["loss/kl"] = kl.detach()
@@ -232,30 +249,63 @@ def _frac(flags: Tensor, mask: Tensor) -> float:
     return (flags & m).sum() / m.sum().clamp(min=1)
 
 
-def _check_shapes(logp: Tensor, logp_behaviour: Tensor, mask: Tensor, advantages: Tensor) -> None:
+def _check_shapes(logp: Tensor, behaviour_logp: Tensor, mask: Tensor, advantages: Tensor) -> None:
     if logp.dim() != 3:
         raise ValueError(f"logp must be [B, G, T], got shape {tuple(logp.shape)}")
-    if logp_behaviour.shape != logp.shape or mask.shape != logp.shape:
+    if behaviour_logp.shape != logp.shape or mask.shape != logp.shape:
         raise ValueError(
-            "logp, logp_behaviour and mask must share a shape; got "
-            f"{tuple(logp.shape)}, {tuple(logp_behaviour.shape)}, {tuple(mask.shape)}"
+            "logp, behaviour_logp and mask must share a shape; got "
+            f"{tuple(logp.shape)}, {tuple(behaviour_logp.shape)}, {tuple(mask.shape)}"
         )
     if advantages.shape != logp.shape[:2]:
         raise ValueError(f"advantages must be [B, G] = {tuple(logp.shape[:2])}, got {tuple(advantages.shape)}")
 
 
-def estimator_loss(fn):
-    """Every estimator's loss: its statistics, computed on the device as 0-dim tensors, are read
-    back as floats all at once (one host sync a call); ``floats=False`` leaves them tensors, unread
-    (the update's per-row micro-batches, which discard them, so the host never waits on the device
-    between micro-batches)."""
+def estimator_loss(body: Callable | None = None, *, proximal: bool = False):
+    """An estimator's loss from its body ``body(x: LossInputs, cfg) -> (loss, stats)``, which holds
+    the estimator's own math alone. The loss,
+    ``fn(logp, behaviour_logp, mask, advantages, cfg, ref_logp=None, *, max_new_tokens=None,
+    prox_logp=None, floats=True) -> (loss, stats)``, checks the shapes, computes the token and
+    trajectory log-ratios once (:class:`LossInputs`) and adds to the body's statistics those every
+    estimator reports (:func:`_ratio_stats`: log-ratio and group-mass summaries, approx. KL).
+    ``proximal``: the body reads a proximal policy (``prox_logp``, AReaL's decoupled losses);
+    every other loss refuses one.
 
-    @functools.wraps(fn)
-    def loss(*args, floats: bool = True, **kwargs):
-        value, stats = fn(*args, **kwargs)
-        return value, (as_floats(stats) if floats else stats)
+    The statistics, computed on the device as 0-dim tensors, are read back as floats all at once
+    (one host sync a call); ``floats=False`` leaves them tensors, unread (the update's per-row
+    micro-batches, which discard them, so the host never waits on the device between
+    micro-batches)."""
 
-    return loss
+    def make(body: Callable) -> Callable:
+        def loss(
+            logp: Tensor,
+            behaviour_logp: Tensor,
+            mask: Tensor,
+            advantages: Tensor,
+            cfg: EstimatorConfig,
+            ref_logp: Tensor | None = None,
+            *,
+            max_new_tokens: int | None = None,
+            prox_logp: Tensor | None = None,
+            floats: bool = True,
+        ) -> tuple[Tensor, dict]:
+            if prox_logp is not None and not proximal:
+                raise TypeError(f"{body.__name__} has no proximal policy: it takes no prox_logp")
+            _check_shapes(logp, behaviour_logp, mask, advantages)
+            l_tok = token_log_ratios(logp, behaviour_logp, mask)
+            x = LossInputs(
+                logp, behaviour_logp, mask, advantages, l_tok, l_tok.sum(-1), ref_logp, prox_logp, max_new_tokens
+            )
+            value, stats = body(x, cfg)
+            stats.update(_ratio_stats(x.L, x.l_tok, x.mask))
+            return value, (as_floats(stats) if floats else stats)
+
+        # named and documented as its body; its signature stays its own (the update looks for floats)
+        loss.__module__, loss.__name__, loss.__qualname__ = body.__module__, body.__name__, body.__qualname__
+        loss.__doc__ = body.__doc__
+        return loss
+
+    return make if body is None else make(body)
 
 
 def as_floats(stats: dict) -> dict[str, float]:
@@ -266,7 +316,8 @@ def as_floats(stats: dict) -> dict[str, float]:
 
 
 # ---------------------------------------------------------------------------------------------
-# The estimators
+# The estimators: each a body ``(x: LossInputs, cfg) -> (loss, stats)`` made a loss by
+# :func:`estimator_loss`
 
 
 def _ppo_clip(l_tok: Tensor, advantages: Tensor, cfg: EstimatorConfig) -> tuple[Tensor, Tensor]:
@@ -282,35 +333,19 @@ def _ppo_clip(l_tok: Tensor, advantages: Tensor, cfg: EstimatorConfig) -> tuple[
 
 
 @estimator_loss
-def grpo_loss(
-    logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *, max_new_tokens: int | None = None
-):
+def grpo_loss(x: LossInputs, cfg: EstimatorConfig):
     """Vanilla GRPO: per-token PPO clip of ``r = exp(l)`` (:func:`_ppo_clip`; two-sided with
     ``grpo_delta``)."""
-    _check_shapes(logp, logp_behaviour, mask, advantages)
-    l_tok = token_log_ratios(logp, logp_behaviour, mask)
-    coef, clipped = _ppo_clip(l_tok, advantages, cfg)
-    loss, stats = _pg_loss(coef, logp, mask, cfg, ref_logp, max_new_tokens)
-    stats["ratio/frac_tokens_clipped"] = _frac(clipped, mask)
-    stats.update(_ratio_stats(l_tok.sum(-1), l_tok, mask))
+    coef, clipped = _ppo_clip(x.l_tok, x.advantages, cfg)
+    loss, stats = _pg_loss(coef, x, cfg)
+    stats["ratio/frac_tokens_clipped"] = _frac(clipped, x.mask)
     return loss, stats
 
 
 def _trajectory_loss(algorithm: str):
-    def loss_fn(
-        logp,
-        logp_behaviour,
-        mask,
-        advantages,
-        cfg: EstimatorConfig,
-        ref_logp=None,
-        *,
-        max_new_tokens: int | None = None,
-    ):
-        _check_shapes(logp, logp_behaviour, mask, advantages)
-        l_tok = token_log_ratios(logp, logp_behaviour, mask)
-        L = l_tok.sum(-1)
-        A = advantages.float()
+    def body(x: LossInputs, cfg: EstimatorConfig):
+        L = x.L
+        A = x.advantages.float()
         w = trajectory_weights(algorithm, L, cfg.eps, cfg.is_log_ratio_clamp)
         coef = w * A
         stats: dict[str, float] = {}
@@ -324,20 +359,19 @@ def _trajectory_loss(algorithm: str):
         elif algorithm == "gmc":
             capped = log_group_mass(L) > math.log1p(cfg.eps)
             stats["ratio/frac_groups_capped"] = capped.float().mean()
-        loss, pg_stats = _pg_loss(coef.unsqueeze(-1), logp, mask, cfg, ref_logp, max_new_tokens)
+        loss, pg_stats = _pg_loss(coef.unsqueeze(-1), x, cfg)
         stats.update(pg_stats)
         # unit weights (none) are no cap of rho: they have no shortfall
         stats.update(_weight_stats(w, L, shortfall=algorithm != "none"))
-        stats.update(_ratio_stats(L, l_tok, mask))
         return loss, stats
 
-    loss_fn.__name__ = loss_fn.__qualname__ = f"{algorithm}_loss"
-    loss_fn.__doc__ = (
+    body.__name__ = body.__qualname__ = f"{algorithm}_loss"
+    body.__doc__ = (
         f"Trajectory estimator ``{algorithm}``: detached weights from :func:`trajectory_weights`"
         " times the advantage on every response token."
         + (" ``cfg.tic_mode`` picks ``truncate`` or ``ppo_min``." if algorithm == "tic" else "")
     )
-    return estimator_loss(loss_fn)
+    return estimator_loss(body)
 
 
 tic_loss = _trajectory_loss("tic")
@@ -347,38 +381,27 @@ none_loss = _trajectory_loss("none")
 
 
 @estimator_loss
-def gspo_loss(
-    logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *, max_new_tokens: int | None = None
-):
+def gspo_loss(x: LossInputs, cfg: EstimatorConfig):
     """GSPO: ``s = exp(L/|y|)`` with PPO clip at sequence level; under ``seq_mean`` (its registry
     default) the coefficient ``s A`` on every token is GSPO's ``s A grad(L/|y|)``."""
-    _check_shapes(logp, logp_behaviour, mask, advantages)
-    l_tok = token_log_ratios(logp, logp_behaviour, mask)
-    L = l_tok.sum(-1)
-    lengths = mask.float().sum(-1).clamp(min=1.0)
-    s = torch.exp((L / lengths).clamp(max=50.0))
-    A = advantages.float()
+    lengths = x.mask.float().sum(-1).clamp(min=1.0)
+    s = torch.exp((x.L / lengths).clamp(max=50.0))
+    A = x.advantages.float()
     clipped = ((A > 0) & (s > 1 + cfg.gspo_eps_high)) | ((A < 0) & (s < 1 - cfg.gspo_eps_low))
     coef = torch.where(clipped, torch.zeros_like(s), s * A)
-    loss, stats = _pg_loss(coef.unsqueeze(-1), logp, mask, cfg, ref_logp, max_new_tokens)
+    loss, stats = _pg_loss(coef.unsqueeze(-1), x, cfg)
     stats["ratio/frac_seq_clipped"] = clipped.float().mean()
-    stats.update(_ratio_stats(L, l_tok, mask))
     return loss, stats
 
 
 @estimator_loss
-def tis_loss(
-    logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *, max_new_tokens: int | None = None
-):
+def tis_loss(x: LossInputs, cfg: EstimatorConfig):
     """Token-level truncated IS: ``min(r_t, 1+eps)`` detached times ``A``."""
-    _check_shapes(logp, logp_behaviour, mask, advantages)
-    l_tok = token_log_ratios(logp, logp_behaviour, mask)
     log_cap = math.log1p(cfg.eps)
-    w_tok = torch.exp(l_tok.clamp(max=log_cap))
-    coef = w_tok * advantages.float().unsqueeze(-1)
-    loss, stats = _pg_loss(coef, logp, mask, cfg, ref_logp, max_new_tokens)
-    stats["ratio/frac_tokens_clipped"] = _frac(l_tok > log_cap, mask)
-    stats.update(_ratio_stats(l_tok.sum(-1), l_tok, mask))
+    w_tok = torch.exp(x.l_tok.clamp(max=log_cap))
+    coef = w_tok * x.advantages.float().unsqueeze(-1)
+    loss, stats = _pg_loss(coef, x, cfg)
+    stats["ratio/frac_tokens_clipped"] = _frac(x.l_tok > log_cap, x.mask)
     return loss, stats
 
 
@@ -394,72 +417,52 @@ def _token_ratio(l_tok: Tensor) -> Tensor:
     return torch.exp(l_tok.clamp(-20.0, 20.0))
 
 
-def _decoupled_weight(logp, logp_behaviour, prox_logp, mask, advantages, cfg: EstimatorConfig) -> tuple[Tensor, Tensor]:
+def _decoupled_weight(x: LossInputs, cfg: EstimatorConfig) -> tuple[Tensor, Tensor]:
     """AReaL's decoupled PPO (``use_decoupled_loss``) per token, before the advantage: the
     behaviour weight ``exp(l_b)``, ``l_b = log pi_prox - log mu`` (clamped as :func:`_token_ratio`),
     times the proximal ratio ``pi / pi_prox``, or 0 where PPO's clip (:func:`_ppo_clip`, ``eps_low``,
-    ``eps_high``) switches that ratio off. ``prox_logp`` None: the proximal policy is the current
+    ``eps_high``) switches that ratio off. ``x.prox_logp`` None: the proximal policy is the current
     one (the batch's first update), whose ratio is exactly 1 and never clipped. Returns the weight
     and ``l_b``, what AReaL's masks measure."""
-    prox = logp.detach() if prox_logp is None else prox_logp
-    l_behaviour = token_log_ratios(prox, logp_behaviour, mask)
-    l_prox = token_log_ratios(logp, prox, mask)
-    _, clipped = _ppo_clip(l_prox, advantages, cfg)
+    prox = x.logp.detach() if x.prox_logp is None else x.prox_logp
+    l_behaviour = token_log_ratios(prox, x.behaviour_logp, x.mask)
+    l_prox = token_log_ratios(x.logp, prox, x.mask)
+    _, clipped = _ppo_clip(l_prox, x.advantages, cfg)
     proximal = torch.where(clipped, torch.zeros_like(l_prox), torch.exp(l_prox.clamp(max=50.0)))
     return _token_ratio(l_behaviour) * proximal, l_behaviour
 
 
-def _token_mask_loss(
-    weight: Tensor,
-    kept: Tensor,
-    l_tok: Tensor,
-    logp,
-    mask,
-    advantages,
-    cfg: EstimatorConfig,
-    ref_logp,
-    max_new_tokens: int | None,
-) -> tuple[Tensor, dict]:
+def _token_mask_loss(weight: Tensor, kept: Tensor, x: LossInputs, cfg: EstimatorConfig) -> tuple[Tensor, dict]:
     """The loss of a correction that masks tokens: ``weight A`` on the tokens ``kept`` keeps and
     nothing on the others (divided as ``cfg.mask_denominator`` says), with the fraction of tokens
-    masked and the ratio statistics."""
-    coef = torch.where(kept, weight, torch.zeros_like(weight)) * advantages.float().unsqueeze(-1)
-    loss, stats = _pg_loss(coef, logp, mask, cfg, ref_logp, max_new_tokens, kept=kept)
-    stats["ratio/frac_tokens_masked"] = _frac(~kept, mask)
-    stats.update(_ratio_stats(l_tok.sum(-1), l_tok, mask))
+    masked."""
+    coef = torch.where(kept, weight, torch.zeros_like(weight)) * x.advantages.float().unsqueeze(-1)
+    loss, stats = _pg_loss(coef, x, cfg, kept=kept)
+    stats["ratio/frac_tokens_masked"] = _frac(~kept, x.mask)
     return loss, stats
 
 
 @estimator_loss
-def cispo_loss(
-    logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *, max_new_tokens: int | None = None
-):
+def cispo_loss(x: LossInputs, cfg: EstimatorConfig):
     """CISPO (MiniMax-M1, arXiv 2506.13585): ``-sg(clip(r, 1-cispo_eps_low, 1+cispo_eps_high)) A
     log pi``; no token's gradient is ever zeroed. verl ``loss_mode=cispo`` (``clip_ratio_low``,
     ``clip_ratio_high``), TRL ``loss_type="cispo"`` (``epsilon_high`` = ``1+cispo_eps_high``)."""
-    _check_shapes(logp, logp_behaviour, mask, advantages)
-    l_tok = token_log_ratios(logp, logp_behaviour, mask)
-    r = _token_ratio(l_tok)
+    r = _token_ratio(x.l_tok)
     w = r.clamp(1.0 - cfg.cispo_eps_low, 1.0 + cfg.cispo_eps_high)
-    loss, stats = _pg_loss(w * advantages.float().unsqueeze(-1), logp, mask, cfg, ref_logp, max_new_tokens)
-    stats["ratio/frac_tokens_clipped"] = _frac(w != r, mask)
-    stats.update(_ratio_stats(l_tok.sum(-1), l_tok, mask))
+    loss, stats = _pg_loss(w * x.advantages.float().unsqueeze(-1), x, cfg)
+    stats["ratio/frac_tokens_clipped"] = _frac(w != r, x.mask)
     return loss, stats
 
 
 @estimator_loss
-def icepop_loss(
-    logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *, max_new_tokens: int | None = None
-):
+def icepop_loss(x: LossInputs, cfg: EstimatorConfig):
     """Token-level masked IS (IcePop): ``r A`` on the tokens with ``icepop_low <= r <= icepop_high``,
     0 elsewhere. verl ``rollout_is="token"`` with ``rollout_is_threshold="0.5_5.0"``, TRL
     ``vllm_importance_sampling_mode="token_mask"``. Denominator ``all`` by default: both peers
     zero the weight of a dropped token and keep it in the token count."""
-    _check_shapes(logp, logp_behaviour, mask, advantages)
-    l_tok = token_log_ratios(logp, logp_behaviour, mask)
-    r = _token_ratio(l_tok)
+    r = _token_ratio(x.l_tok)
     kept = (r >= cfg.icepop_low) & (r <= cfg.icepop_high)
-    return _token_mask_loss(r, kept, l_tok, logp, mask, advantages, cfg, ref_logp, max_new_tokens)
+    return _token_mask_loss(r, kept, x, cfg)
 
 
 def divergence_keep_mask(l_tok: Tensor, mask: Tensor, metric: str, low: float, high: float) -> Tensor:
@@ -492,9 +495,7 @@ def divergence_keep_mask(l_tok: Tensor, mask: Tensor, metric: str, low: float, h
 
 
 @estimator_loss
-def seq_mask_loss(
-    logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *, max_new_tokens: int | None = None
-):
+def seq_mask_loss(x: LossInputs, cfg: EstimatorConfig):
     """Sequence-level masked IS: a response is dropped when its metric leaves
     ``[seq_mask_low, seq_mask_high]``. ``seq_mask_metric="rho"``: the metric is the trajectory ratio
     and a kept response is weighted by it (TRL ``vllm_importance_sampling_mode="sequence_mask"``,
@@ -506,22 +507,17 @@ def seq_mask_loss(
     ``sequence_mask``, verl's sequence IS band and verl's bypass-mode rejection (which divides by
     the batch's token count); verl's decoupled mode rejects by shrinking ``response_mask``, i.e.
     ``mask_denominator="kept"``."""
-    _check_shapes(logp, logp_behaviour, mask, advantages)
-    l_tok = token_log_ratios(logp, logp_behaviour, mask)
-    L = l_tok.sum(-1)
+    L, mask = x.L, x.mask
     m = mask.bool()
-    A = advantages.float()
+    A = x.advantages.float()
     if cfg.seq_mask_metric in DIVERGENCE_METRICS:
-        kept_tok = divergence_keep_mask(l_tok, mask, cfg.seq_mask_metric, cfg.seq_mask_low, cfg.seq_mask_high)
+        kept_tok = divergence_keep_mask(x.l_tok, mask, cfg.seq_mask_metric, cfg.seq_mask_low, cfg.seq_mask_high)
         kept = ~(m & ~kept_tok).any(-1)  # the responses that keep every token
-        loss, stats = _pg_loss(
-            kept_tok.float() * A.unsqueeze(-1), logp, mask, cfg, ref_logp, max_new_tokens, kept=kept_tok
-        )
+        loss, stats = _pg_loss(kept_tok.float() * A.unsqueeze(-1), x, cfg, kept=kept_tok)
         stats["ratio/frac_seq_masked"] = (~kept).float().mean()
         stats["ratio/frac_tokens_masked"] = _frac(~kept_tok, mask)
         if not cfg.seq_mask_metric.startswith("token_"):
             stats.update(_weight_stats(kept.float(), L, shortfall=False))
-        stats.update(_ratio_stats(L, l_tok, mask))
         return loss, stats
     lengths = mask.float().sum(-1).clamp(min=1.0)
     log_low = math.log(cfg.seq_mask_low) if cfg.seq_mask_low > 0 else -math.inf
@@ -532,11 +528,10 @@ def seq_mask_loss(
         w = torch.where(kept, torch.exp(L.clamp(max=log_high)), torch.zeros_like(L))
     else:
         w = kept.float()
-    loss, stats = _pg_loss((w * A).unsqueeze(-1), logp, mask, cfg, ref_logp, max_new_tokens, kept=kept.unsqueeze(-1))
+    loss, stats = _pg_loss((w * A).unsqueeze(-1), x, cfg, kept=kept.unsqueeze(-1))
     stats["ratio/frac_seq_masked"] = (~kept).float().mean()
     stats["ratio/frac_tokens_masked"] = _frac(~kept.unsqueeze(-1).expand_as(m), mask)
     stats.update(_weight_stats(w, L, shortfall=cfg.seq_mask_metric == "rho"))
-    stats.update(_ratio_stats(L, l_tok, mask))
     return loss, stats
 
 
@@ -563,89 +558,59 @@ def m2po_keep_mask(l_tok: Tensor, mask: Tensor, tau: float) -> Tensor:
     return out
 
 
-@estimator_loss
-def m2po_loss(
-    logp,
-    logp_behaviour,
-    mask,
-    advantages,
-    cfg: EstimatorConfig,
-    ref_logp=None,
-    *,
-    max_new_tokens: int | None = None,
-    prox_logp=None,
-):
+@estimator_loss(proximal=True)
+def m2po_loss(x: LossInputs, cfg: EstimatorConfig):
     """M2PO (arXiv 2510.01161) in AReaL's decoupled loss: the tokens :func:`m2po_keep_mask` keeps
     (threshold ``m2po_tau``, AReaL ``actor.m2_threshold``) by ``(log r)^2`` between the behaviour and
     the proximal policy ``prox_logp`` (the policy at the batch's first update; None: the current
     one), weighted by :func:`_decoupled_weight`. At a batch's first update that is ``r A`` on the
     kept tokens, no clip. Denominator ``kept`` by default, as AReaL: its ``grpo_loss_fn`` narrows
     ``loss_mask`` to the kept tokens before the loss divides by that mask's count."""
-    _check_shapes(logp, logp_behaviour, mask, advantages)
-    weight, l_behaviour = _decoupled_weight(logp, logp_behaviour, prox_logp, mask, advantages, cfg)
-    kept = m2po_keep_mask(l_behaviour, mask, cfg.m2po_tau)
-    loss, stats = _token_mask_loss(
-        weight,
-        kept,
-        token_log_ratios(logp, logp_behaviour, mask),
-        logp,
-        mask,
-        advantages,
-        cfg,
-        ref_logp,
-        max_new_tokens,
-    )
-    m = mask.bool()
+    weight, l_behaviour = _decoupled_weight(x, cfg)
+    kept = m2po_keep_mask(l_behaviour, x.mask, cfg.m2po_tau)
+    loss, stats = _token_mask_loss(weight, kept, x, cfg)
+    m = x.mask.bool()
     stats["ratio/m2"] = torch.where(m, l_behaviour.float().pow(2), 0.0).sum() / m.sum().clamp(min=1)
     return loss, stats
 
 
 @estimator_loss
-def gmpo_loss(
-    logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *, max_new_tokens: int | None = None
-):
+def gmpo_loss(x: LossInputs, cfg: EstimatorConfig):
     """GMPO (arXiv 2507.20673): ``-A exp(mean_t clip(l_t))`` with each token's log-ratio clipped
     sign-aware before the geometric mean (to at most ``gmpo_clip_high`` for ``A > 0``, at least
     ``-gmpo_clip_low`` for ``A < 0``); unlike ``gspo``, which clips the geometric mean itself.
     verl ``loss_mode=geo_mean`` (``clip_ratio_low``, ``clip_ratio_high``). Gradient ``A s / |y|`` on
     every unclipped token, which ``seq_mean`` (its registry default: verl takes the mean over
     sequences) turns into GMPO's ``A s / |y|``."""
-    _check_shapes(logp, logp_behaviour, mask, advantages)
-    l_tok = token_log_ratios(logp, logp_behaviour, mask)
-    A = advantages.float().unsqueeze(-1).expand_as(l_tok)
+    l_tok = x.l_tok
+    A = x.advantages.float().unsqueeze(-1).expand_as(l_tok)
     clipped = ((A > 0) & (l_tok > cfg.gmpo_clip_high)) | ((A < 0) & (l_tok < -cfg.gmpo_clip_low))
     l_clip = torch.where(clipped, l_tok.clamp(-cfg.gmpo_clip_low, cfg.gmpo_clip_high), l_tok)
-    lengths = mask.float().sum(-1).clamp(min=1.0)
+    lengths = x.mask.float().sum(-1).clamp(min=1.0)
     s = torch.exp((l_clip.sum(-1) / lengths).clamp(max=50.0))
     coef = torch.where(clipped, torch.zeros_like(A), A * s.unsqueeze(-1))
-    loss, stats = _pg_loss(coef, logp, mask, cfg, ref_logp, max_new_tokens)
-    stats["ratio/frac_tokens_clipped"] = _frac(clipped, mask)
-    stats.update(_ratio_stats(l_tok.sum(-1), l_tok, mask))
+    loss, stats = _pg_loss(coef, x, cfg)
+    stats["ratio/frac_tokens_clipped"] = _frac(clipped, x.mask)
     return loss, stats
 
 
 @estimator_loss
-def dppo_loss(
-    logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *, max_new_tokens: int | None = None
-):
+def dppo_loss(x: LossInputs, cfg: EstimatorConfig):
     """DPPO, total-variation form (arXiv 2602.04879): mask a token whose probability moved more
     than ``dppo_delta_high`` up (``A > 0``) or ``dppo_delta_low`` down (``A <= 0``); the rest get
     ``min(r, dppo_ratio_cap) A``. verl ``loss_mode=dppo_tv`` (``clip_ratio_low``,
     ``clip_ratio_high``, ``clip_ratio_c``); prime-rl's default loss is the same mask without the cap
     and with a penalty (``prime_dppo``). Denominator ``all`` by default: verl multiplies the masked
     tokens' loss by 0 under the unchanged ``response_mask``."""
-    _check_shapes(logp, logp_behaviour, mask, advantages)
-    l_tok = token_log_ratios(logp, logp_behaviour, mask)
-    valid = _tv_keeps(logp, logp_behaviour, mask, advantages, cfg)
-    weight = _token_ratio(l_tok).clamp(max=cfg.dppo_ratio_cap)
-    return _token_mask_loss(weight, valid, l_tok, logp, mask, advantages, cfg, ref_logp, max_new_tokens)
+    weight = _token_ratio(x.l_tok).clamp(max=cfg.dppo_ratio_cap)
+    return _token_mask_loss(weight, _tv_keeps(x, cfg), x, cfg)
 
 
-def _tv_keeps(logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig) -> Tensor:
+def _tv_keeps(x: LossInputs, cfg: EstimatorConfig) -> Tensor:
     """DPPO's total-variation trust region: the tokens whose probability rose by at most
     ``dppo_delta_high`` (``A > 0``) or fell by at most ``dppo_delta_low`` (``A <= 0``)."""
-    dp = torch.where(mask.bool(), torch.exp(logp.detach().float()) - torch.exp(logp_behaviour.float()), 0.0)
-    A = advantages.float().unsqueeze(-1).expand_as(dp)
+    dp = torch.where(x.mask.bool(), torch.exp(x.logp.detach().float()) - torch.exp(x.behaviour_logp.float()), 0.0)
+    A = x.advantages.float().unsqueeze(-1).expand_as(dp)
     return torch.where(A > 0, dp <= cfg.dppo_delta_high, dp >= -cfg.dppo_delta_low)
 
 
@@ -659,63 +624,43 @@ def _binary_kl(log_p: Tensor, log_q: Tensor, eps: float) -> Tensor:
 
 
 @estimator_loss
-def dppo_kl_loss(
-    logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *, max_new_tokens: int | None = None
-):
+def dppo_kl_loss(x: LossInputs, cfg: EstimatorConfig):
     """DPPO, binary-KL form (arXiv 2602.04879; verl ``loss_mode=dppo_kl``): each token's
     behaviour and current probabilities ``q`` and ``p`` as two Bernoulli distributions, ``D =
     q log(q / p) + (1 - q) log((1 - q + 1e-8) / (1 - p + 1e-8))`` (verl's form); a token of positive
     advantage is masked where ``D > dppo_kl_high`` and its probability rose, one of negative
     advantage where ``D > dppo_kl_low`` and it fell; the rest get ``min(r, dppo_ratio_cap) A``.
     Denominator ``all``, as verl's."""
-    _check_shapes(logp, logp_behaviour, mask, advantages)
-    l_tok = token_log_ratios(logp, logp_behaviour, mask)
-    m = mask.bool()
-    p = torch.where(m, torch.exp(logp.detach().float()), 0.0)
-    q = torch.where(m, torch.exp(logp_behaviour.float()), 0.0)
+    l_tok = x.l_tok
+    m = x.mask.bool()
+    p = torch.where(m, torch.exp(x.logp.detach().float()), 0.0)
+    q = torch.where(m, torch.exp(x.behaviour_logp.float()), 0.0)
     D = q * -l_tok + (1.0 - q) * torch.log((1.0 - q + 1e-8) / (1.0 - p + 1e-8))
-    A = advantages.float().unsqueeze(-1).expand_as(l_tok)
+    A = x.advantages.float().unsqueeze(-1).expand_as(l_tok)
     valid = torch.where(A > 0, (D <= cfg.dppo_kl_high) | (p <= q), (D <= cfg.dppo_kl_low) | (p >= q))
     weight = _token_ratio(l_tok).clamp(max=cfg.dppo_ratio_cap)
-    return _token_mask_loss(weight, valid, l_tok, logp, mask, advantages, cfg, ref_logp, max_new_tokens)
+    return _token_mask_loss(weight, valid, x, cfg)
 
 
 @estimator_loss
-def prime_dppo_loss(
-    logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *, max_new_tokens: int | None = None
-):
+def prime_dppo_loss(x: LossInputs, cfg: EstimatorConfig):
     """prime-rl's default loss (``loss.type=default``): DPPO's total-variation mask
     (``dppo_delta_low``, ``dppo_delta_high``; prime-rl's ``dppo_mask_low``, ``dppo_mask_high``), the
     kept tokens' ``r A`` with no cap, and Kimi K2.5's penalty ``prime_kl_tau (log r)^2`` on every
     valid token, kept or masked (``kl_tau``), which pulls a stale token back towards its behaviour
     probability with a gradient ``2 prime_kl_tau log r``. Denominator ``all``: prime-rl sums the
     per-token loss over the batch's loss-mask tokens and divides by their count."""
-    _check_shapes(logp, logp_behaviour, mask, advantages)
-    l_tok = token_log_ratios(logp, logp_behaviour, mask)
-    valid = _tv_keeps(logp, logp_behaviour, mask, advantages, cfg)
-    loss, stats = _token_mask_loss(
-        _token_ratio(l_tok), valid, l_tok, logp, mask, advantages, cfg, ref_logp, max_new_tokens
-    )
-    log_r = torch.where(mask.bool(), logp.float() - logp_behaviour.float(), 0.0)  # with its gradient
-    penalty = _aggregate(log_r.pow(2), mask, cfg.aggregation, max_new_tokens)
+    loss, stats = _token_mask_loss(_token_ratio(x.l_tok), _tv_keeps(x, cfg), x, cfg)
+    log_r = torch.where(x.mask.bool(), x.logp.float() - x.behaviour_logp.float(), 0.0)  # with its gradient
+    penalty = _aggregate(log_r.pow(2), x.mask, cfg.aggregation, x.max_new_tokens)
     loss = loss + cfg.prime_kl_tau * penalty
     stats["loss/ratio_penalty"] = penalty.detach()
     stats["loss/total"] = loss.detach()
     return loss, stats
 
 
-@estimator_loss
-def kpop_loss(
-    logp,
-    logp_behaviour,
-    mask,
-    advantages,
-    cfg: EstimatorConfig,
-    ref_logp=None,
-    *,
-    max_new_tokens: int | None = None,
-    prox_logp=None,
-):
+@estimator_loss(proximal=True)
+def kpop_loss(x: LossInputs, cfg: EstimatorConfig):
     """KPop (AReaL ``actor.rejection_sampling`` with ``metric=binary_kl``, ``level=token``,
     ``action=mask``) in AReaL's decoupled loss: each token's proximal (``prox_logp``, the policy at
     the batch's first update; None: the current one) and behaviour probabilities as two Bernoulli
@@ -723,49 +668,31 @@ def kpop_loss(
     and reverse binary KL exceeds ``kpop_threshold``; the rest weighted by
     :func:`_decoupled_weight`, which at a batch's first update is ``r A``. Denominator ``all``: AReaL
     divides by the loss mask's count before the rejection."""
-    _check_shapes(logp, logp_behaviour, mask, advantages)
-    weight, _ = _decoupled_weight(logp, logp_behaviour, prox_logp, mask, advantages, cfg)
-    lp, lb = (logp.detach() if prox_logp is None else prox_logp), logp_behaviour
+    weight, _ = _decoupled_weight(x, cfg)
+    lp, lb = (x.logp.detach() if x.prox_logp is None else x.prox_logp), x.behaviour_logp
     divergence = torch.maximum(_binary_kl(lp, lb, 1e-8), _binary_kl(lb, lp, 1e-8))
-    kept = mask.bool() & (divergence <= cfg.kpop_threshold)
-    return _token_mask_loss(
-        weight,
-        kept,
-        token_log_ratios(logp, logp_behaviour, mask),
-        logp,
-        mask,
-        advantages,
-        cfg,
-        ref_logp,
-        max_new_tokens,
-    )
+    kept = x.mask.bool() & (divergence <= cfg.kpop_threshold)
+    return _token_mask_loss(weight, kept, x, cfg)
 
 
 @estimator_loss
-def opsm_loss(
-    logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *, max_new_tokens: int | None = None
-):
+def opsm_loss(x: LossInputs, cfg: EstimatorConfig):
     """GRPO with DeepSeek-V3.2's off-policy sequence mask (TRL ``off_policy_mask_threshold``):
     GRPO's clipped coefficient (:func:`_ppo_clip`, two-sided with ``grpo_delta``), and a response
     of negative advantage whose mean per-token ``log mu - log pi`` exceeds ``opsm_threshold``
     dropped whole. Denominator ``all``: TRL multiplies the dropped responses' loss by 0."""
-    _check_shapes(logp, logp_behaviour, mask, advantages)
-    l_tok = token_log_ratios(logp, logp_behaviour, mask)
-    coef, clipped = _ppo_clip(l_tok, advantages, cfg)
-    lengths = mask.float().sum(-1).clamp(min=1.0)
-    kept_rows = (advantages.float() >= 0) | (-l_tok.sum(-1) / lengths <= cfg.opsm_threshold)
-    kept = kept_rows.unsqueeze(-1).expand_as(l_tok)
-    loss, stats = _pg_loss(torch.where(kept, coef, 0.0), logp, mask, cfg, ref_logp, max_new_tokens, kept=kept)
+    coef, clipped = _ppo_clip(x.l_tok, x.advantages, cfg)
+    lengths = x.mask.float().sum(-1).clamp(min=1.0)
+    kept_rows = (x.advantages.float() >= 0) | (-x.L / lengths <= cfg.opsm_threshold)
+    kept = kept_rows.unsqueeze(-1).expand_as(x.l_tok)
+    loss, stats = _pg_loss(torch.where(kept, coef, 0.0), x, cfg, kept=kept)
     stats["ratio/frac_seq_masked"] = (~kept_rows).float().mean()
-    stats["ratio/frac_tokens_clipped"] = _frac(clipped & kept, mask)
-    stats.update(_ratio_stats(l_tok.sum(-1), l_tok, mask))
+    stats["ratio/frac_tokens_clipped"] = _frac(clipped & kept, x.mask)
     return loss, stats
 
 
 @estimator_loss
-def sapo_loss(
-    logp, logp_behaviour, mask, advantages, cfg: EstimatorConfig, ref_logp=None, *, max_new_tokens: int | None = None
-):
+def sapo_loss(x: LossInputs, cfg: EstimatorConfig):
     """SAPO (Soft Adaptive Policy Optimization, arXiv 2511.20347): a smooth sigmoid gate on the token
     ratio in place of PPO's hard clip. The peers' loss is ``-f(r) A`` with
     ``f(r) = sigmoid(tau (r - 1)) 4 / tau``, ``tau = sapo_tau_pos`` where ``A > 0`` and
@@ -776,14 +703,11 @@ def sapo_loss(
     ``sapo_temperature_neg``; mean per sequence), AReaL ``actor.use_sapo_loss`` (which averages over
     the batch's tokens instead). ``ratio/frac_tokens_damped``: the tokens whose gradient the gate at
     least halves (``4 s (1 - s) <= 1/2``; at the default temperatures, ratios above about 2.76)."""
-    _check_shapes(logp, logp_behaviour, mask, advantages)
-    l_tok = token_log_ratios(logp, logp_behaviour, mask)
-    r = _token_ratio(l_tok)
-    A = advantages.float().unsqueeze(-1).expand_as(r)
+    r = _token_ratio(x.l_tok)
+    A = x.advantages.float().unsqueeze(-1).expand_as(r)
     tau = torch.where(A > 0, torch.full_like(r, cfg.sapo_tau_pos), torch.full_like(r, cfg.sapo_tau_neg))
-    x = tau * (r - 1.0)
-    damp = 4.0 * torch.sigmoid(x) * torch.sigmoid(-x)  # f'(r) = 4 s (1 - s), exact in both tails
-    loss, stats = _pg_loss(damp * r * A, logp, mask, cfg, ref_logp, max_new_tokens)
-    stats["ratio/frac_tokens_damped"] = _frac(damp <= 0.5, mask)
-    stats.update(_ratio_stats(l_tok.sum(-1), l_tok, mask))
+    z = tau * (r - 1.0)
+    damp = 4.0 * torch.sigmoid(z) * torch.sigmoid(-z)  # f'(r) = 4 s (1 - s), exact in both tails
+    loss, stats = _pg_loss(damp * r * A, x, cfg)
+    stats["ratio/frac_tokens_damped"] = _frac(damp <= 0.5, x.mask)
     return loss, stats

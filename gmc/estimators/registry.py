@@ -173,10 +173,10 @@ class Estimator:
     """A registered estimator: its loss, what it declares of itself, and how results show it."""
 
     loss: str
-    """``module:function`` of its loss ``fn(logp, logp_behaviour, mask, advantages, cfg,
-    ref_logp=None, *, max_new_tokens=None) -> (loss, stats)`` (and ``prox_logp=None`` for a
-    :attr:`proximal` one), with ``cfg`` the settings :meth:`resolved` gives; imported when the loss
-    is needed (:meth:`loss_function`)."""
+    """``module:function`` of its loss ``fn(logp, behaviour_logp, mask, advantages, cfg,
+    ref_logp=None, *, max_new_tokens=None, prox_logp=None) -> (loss, stats)`` (``prox_logp`` given
+    to a :attr:`proximal` one alone), with ``cfg`` the settings :meth:`resolved` gives; imported
+    when the loss is needed (:meth:`loss_function`)."""
     label: str
     """Name in figure legends and reports."""
     color: str

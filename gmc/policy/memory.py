@@ -35,7 +35,7 @@ on resume, the optimizer's states loaded; the checkpoint itself is read into hos
   ``tokens x (12 H + 4 q + 4 kv + 6 I)`` or the LM-head chunk's float32 logits and log-softmax
   ``logprob_chunk_size x vocab x 8``, the larger, plus below float32 masters the widest weight
   cast to the compute dtype (the pass casts each weight where it is used, autocast's cache off:
-  no copy of every weight, :func:`gmc.policy.update.sequence_logprobs`);
+  no copy of every weight, :func:`gmc.policy.logprobs.sequence_logprobs`);
 - a frozen KL reference on the device (``estimator.kl_coef > 0``), as the parameters;
 - vLLM: ``gpu_memory_utilization`` of the device when awake (its CUDA graphs included: vLLM
   profiles them inside its share), about 2 GiB asleep (sleep level 2: weights and KV cache

@@ -4,7 +4,7 @@
 materialising a ``[N, T, vocab]`` float32 log-softmax: the LM head and the log-softmax run over
 chunks of positions under activation checkpointing, so peak memory grows with the chunk, not
 the vocabulary times the sequence (the passes over rollouts that use it are in
-:mod:`gmc.policy.update`).
+:mod:`gmc.policy.logprobs`).
 
 The tiny CPU policy is built in ``gmc.run.tiny_model``.
 """

@@ -1,210 +1,22 @@
-"""The update (method.md section 7): per-token log-probs of a batch of rollouts and one step's
-gradient, within a token budget of padded tokens per forward. Every pass over rollouts (the
-behaviour pass, the KL reference, the training forward/backward) runs in *canonical
-micro-batches* (:func:`micro_batches`), so a row's log-probs do not depend on the rows it is
-batched with; :class:`Update` gives the gradient of the estimator's whole-batch loss with one
-forward and backward per micro-batch, and a no-grad pass first only for losses that need the
-batch's statistics before backward.
+"""The update (method.md section 7): one step's gradient from a batch of rollouts, within a token
+budget of padded tokens per forward. It forwards in the canonical micro-batches of
+:mod:`gmc.policy.logprobs`, so a row's log-probs do not depend on the rows it is batched with;
+:class:`Update` gives the gradient of the estimator's whole-batch loss with one forward and
+backward per micro-batch, and a no-grad pass first only for losses that need the batch's
+statistics before backward.
 """
 
 from __future__ import annotations
 
-import contextlib
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 from torch import Tensor
 
 from gmc.estimators import EstimatorConfig, advantages_for
-from gmc.policy.model import token_logprobs_from_hidden
-
-MIN_QUANTUM = 8
-
-
-def canonical_length(n: int) -> int:
-    """The padded length of a row of ``n`` tokens: ``n`` rounded up to a multiple of
-    ``max(8, 2**floor(log2 n) / 32)``, a function of ``n`` alone (under 3.2% padding, or 7 tokens:
-    a 4,160-token row of the paper's shape pads to 4,224; ``bench/padding.py`` measures a batch's
-    padding and forwards against a grid of eighths).
-
-    A row is its prompt and response from position 0, right-padded to this length; rows of one
-    length are forwarded together. So a row meets the same tensor shape, code path and kernels
-    whichever rows share its batch, and with unchanged weights the behaviour log-probs of a stale
-    group equal its training log-probs exactly (different padding alone moves a bfloat16
-    trajectory by 3e-3 nats, enough to fire caps)."""
-    if n < 1:
-        raise ValueError(f"a row needs at least one token, got {n}")
-    quantum = max(MIN_QUANTUM, 1 << max(0, n.bit_length() - 6))
-    return -(-n // quantum) * quantum
-
-
-def micro_batches(lengths: Sequence[int], budget: int) -> list[list[int]]:
-    """Row indices per forward: rows of one canonical length together, at most ``budget`` padded
-    tokens per forward (one row at least); ``budget = 0``: a whole bucket per forward. Rows keep
-    their order within a bucket; buckets run shortest first."""
-    if budget < 0:
-        raise ValueError(f"budget must be >= 0, got {budget}")
-    buckets: dict[int, list[int]] = {}
-    for i, n in enumerate(lengths):
-        buckets.setdefault(canonical_length(n), []).append(i)
-    plan = []
-    for width in sorted(buckets):
-        rows = buckets[width]
-        per = len(rows) if budget == 0 else max(1, budget // width)
-        plan += [rows[k : k + per] for k in range(0, len(rows), per)]
-    return plan
-
-
-@dataclass
-class Rows:
-    """Rollout rows as the passes see them: each row's prompt+response token ids from position
-    0, with the prompt's length; ``lengths`` are response lengths (0 allowed: nothing to score)."""
-
-    sequences: list[Tensor]  # [P_i + R_i] int64
-    prompt_lengths: list[int]
-    lengths: list[int]
-
-    @classmethod
-    def from_groups(cls, groups) -> Rows:
-        """The rows of :class:`gmc.rollouts.groups.Group` s, group after group."""
-        seqs, prompts, lengths = [], [], []
-        for g in groups:
-            for j in range(g.response_ids.shape[0]):
-                n = int(g.response_mask[j].sum())
-                seqs.append(torch.cat([g.prompt_ids, g.response_ids[j, :n]]))
-                prompts.append(len(g.prompt_ids))
-                lengths.append(n)
-        return cls(seqs, prompts, lengths)
-
-    def __len__(self) -> int:
-        return len(self.sequences)
-
-    def plan(self, budget: int) -> list[list[int]]:
-        return micro_batches([len(s) for s in self.sequences], budget)
-
-
-Attention = Literal["causal", "masked"]
-"""How a canonical micro-batch attends [choice, ``attention``]. ``causal``: the right-padded rows
-go through the model with no attention mask, so attention is plain causal attention (SDPA's
-flash path, no ``[rows, 1, T, T]`` mask built); a real token attends only to the real tokens
-before it, and the padding after a row never reaches it, so its log-probs are those of the
-masked forward up to kernel rounding. ``masked``: an explicit padding mask (transformers builds
-the 4-D mask; SDPA computes the full square), kept as the reference."""
-
-
-def _forward(
-    model,
-    rows: Rows,
-    idx: list[int],
-    pad_id: int,
-    temperature: float,
-    chunk_size: int,
-    attention: Attention = "causal",
-    fp32_head: bool = False,
-) -> Tensor:
-    """Response log-probs ``[len(idx), max response length]`` (float32; zero past each end) of
-    one canonical micro-batch; differentiable when grad is enabled."""
-    device = next(model.parameters()).device
-    width = canonical_length(len(rows.sequences[idx[0]]))
-    T = max(1, max(rows.lengths[i] for i in idx))
-    ids, start, length, filled = _to_device(_host_batch(rows, idx, pad_id, width), device)
-    span = torch.arange(width, device=device).unsqueeze(0)
-    attn = (span < filled.unsqueeze(1)).long() if attention == "masked" else None
-    # the hidden state at position p - 1 predicts token p: response token t of row k sits at
-    # start_k + t (clamped into the row; positions past the response end are masked by callers)
-    pos = (start.unsqueeze(1) + span[:, :T]).clamp(max=width - 1)
-    hidden = model.get_decoder()(input_ids=ids, attention_mask=attn).last_hidden_state
-    head = model.get_output_embeddings()
-    if getattr(head, "bias", None) is not None:
-        raise NotImplementedError("log-probs expect an LM head without bias")
-    h = hidden.gather(1, (pos - 1).unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
-    logp = token_logprobs_from_hidden(head.weight, h, ids.gather(1, pos), temperature, chunk_size, fp32_head)
-    live = span[:, :T] < length.unsqueeze(1)
-    return torch.where(live, logp, torch.zeros_like(logp))
-
-
-def _host_batch(rows: Rows, idx: list[int], pad_id: int, width: int) -> Tensor:
-    """One micro-batch built on the host as a single int64 tensor ``[len(idx), width + 3]``: each
-    row's token ids right-padded to ``width``, then its prompt length, its response length and
-    its length in tokens."""
-    batch = torch.full((len(idx), width + 3), pad_id, dtype=torch.long, device="cpu")
-    for k, i in enumerate(idx):
-        batch[k, : len(rows.sequences[i])] = rows.sequences[i]
-    batch[:, width:] = torch.tensor(
-        [[rows.prompt_lengths[i], rows.lengths[i], len(rows.sequences[i])] for i in idx], device="cpu"
-    )
-    return batch
-
-
-def _transfer(host: Tensor, device: torch.device) -> Tensor:
-    """A host tensor on ``device``; to a GPU from pinned memory without waiting on it, so the host
-    goes on building the next micro-batch."""
-    return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host.to(device)
-
-
-def _to_device(batch: Tensor, device: torch.device) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """:func:`_host_batch` on ``device`` in one transfer, split into ids, prompt lengths, response
-    lengths and row lengths."""
-    batch = _transfer(batch, device)
-    width = batch.shape[1] - 3
-    return batch[:, :width], batch[:, width], batch[:, width + 1], batch[:, width + 2]
-
-
-def _plan_indices(plan: list[list[int]], device: torch.device) -> list[Tensor]:
-    """Each micro-batch's row indices as a tensor on ``device``, all from one transfer."""
-    if not plan:
-        return []
-    flat = _transfer(torch.tensor([i for idx in plan for i in idx], dtype=torch.long, device="cpu"), device)
-    return list(torch.split(flat, [len(idx) for idx in plan]))
-
-
-def precision(model, compute_dtype: torch.dtype | None, cache: bool = True):
-    """Autocast to ``compute_dtype`` when the model keeps wider (float32 master) parameters;
-    nothing when they already are in ``compute_dtype`` (or it is None). Without ``cache``, each
-    weight is cast where it is used instead of once per pass: a no-grad pass then never holds a
-    compute-dtype copy of every weight (7.5 GiB at 4B) beside vLLM; the values are the same."""
-    params = next(model.parameters())
-    if compute_dtype is None or compute_dtype == params.dtype:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=params.device.type, dtype=compute_dtype, cache_enabled=cache)
-
-
-@contextlib.contextmanager
-def training_mode(model):
-    """Every pass over rollouts runs in training mode (the mode of the training forward),
-    restoring the model's mode afterwards."""
-    was = model.training
-    model.train()
-    try:
-        yield
-    finally:
-        model.train(was)
-
-
-def sequence_logprobs(
-    model,
-    rows: Rows,
-    budget: int,
-    pad_id: int,
-    temperature: float = 1.0,
-    chunk_size: int = 4096,
-    compute_dtype: torch.dtype | None = None,
-    attention: Attention = "causal",
-    fp32_head: bool = False,
-) -> Tensor:
-    """No-grad response log-probs ``[N, T]`` (float32, on the model's device, zero past each
-    end; ``T`` the longest response, at least 1) in canonical micro-batches."""
-    device = next(model.parameters()).device
-    out = torch.zeros(len(rows), max(1, max(rows.lengths, default=1)), device=device)
-    plan = rows.plan(budget)
-    with torch.no_grad(), training_mode(model), precision(model, compute_dtype, cache=False):
-        for idx, at in zip(plan, _plan_indices(plan, device)):
-            lp = _forward(model, rows, idx, pad_id, temperature, chunk_size, attention, fp32_head)
-            out[at, : lp.shape[1]] = lp
-    return out
+from gmc.policy.logprobs import Attention, Rows, _forward, _plan_indices, per_group, precision, sequence_logprobs
 
 
 @dataclass
@@ -358,7 +170,7 @@ class Update:
         adv = advantages_for(rewards, lengths, self.cfg)
         behaviour = None if on_policy else self._per_token(groups, "behaviour_logp", T, device)
         sampler = self._per_token(groups, "sampler_logp", T, device)
-        prox = {} if proximal is None else {"prox_logp": self._stack(proximal, T, device)}
+        prox = None if proximal is None else self._stack(proximal, T, device)
         corr = self.correction
         reads_current = corr is not None and (self.sampler_behaviour or on_policy)
         weights, keep, extra = None, mask, {}
@@ -373,17 +185,7 @@ class Update:
                 weights, keep, extra = correct(current - sampler, mask, corr)
             if weights is not None:
                 logp.register_hook(lambda grad: grad * weights)
-            loss, stats = self.loss_fn(
-                logp,
-                current if on_policy else behaviour,
-                keep,
-                adv,
-                self.cfg,
-                ref_logp=ref,
-                max_new_tokens=self.max_new_tokens,
-                **prox,
-                **self.quiet,
-            )
+            loss, stats = self._loss(logp, current if on_policy else behaviour, keep, adv, ref, prox)
             loss.backward()
             loss = loss.detach()
         elif self.per_row and not reads_current and not (on_policy and ref is None):
@@ -396,17 +198,7 @@ class Update:
                 if reads_current:
                     weights, keep, extra = correct(values - sampler, mask, corr)
             leaf = values.clone().requires_grad_(True)
-            loss, stats = self.loss_fn(
-                leaf,
-                values if on_policy else behaviour,
-                keep,
-                adv,
-                self.cfg,
-                ref_logp=ref,
-                max_new_tokens=self.max_new_tokens,
-                **prox,
-                **self.quiet,
-            )
+            loss, stats = self._loss(leaf, values if on_policy else behaviour, keep, adv, ref, prox)
             (coef,) = torch.autograd.grad(loss, leaf)
             if weights is not None:
                 coef = coef * weights
@@ -433,13 +225,12 @@ class Update:
         adv: Tensor,
         ref: Tensor | None,
         weights: Tensor | None = None,
-        prox: dict | None = None,
+        prox: Tensor | None = None,
     ) -> tuple[Tensor, dict, Tensor]:
         """The micro-batched step of a loss that splits per row (``behaviour`` None: on-policy,
         the rows' own log-probs are their behaviour; ``weights``: each token's gradient is
-        multiplied by its weight; ``prox``: the loss's proximal log-probs, as a keyword); returns
-        the loss, statistics and every row's log-probs."""
-        prox = prox or {}
+        multiplied by its weight; ``prox``: the loss's proximal log-probs); returns the loss,
+        statistics and every row's log-probs."""
         B, G, T = mask.shape
         values = torch.zeros(B * G, T, device=mask.device)  # every row's log-probs, filled as forwarded
         held = values if behaviour is None else behaviour.reshape(B * G, T)  # the other rows: any finite values
@@ -451,33 +242,39 @@ class Update:
             if flat_weights is not None:
                 lp.register_hook(lambda grad, w=flat_weights[at, : lp.shape[1]]: grad * w)
             logp = held.index_put((at,), torch.nn.functional.pad(lp, (0, T - lp.shape[1]))).view(B, G, T)
-            loss, _ = self.loss_fn(
-                logp,
-                logp.detach() if behaviour is None else behaviour,
-                mask,
-                adv,
-                self.cfg,
-                ref_logp=ref,
-                max_new_tokens=self.max_new_tokens,
-                **prox,
-                **self.quiet,
-            )
+            loss, _ = self._loss(logp, logp.detach() if behaviour is None else behaviour, mask, adv, ref, prox)
             loss.backward()
             values[at, : lp.shape[1]] = lp.detach()
         logp = values.view(B, G, T)
         with torch.no_grad():
-            loss, stats = self.loss_fn(
-                logp,
-                logp if behaviour is None else behaviour,
-                mask,
-                adv,
-                self.cfg,
-                ref_logp=ref,
-                max_new_tokens=self.max_new_tokens,
-                **prox,
-                **self.quiet,
-            )
+            loss, stats = self._loss(logp, logp if behaviour is None else behaviour, mask, adv, ref, prox)
         return loss, stats, logp
+
+    def _loss(
+        self,
+        logp: Tensor,
+        behaviour_logp: Tensor,
+        mask: Tensor,
+        adv: Tensor,
+        ref: Tensor | None,
+        prox: Tensor | None,
+    ) -> tuple[Tensor, dict]:
+        """The estimator's loss and statistics on the whole batch, ``[B, G, T]`` log-probs (``ref``:
+        the reference policy's, for the KL term; ``prox``: the proximal policy's, given only to a
+        loss that takes one), with the run's settings and token limit; statistics left on the
+        device where the loss can leave them."""
+        proximal = {} if prox is None else {"prox_logp": prox}
+        return self.loss_fn(
+            logp,
+            behaviour_logp,
+            mask,
+            adv,
+            self.cfg,
+            ref_logp=ref,
+            max_new_tokens=self.max_new_tokens,
+            **proximal,
+            **self.quiet,
+        )
 
     def _forward(self, rows: Rows, idx: list[int]) -> Tensor:
         """The training forward of one canonical micro-batch, with gradient."""
@@ -515,19 +312,3 @@ class Update:
         inverse = torch.empty(len(order), dtype=torch.long, device=device)
         inverse[torch.tensor(order, device=device)] = torch.arange(len(order), device=device)
         return torch.cat(pieces).index_select(0, inverse)
-
-
-def per_group(values: Tensor, groups) -> list[Tensor]:
-    """Per-row values ``[N, T]`` of :meth:`Rows.from_groups` ``(groups)`` as each group's own
-    ``[G, T']`` (copies, cut to the group's ``response_ids`` width; zero past each end)."""
-    out, at = [], 0
-    for g in groups:
-        G, T = g.response_ids.shape
-        out.append(values[at : at + G, :T].clone())
-        at += G
-    return out
-
-
-def padded_tokens(rows: Rows, budget: int) -> list[int]:
-    """Padded tokens of each forward of the plan (for tests and memory reports)."""
-    return [len(idx) * canonical_length(len(rows.sequences[idx[0]])) for idx in rows.plan(budget)]

@@ -7,7 +7,7 @@ calls, so the trainer runs it in process and a remote rollout worker can run the
 on the prompts it is given. The run's prompt order is a :class:`PromptCursor` (a seeded
 permutation per epoch, resumable), which stays with the trainer. Behaviour log-probs
 [choice, ``behaviour_logprobs``]: ``trainer`` recomputes them with the trainer's forward
-(:mod:`gmc.policy.update`'s canonical micro-batches, so they equal the training forward's bit for bit
+(:mod:`gmc.policy.logprobs`'s canonical micro-batches, so they equal the training forward's bit for bit
 while the weights are unchanged), ``sampler`` takes the engine's own, ``none`` leaves them to
 the training forward (on-policy runs).
 """
@@ -24,7 +24,8 @@ from typing import Literal
 import numpy as np
 import torch
 
-from gmc.policy.update import Rows, Update, per_group, precision
+from gmc.policy.logprobs import Rows, per_group, precision
+from gmc.policy.update import Update
 from gmc.rollouts.engines import ENGINES, SamplingConfig
 from gmc.rollouts.groups import Collected, Group
 from gmc.tasks.datasets import Record, format_prompt, load_dataset, load_file

@@ -185,7 +185,7 @@ class TrainConfig:
     device's total memory, and no check on a CPU. A plan that does not fit stops the run before
     anything large loads, naming the keys that would shrink it."""
     attention: Literal["causal", "masked"] = "causal"
-    """How a micro-batch attends (gmc.policy.update): ``causal``, right-padded rows with no attention
+    """How a micro-batch attends (gmc.policy.logprobs): ``causal``, right-padded rows with no attention
     mask (the fast path on every device: no 4-D mask, SDPA's flash kernels); ``masked``, an
     explicit padding mask (the reference; log-probs equal up to kernel rounding)."""
     reference_device: str = "auto"

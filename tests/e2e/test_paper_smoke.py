@@ -130,7 +130,7 @@ def test_every_run_trained_the_paper_code_path():
     # and one response token each) holds more padded tokens than one forward may take
     from transformers import AutoTokenizer
 
-    from gmc.policy.update import micro_batches
+    from gmc.policy.logprobs import micro_batches
     from gmc.tasks.datasets import format_prompt, load_dataset
 
     budget = SMOKE["train"]["micro_batch_tokens"]

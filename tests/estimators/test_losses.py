@@ -842,3 +842,16 @@ def test_decoupled_losses_weight_by_the_behaviour_and_clip_the_proximal_ratio_ha
     loss_self.backward()
     assert float(loss_none.detach()) == float(loss_self.detach()) and torch.equal(y.grad, z.grad)
     torch.testing.assert_close(y.grad, -torch.exp(l_b + l_p) * adv.unsqueeze(-1) / 6, rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_a_loss_takes_a_proximal_policy_exactly_when_its_entry_declares_one(name):
+    """The decoupled losses read ``prox_logp`` (the registry's ``proximal``); every other loss
+    refuses one rather than ignore it."""
+    logp, logp_b, mask, rewards = random_batch(seed=2)
+    call = functools.partial(call_loss, name, logp, logp_b, mask, group_advantages(rewards), prox_logp=logp_b)
+    if REGISTRY[name].proximal:
+        call()
+    else:
+        with pytest.raises(TypeError, match="takes no prox_logp"):
+            call()

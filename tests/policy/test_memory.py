@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from gmc.policy.build import qwen3_model
+from gmc.policy.logprobs import Rows, _forward, precision
 from gmc.policy.memory import (
     ALLOCATOR_RESERVE,
     GIB,
@@ -17,7 +18,6 @@ from gmc.policy.memory import (
     checkpoint_host_bytes,
     plan,
 )
-from gmc.policy.update import Rows, _forward, precision
 from gmc.run.config import load_train_config
 from gmc.run.random_model import QWEN3_VOCAB_ROWS, RandomModelConfig
 

@@ -1,5 +1,6 @@
-"""The update (gmc.policy.update): canonical micro-batches, batch-independent log-probs, and a
-micro-batched step that equals the whole-batch step for every estimator, with and without KL."""
+"""The log-prob pass and the update (gmc.policy.logprobs, gmc.policy.update): canonical
+micro-batches, batch-independent log-probs, and a micro-batched step that equals the whole-batch
+step for every estimator, with and without KL."""
 
 import copy
 import os
@@ -9,14 +10,8 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from gmc.estimators import REGISTRY, EstimatorConfig, get_estimator, group_advantages
-from gmc.policy.update import (
-    Rows,
-    Update,
-    canonical_length,
-    micro_batches,
-    padded_tokens,
-    sequence_logprobs,
-)
+from gmc.policy.logprobs import Rows, canonical_length, micro_batches, padded_tokens, sequence_logprobs
+from gmc.policy.update import Update
 from gmc.rollouts.groups import Group
 
 VOCAB = 96
@@ -154,7 +149,7 @@ def test_the_no_grad_pass_casts_weights_where_they_are_used_to_the_same_values()
     """Over float32 masters in bfloat16 the no-grad pass runs without autocast's weight cache
     (no bfloat16 copy of every weight beside vLLM): its log-probs equal, bit for bit, those of
     the training forward under the cached autocast, so on-policy ratios stay exactly 1."""
-    from gmc.policy.update import _forward, precision
+    from gmc.policy.logprobs import _forward, precision
 
     model = random_model().train()
     rows = Rows.from_groups(random_groups(B=3, G=4))

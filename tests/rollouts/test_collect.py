@@ -4,7 +4,7 @@ its measurements returned (no trainer involved), and the prompt cursor."""
 import pytest
 import torch
 
-from gmc.policy.update import sequence_logprobs
+from gmc.policy.logprobs import sequence_logprobs
 from gmc.rollouts.collect import (
     Collector,
     PromptCursor,

@@ -11,7 +11,7 @@ import torch
 from helpers import train
 
 from gmc.io import read_jsonl
-from gmc.policy.update import Rows, sequence_logprobs
+from gmc.policy.logprobs import Rows, sequence_logprobs
 from gmc.rollouts.sources import read_trace
 from gmc.run.config import ConfigError
 from gmc.run.trainer import Trainer, without_time
