@@ -5,6 +5,7 @@ only read files (``gmc figures``, ``gmc mlflow-sync``) never load torch."""
 
 import ast
 import importlib
+import inspect
 import json
 import re
 import subprocess
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import gmc
+from gmc.sweep.points import Delay
 
 PACKAGE = Path(gmc.__file__).parent
 
@@ -142,6 +144,19 @@ def test_no_import_cycles():
     a room above it as ``module:function``, never by importing it."""
     cycle = find_cycle(import_graph())
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_a_delay_is_parsed_in_one_place():
+    """A point's delay is a value type (``gmc.sweep.points.Delay``) parsed once: no other line of the
+    package asks whether a delay is a number."""
+    found = [
+        f"{name}:{i}"
+        for name, path in FILES.items()
+        for i, line in enumerate(path.read_text().splitlines(), start=1)
+        if "isdigit" in line
+    ]
+    assert len(found) == 1 and found[0].startswith("gmc.sweep.points:")
+    assert "isdigit" in inspect.getsource(Delay.parse)
 
 
 def test_the_delay_modes_registry_imports_no_source():
