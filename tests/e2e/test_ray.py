@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from gmc.io import read_jsonl
-from gmc.run.trainer import Trainer, without_time
+from gmc.run.summary import without_time
+from gmc.run.trainer import Trainer
 
 ray = pytest.importorskip("ray")
 

@@ -14,7 +14,8 @@ from gmc.io import read_jsonl
 from gmc.policy.update import Rows, sequence_logprobs
 from gmc.rollouts.sources import read_trace
 from gmc.run.config import ConfigError
-from gmc.run.trainer import Trainer, without_time
+from gmc.run.summary import without_time
+from gmc.run.trainer import Trainer
 
 
 def test_a_batch_that_does_not_split_into_whole_groups_is_refused(small_config):

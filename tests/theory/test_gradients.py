@@ -10,7 +10,7 @@ import torch
 import yaml
 
 from gmc.results.outputs import GRADIENT_LAB_FILES
-from gmc.run.trainer import main_history
+from gmc.run.main import main_history
 from gmc.settings import ConfigError, to_dict
 from gmc.theory.config import GradientLabConfig
 from gmc.theory.figures import lab_report
