@@ -5,8 +5,10 @@ Per step, :meth:`Trainer.train_step` takes a batch from the source of the run's 
 (:mod:`gmc.rollouts.sources`, which runs the collector of :mod:`gmc.rollouts.collect` on the
 run's prompts), and for each of its ``updates_per_batch`` mini-batches back-propagates the
 chosen estimator's loss (:mod:`gmc.policy.update`) and steps the optimizer; then it hands the new
-weights to the rollout engine. :meth:`Trainer.run` hands each step's metrics and groups to the
-run directory, checkpoints, and at the end writes the model and ``summary.json``
+weights to the rollout source and engine. Versions count optimizer updates throughout: step
+``s`` asks its source for a batch with the weights of update ``s K`` (``K = updates_per_batch``)
+and publishes those of update ``(s + 1) K``. :meth:`Trainer.run` hands each step's metrics and
+groups to the run directory, checkpoints, and at the end writes the model and ``summary.json``
 (:mod:`gmc.run.summary`); the run directory's files and guarantees are :mod:`gmc.run.rundir`'s.
 A run that starts from a history or a prefill is set up by :mod:`gmc.run.warmstart`; a history
 is itself a run of this loop (:func:`make_history`).
@@ -187,7 +189,7 @@ class Trainer:
             self._start_fresh()
             if history is not None:
                 start_from_history(self, Path(history))
-        self.source.publish(self.model, self.step)
+        self.source.publish(self.model, self.step * cfg.updates_per_batch)
 
     # -- setup ------------------------------------------------------------------------------
 
@@ -239,8 +241,9 @@ class Trainer:
         t0 = time.perf_counter()
         if self.keep_batches and self.collector and self.step >= self.cfg.steps - self.keep_batches:
             self.collector.behaviour = self.cfg.behaviour_logprobs  # what a stale run trains these batches with
+        K = self.cfg.updates_per_batch
         with out_of_memory(self.memory_plan, "generation", self.device):
-            batch = self.source.next_batch(self.step)
+            batch = self.source.next_batch(self.step * K)
         t1 = time.perf_counter()
         if self.engine is not None:
             self.engine.release_memory()
@@ -271,7 +274,7 @@ class Trainer:
             self.scheduler.step()
         if self.engine is not None:
             self.engine.sync_weights(self.model)
-        self.source.publish(self.model, self.step + 1)
+        self.source.publish(self.model, (self.step + 1) * K)
         if self.keep_batches:
             self.kept.append([g.state() for g in batch.groups])
         t2 = time.perf_counter()
@@ -299,24 +302,15 @@ class Trainer:
 
     def _mini_batches(self, groups: list[Group]) -> list[tuple[list[Group], list | None]]:
         """The batch's groups in ``updates_per_batch`` mini-batches, in order, each with the
-        proximal log-probs its loss takes (None: the current policy's), its groups' versions
-        counted in updates: the source's version ``v`` (weights taken once per batch) is update
-        ``v K``, and mini-batch ``k`` of step ``s`` is consumed by update ``s K + k``. Before the
-        first update one no-grad pass gives the later mini-batches the policy of the batch's
-        first update: the behaviour of an on-policy batch (the sampler's in bypass mode) and a
-        decoupled loss's proximal policy."""
+        proximal log-probs its loss takes (None: the current policy's); mini-batch ``k`` of step
+        ``s`` is consumed by update ``s K + k`` (the source labels every version in updates).
+        Before the first update one no-grad pass gives the later mini-batches the policy of the
+        batch's first update: the behaviour of an on-policy batch (the sampler's in bypass mode)
+        and a decoupled loss's proximal policy."""
         K = self.cfg.updates_per_batch
         per = len(groups) // K
         parts = [
-            [
-                dataclasses.replace(
-                    g,
-                    version=g.version * K,
-                    consumed_version=self.step * K + k,
-                    token_versions=None if g.token_versions is None else g.token_versions * K,
-                )
-                for g in groups[k * per : (k + 1) * per]
-            ]
+            [dataclasses.replace(g, consumed_version=self.step * K + k) for g in groups[k * per : (k + 1) * per]]
             for k in range(K)
         ]
         later = [g for part in parts[1:] for g in part]

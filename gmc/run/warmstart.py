@@ -31,10 +31,11 @@ log = logging.getLogger(__name__)
 def start_from_history(trainer, path: Path) -> None:
     """Start ``trainer`` where the history in run directory ``path`` ended: its weights and
     optimizer state, prompt order and random streams; a fixed delay's queue takes its last ``d``
-    batches, labelled with the versions that generated them (``-d .. -1``: the run's own updates
-    are ``0, 1, ...``), so that staleness is exactly ``d`` from the first step. The learning-rate
-    schedule is the run's own, from its step 0. A history made for other settings, unfinished,
-    or keeping too few batches is refused, naming why."""
+    batches, labelled with the updates that generated them (``-d K .. -K`` for ``K``
+    ``updates_per_batch``: the run's own updates are ``0, 1, ...``), so that every batch is
+    exactly ``d`` batches stale from the first step. The learning-rate schedule is the run's
+    own, from its step 0. A history made for other settings (its ``updates_per_batch`` among
+    them), unfinished, or keeping too few batches is refused, naming why."""
     cfg = trainer.cfg
     expected = history_config(cfg)
     hist = RunDir(path)
@@ -61,12 +62,12 @@ def start_from_history(trainer, path: Path) -> None:
     kept, H = state.get("kept_batches", []), state["step"]
     if len(kept) < d:
         raise ConfigError(
-            f"--history {path}: keeps the batches of its last {len(kept)} updates; a queue of "
-            f"d = {d} needs {d} (gmc history --keep)"
+            f"--history {path}: keeps its last {len(kept)} batches; a queue of d = {d} needs {d} (gmc history --keep)"
         )
+    updates = H * expected.updates_per_batch  # the history's, which its config shares with the run
     trainer.source.load_history(
         [
-            [Group.from_state({**g, "version": g["version"] - H, "consumed_version": None}) for g in batch]
+            [Group.from_state({**g, "version": g["version"] - updates, "consumed_version": None}) for g in batch]
             for batch in kept[len(kept) - d :]
         ]
         if d
@@ -87,7 +88,7 @@ def start_from_history(trainer, path: Path) -> None:
         "%s: starts from the history %s (%d on-policy updates of %s, %d queued batches)",
         trainer.out,
         path,
-        H,
+        updates,
         expected.algorithm,
         d,
     )

@@ -359,7 +359,7 @@ def test_a_history_made_for_other_settings_or_too_short_is_refused_naming_why(tm
     main_history(str(maker), [], str(tmp_path / "history"), keep=None)  # keeps the maker's 2 batches
     with pytest.raises(ConfigError, match=r"history: made for other settings \(differing: seed\)"):
         Trainer(small_config(seed=1, **HISTORY_RUN), tmp_path / "a", progress=False, history=tmp_path / "history")
-    with pytest.raises(ConfigError, match=r"keeps the batches of its last 2 updates; a queue of d = 3 needs 3"):
+    with pytest.raises(ConfigError, match=r"keeps its last 2 batches; a queue of d = 3 needs 3"):
         Trainer(small_config(**HISTORY_RUN), tmp_path / "b", progress=False, history=tmp_path / "history")
     with pytest.raises(ConfigError, match="delay.history_steps: a history of 2 updates cannot fill a queue of d = 3"):
         small_config(**{**HISTORY_RUN, "delay.history_steps": 2})
