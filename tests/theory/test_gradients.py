@@ -164,6 +164,17 @@ def test_a_bad_history_is_refused_naming_it(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_history_of_several_updates_per_step_is_refused_naming_the_key(tmp_path, small_config):
+    """The lab's pairs are d updates apart: a history stepping two versions at a time cannot continue to them."""
+    from gmc.theory.gradients import continuation_config
+
+    (tmp_path / "config.yaml").write_text(
+        yaml.safe_dump(to_dict(small_config(prompts_per_step=4, updates_per_batch=2)))
+    )
+    with pytest.raises(ConfigError, match="^updates_per_batch: .* 2 updates per step"):
+        continuation_config(tmp_path, 2)
+
+
 def test_a_policy_that_never_varies_is_refused_naming_what_to_change(history, tmp_path, monkeypatch):
     """Prompts every answer of which gets one reward give no gradient: the lab says so, not a table of zeros."""
     monkeypatch.setattr(
