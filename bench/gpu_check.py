@@ -346,7 +346,8 @@ def resume_cuda(rec: Record) -> None:
     import shutil
 
     from gmc.io import read_jsonl
-    from gmc.run.trainer import Trainer, without_time
+    from gmc.run.summary import without_time
+    from gmc.run.trainer import Trainer
 
     with tempfile.TemporaryDirectory() as tmp:
         straight, resumed = Path(tmp) / "straight", Path(tmp) / "resumed"

@@ -470,7 +470,8 @@ def _train(args: argparse.Namespace) -> int:
     if (args.evaluate is None) != (args.eval_out is None):
         raise ValueError("--evaluate, --eval-out: they go together (the evaluation's config and its folder)")
     STOP.install()  # before the heavy imports: a stop signal during start-up is kept, not fatal
-    from gmc.run.trainer import PREEMPTED, Preempted, main_train
+    from gmc.run.main import main_train
+    from gmc.run.trainer import PREEMPTED, Preempted
 
     evaluation = (args.evaluate, args.eval_out) if args.evaluate else None
     try:
@@ -486,7 +487,8 @@ def _history(args: argparse.Namespace) -> int:
     from gmc.stop import STOP
 
     STOP.install()
-    from gmc.run.trainer import PREEMPTED, Preempted, main_history
+    from gmc.run.main import main_history
+    from gmc.run.trainer import PREEMPTED, Preempted
 
     try:
         main_history(args.config, args.overrides, args.out, args.keep)
@@ -497,7 +499,7 @@ def _history(args: argparse.Namespace) -> int:
 
 
 def _prefill(args: argparse.Namespace) -> None:
-    from gmc.run.trainer import main_prefill
+    from gmc.run.main import main_prefill
 
     main_prefill(args.config, args.overrides, args.out)
 

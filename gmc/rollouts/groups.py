@@ -1,7 +1,7 @@
 """Rollout groups: one prompt's ``G`` answers with everything the trainer needs, labelled with
 the policy version that generated them and the version that consumed them (method.md section 4),
 and the batch a source hands the trainer for one step. Staleness is data: every group carries
-its versions. No torch is imported (the tensors are the collector's).
+its versions, counted in optimizer updates. No torch is imported (the tensors are the collector's).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ class Group:
     # sampler's own, behaviour_logprobs: sampler); None when the group is consumed in the step
     # that made it (the training forward gives them exactly)
     sampler_logp: Tensor  # [G, T] float32, as reported by the rollout engine
-    version: int  # policy version that generated it
+    version: int  # policy version (optimizer update) that generated it
     submitted_at: float = 0.0  # virtual clock of the latency model
     completed_at: float = 0.0
     consumed_version: int | None = None

@@ -1,12 +1,14 @@
 """Simulated asynchrony: the rollout sources of a training run (method.md section 4).
 
-At every optimizer step the trainer asks its source (:data:`gmc.rollouts.delays.DELAY_MODES`:
-``sync``, ``fixed``, ``latency``, ``trace``; each built by a function here from the run's
-:class:`~gmc.run.config.TrainConfig`) for a :class:`~gmc.rollouts.groups.Batch` of groups. A source
-gets groups from a :class:`~gmc.rollouts.groups.Rollouts` (the run's prompt order and the
-collector, :mod:`gmc.rollouts.collect`) and labels each with the policy version that generated it
-and the version that consumes it; old weights are never kept, so memory is O(delay x batch x
-tokens). No torch is imported.
+At every step the trainer asks its source (:data:`gmc.rollouts.delays.DELAY_MODES`: ``sync``,
+``fixed``, ``latency``, ``trace``; each built by a function here from the run's
+:class:`~gmc.run.config.TrainConfig`) for a :class:`~gmc.rollouts.groups.Batch` of groups, which
+it trains with ``updates_per_batch`` (``K``) optimizer updates. A source gets groups from a
+:class:`~gmc.rollouts.groups.Rollouts` (the run's prompt order and the collector,
+:mod:`gmc.rollouts.collect`) and labels each with the policy version that generated it and the
+version that consumes it. Versions count optimizer updates: the trainer asks for step ``s``'s
+batch with the weights of update ``s K`` and publishes those of update ``(s + 1) K`` after it.
+Old weights are never kept, so memory is O(delay x batch x tokens). No torch is imported.
 """
 
 from __future__ import annotations
@@ -46,7 +48,8 @@ class SyncSource:
         return out.groups
 
     def next_batch(self, version: int) -> Batch:
-        """The groups the update of ``version`` trains on (their ``consumed_version``)."""
+        """The groups of the step whose first update is ``version`` (their ``consumed_version``;
+        the trainer sets each mini-batch's own update)."""
         self._collected, self._carried = self._carried, []
         groups = self._next(version)
         for g in groups:
@@ -61,12 +64,13 @@ class SyncSource:
 
     def load_history(self, batches: list[list[Group]]) -> None:
         """Start after a history (``warmup: history``): its last batches, oldest first, labelled
-        with the versions that made them. A source without a queue takes none."""
+        with the versions (updates, counted back from the run's first) that made them. A source
+        without a queue takes none."""
         if batches:
             raise ValueError(f"{type(self).__name__} keeps no queue: it starts from a history's weights alone")
 
     def publish(self, model, version: int) -> None:
-        """The weights of ``version`` (the starting ones, then after every optimizer step); an
+        """The weights of update ``version`` (the starting ones, then after every step); an
         in-process source generates with the trainer's model itself and needs no copy."""
 
     def close(self) -> None:
@@ -84,13 +88,14 @@ class SyncSource:
 
 
 class FixedDelaySource(SyncSource):
-    """A FIFO of step batches with delay ``d``: at step ``t`` a batch is generated with the current
-    weights and pushed, and the batch generated at ``t - d`` is popped. How the queue starts
+    """A FIFO of step batches with delay ``d`` (in batches): at step ``t`` a batch is generated with
+    the current weights and pushed, and the batch generated at ``t - d`` is popped, so with ``K``
+    updates per batch it is ``d K`` updates stale at its first update. How the queue starts
     [choice, ``delay.warmup``]: ``history``, with the last ``d`` batches of an on-policy history
-    (:meth:`load_history`), versions ``-d .. -1``, so the staleness is ``d`` at every step, from
-    ``d`` distinct behaviour policies; ``prefill``, with ``d`` batches of the starting weights
-    ``theta_0``, labelled with its version, so the batch trained at step ``t < d`` is ``t``
-    updates stale; ``ramp``, empty, generating two batches per step until it is ``d`` ahead.
+    (:meth:`load_history`), versions ``-d K .. -K``, so the staleness is ``d`` batches at every
+    step, from ``d`` distinct behaviour policies; ``prefill``, with ``d`` batches of the starting
+    weights ``theta_0``, labelled with its version, so the batch trained at step ``t < d`` is
+    ``t`` batches stale; ``ramp``, empty, generating two batches per step until it is ``d`` ahead.
     ``d = 0`` is on-policy training."""
 
     def __init__(self, rollouts: Rollouts, batch_prompts: int, d: int, warmup: str = "prefill"):
@@ -181,12 +186,12 @@ class _InFlight:
 
 
 class LatencySource(SyncSource):
-    """``K`` generation slots on a virtual clock. A group submitted at ``s`` completes at
+    """``slots`` generation slots on a virtual clock. A group submitted at ``s`` completes at
     ``s + alpha + beta * L_max`` (plus ``noise_scale * LogNormal(0, noise_sigma)``), ``L_max`` its
     longest response in tokens; a freed slot is refilled at once with the weights in force. The
     trainer takes finished groups in completion order until its batch is full (idling when too
-    few are done); one optimizer step advances the clock by ``step_time``, and groups finishing
-    during it are refilled with the pre-update weights. Long answers therefore arrive staler,
+    few are done); one step (its ``updates_per_batch`` updates) advances the clock by
+    ``step_time``, and groups finishing during it are refilled with the step's starting weights. Long answers therefore arrive staler,
     which breaks the paper's Assumption 3 on purpose. (What a refill generates depends on the
     weights, not the moment, so the refills between two optimizer steps are generated together,
     in one call, as soon as the clock could need one of their completion times.)"""
@@ -302,7 +307,8 @@ class LatencySource(SyncSource):
 
 def read_trace(path: str | Path) -> list[dict]:
     """The lines of a ``staleness_trace.jsonl`` (``prompt_index``, ``version``, ``consumed_version``
-    of every consumed group, in consumption order); a missing or malformed file is named."""
+    of every consumed group, in consumption order, versions in steps: :func:`trace_line`); a
+    missing or malformed file is named."""
     p = Path(path)
     if not p.exists():
         raise ConfigError(f"{p}: no such staleness trace", "delay.trace")
@@ -318,6 +324,19 @@ def read_trace(path: str | Path) -> list[dict]:
 
 TRACE_FIELDS = ("prompt_index", "version", "consumed_version")
 """The fields of a staleness trace line."""
+
+
+def trace_line(group: dict, updates_per_batch: int) -> dict:
+    """A consumed group's line in a staleness trace, from its ``groups.jsonl`` record (versions in
+    updates of ``updates_per_batch`` per step): its versions in steps, because a trace is replayed
+    batch by batch, each batch generated with the weights of a step's first update (a replay takes
+    step ``t`` as update ``t K``: :class:`TraceSource`)."""
+    K = updates_per_batch
+    return {
+        "prompt_index": group["prompt_index"],
+        "version": group["version"] // K,
+        "consumed_version": group["consumed_version"] // K,
+    }
 
 
 def check_trace(cfg: DelayConfig, steps: int, prompts_per_step: int) -> None:
@@ -344,11 +363,17 @@ class TraceSource(SyncSource):
     is generated for its prompt with the weights of its recorded ``version`` and consumed at its
     recorded step, in recorded order. A recorded version before the run's first (a prefill's or a
     history's) is generated with the starting weights and labelled with their version, the
-    weights that made it."""
+    weights that made it. The trace counts steps; with ``updates_per_batch`` ``K`` its step ``t``
+    is update ``t K``, what the trainer asks for and the groups are labelled with."""
 
-    def __init__(self, rollouts: Rollouts, batch_prompts: int, cfg: DelayConfig):
+    def __init__(self, rollouts: Rollouts, batch_prompts: int, cfg: DelayConfig, updates_per_batch: int = 1):
         super().__init__(rollouts, batch_prompts)
-        self.trace = read_trace(cfg.trace) if cfg.trace else []
+        K = updates_per_batch
+        self.trace = [
+            {**row, "version": row["version"] * K, "consumed_version": row["consumed_version"] * K}
+            for row in (read_trace(cfg.trace) if cfg.trace else [])
+        ]
+        self.updates_per_batch = K
         self.held: dict[int, Group] = {}  # trace line -> its generated group, until consumed
         self.generated_through: int | None = None
 
@@ -366,9 +391,10 @@ class TraceSource(SyncSource):
         lines = [i for i, row in enumerate(self.trace) if row["consumed_version"] == version]
         missing = [i for i in lines if i not in self.held]
         if missing:
+            K = self.updates_per_batch
             raise ValueError(
-                f"the trace consumes at step {version} groups generated at later versions "
-                f"({[self.trace[i]['version'] for i in missing]})"
+                f"the trace consumes at step {version // K} groups generated at later steps "
+                f"({[self.trace[i]['version'] // K for i in missing]})"
             )
         return [self.held.pop(i) for i in lines]
 
@@ -396,7 +422,7 @@ def latency_source(cfg, rollouts: Rollouts, records: list[dict]) -> LatencySourc
 
 
 def trace_source(cfg, rollouts: Rollouts, records: list[dict]) -> TraceSource:
-    return TraceSource(rollouts, cfg.prompts_per_step, cfg.delay)
+    return TraceSource(rollouts, cfg.prompts_per_step, cfg.delay, cfg.updates_per_batch)
 
 
 def check_trace_mode(cfg) -> None:

@@ -44,7 +44,7 @@ from typing import Any
 import yaml
 
 from gmc.io import atomic_path, flatten, truncate_jsonl, write_json
-from gmc.rollouts.sources import TRACE_FIELDS
+from gmc.rollouts.sources import trace_line
 
 log = logging.getLogger(__name__)
 
@@ -397,25 +397,12 @@ class StepLogs:
 
     def write(self, record: dict, groups: list[dict]) -> None:
         """One step: its metrics line and its consumed groups (:func:`group_record` lines, versions
-        in updates), each file flushed. The trace counts versions in steps, the weights the rollout
-        source takes once per step, which is what a replay generates with (update ``v K`` is step ``v``)."""
+        in updates), each file flushed. The trace counts steps, as a replay consumes it batch by
+        batch (:func:`~gmc.rollouts.sources.trace_line`)."""
         metrics, group_file, trace = self.files
         metrics.write(json.dumps(record) + "\n")
         group_file.write("".join(json.dumps(g) + "\n" for g in groups))
-        K = self.updates_per_batch
-        trace.write(
-            "".join(
-                json.dumps(
-                    {
-                        **{k: g[k] for k in TRACE_FIELDS},
-                        "version": g["version"] // K,
-                        "consumed_version": g["consumed_version"] // K,
-                    }
-                )
-                + "\n"
-                for g in groups
-            )
-        )
+        trace.write("".join(json.dumps(trace_line(g, self.updates_per_batch)) + "\n" for g in groups))
         for f in self.files:
             f.flush()
 

@@ -5,17 +5,19 @@ Per step, :meth:`Trainer.train_step` takes a batch from the source of the run's 
 (:mod:`gmc.rollouts.sources`, which runs the collector of :mod:`gmc.rollouts.collect` on the
 run's prompts), and for each of its ``updates_per_batch`` mini-batches back-propagates the
 chosen estimator's loss (:mod:`gmc.policy.update`) and steps the optimizer; then it hands the new
-weights to the rollout engine. :meth:`Trainer.run` hands each step's
-metrics and groups to the run directory, checkpoints, and at the end writes the model and
-``summary.json``; the run directory's files and guarantees are :mod:`gmc.run.rundir`'s.
+weights to the rollout source and engine. Versions count optimizer updates throughout: step
+``s`` asks its source for a batch with the weights of update ``s K`` (``K = updates_per_batch``)
+and publishes those of update ``(s + 1) K``. :meth:`Trainer.run` hands each step's metrics and
+groups to the run directory, checkpoints, and at the end writes the model and ``summary.json``
+(:mod:`gmc.run.summary`); the run directory's files and guarantees are :mod:`gmc.run.rundir`'s.
+A run that starts from a history or a prefill is set up by :mod:`gmc.run.warmstart`; a history
+is itself a run of this loop (:func:`make_history`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import gc
-import json
 import logging
 import math
 import os
@@ -30,8 +32,8 @@ import torch
 import yaml
 from tqdm import tqdm
 
-from gmc.estimators import REGISTRY, diagnostic_names
-from gmc.io import atomic_dir, atomic_path, flatten, read_jsonl, write_json, write_text
+from gmc.estimators import REGISTRY
+from gmc.io import atomic_dir, write_json, write_text
 from gmc.policy.masters import MasterWeights
 from gmc.policy.model import DTYPES, compile_layers, load_policy, parameter_bytes
 from gmc.policy.update import Update
@@ -44,7 +46,6 @@ from gmc.rollouts.collect import (
 )
 from gmc.rollouts.delays import delay_mode
 from gmc.rollouts.groups import Group, staleness_stats
-from gmc.rollouts.sources import prefill_settings
 from gmc.run.config import TrainConfig, history_config, to_dict
 from gmc.run.provenance import provenance
 from gmc.run.rundir import (
@@ -52,26 +53,16 @@ from gmc.run.rundir import (
     HISTORY,
     INFO,
     METRICS,
-    SUMMARY,
     CheckpointError,
     RunDir,
-    config_fingerprint,
     group_record,
     nonfinite_tensors,
 )
-from gmc.settings import ConfigError
+from gmc.run.summary import summarize_metrics
+from gmc.run.warmstart import load_prefill, start_from_history
 from gmc.stop import STOP
 
 log = logging.getLogger(__name__)
-
-TIME_PREFIX = "time/"
-"""Wall-clock metrics (with the line's ``time`` stamp); everything else in ``metrics.jsonl`` is
-reproducible from the seed."""
-
-
-def without_time(rows: list[dict]) -> list[dict]:
-    """Metrics lines without their wall-clock entries: what a seed reproduces."""
-    return [{k: v for k, v in r.items() if k != "time" and not k.startswith(TIME_PREFIX)} for r in rows]
 
 
 class NonFiniteError(RuntimeError):
@@ -115,10 +106,11 @@ class Trainer:
         history: str | os.PathLike | None = None,
         keep_batches: int = 0,
     ):
-        """``prefill``: a shared prefill to start from (:meth:`write_prefill`); ``history``: the
-        run directory of a shared history to start from (``warmup: history``; without one such a
-        run makes its own first, in ``out/history``); ``keep_batches``: keep the batches of the
-        last so many steps, with behaviour log-probs, in the checkpoint (what a history hands on)."""
+        """``prefill``: a shared prefill to start from (:func:`~gmc.run.warmstart.write_prefill`);
+        ``history``: the run directory of a shared history to start from (``warmup: history``;
+        without one such a run makes its own first, in ``out/history``); ``keep_batches``: keep the
+        batches of the last so many steps, with behaviour log-probs, in the checkpoint (what a
+        history hands on)."""
         self.cfg = cfg
         self.out = Path(out)
         self.progress = progress
@@ -133,7 +125,7 @@ class Trainer:
                 history = make_history(cfg, self.out / HISTORY, cfg.delay.d, progress)
             self._setup(cfg, resuming, None if resuming else history)
             if prefill is not None and not resuming:  # a resumed run's checkpoint holds its queue
-                self._load_prefill(Path(prefill))
+                load_prefill(self, Path(prefill))
         except BaseException:
             self.rundir.abandon()  # a start that failed leaves no folder that looks like a run
             raise
@@ -185,7 +177,7 @@ class Trainer:
         refill = cfg.refill_calls if cfg.zero_variance_filter else None
         self.source = mode.make_source(cfg, RunRollouts(self.cursor, self.collector, refill), records)
         self.optimizer = self._make_optimizer()
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
+        self.scheduler = self.make_scheduler()
         self.step = 0
         self.consecutive_nonfinite = 0
         self.skipped = 0
@@ -196,8 +188,8 @@ class Trainer:
         else:
             self._start_fresh()
             if history is not None:
-                self._start_from_history(Path(history))
-        self.source.publish(self.model, self.step)
+                start_from_history(self, Path(history))
+        self.source.publish(self.model, self.step * cfg.updates_per_batch)
 
     # -- setup ------------------------------------------------------------------------------
 
@@ -211,6 +203,10 @@ class Trainer:
 
             return bnb.optim.AdamW8bit(params, lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)
         return torch.optim.AdamW(params, lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)
+
+    def make_scheduler(self) -> torch.optim.lr_scheduler.LambdaLR:
+        """The learning-rate schedule from step 0 (``lr_schedule`` after ``warmup_steps``), over the optimizer."""
+        return torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
 
     def _lr_factor(self, step: int) -> float:
         cfg = self.cfg
@@ -245,8 +241,9 @@ class Trainer:
         t0 = time.perf_counter()
         if self.keep_batches and self.collector and self.step >= self.cfg.steps - self.keep_batches:
             self.collector.behaviour = self.cfg.behaviour_logprobs  # what a stale run trains these batches with
+        K = self.cfg.updates_per_batch
         with out_of_memory(self.memory_plan, "generation", self.device):
-            batch = self.source.next_batch(self.step)
+            batch = self.source.next_batch(self.step * K)
         t1 = time.perf_counter()
         if self.engine is not None:
             self.engine.release_memory()
@@ -277,7 +274,7 @@ class Trainer:
             self.scheduler.step()
         if self.engine is not None:
             self.engine.sync_weights(self.model)
-        self.source.publish(self.model, self.step + 1)
+        self.source.publish(self.model, (self.step + 1) * K)
         if self.keep_batches:
             self.kept.append([g.state() for g in batch.groups])
         t2 = time.perf_counter()
@@ -305,24 +302,15 @@ class Trainer:
 
     def _mini_batches(self, groups: list[Group]) -> list[tuple[list[Group], list | None]]:
         """The batch's groups in ``updates_per_batch`` mini-batches, in order, each with the
-        proximal log-probs its loss takes (None: the current policy's), its groups' versions
-        counted in updates: the source's version ``v`` (weights taken once per batch) is update
-        ``v K``, and mini-batch ``k`` of step ``s`` is consumed by update ``s K + k``. Before the
-        first update one no-grad pass gives the later mini-batches the policy of the batch's
-        first update: the behaviour of an on-policy batch (the sampler's in bypass mode) and a
-        decoupled loss's proximal policy."""
+        proximal log-probs its loss takes (None: the current policy's); mini-batch ``k`` of step
+        ``s`` is consumed by update ``s K + k`` (the source labels every version in updates).
+        Before the first update one no-grad pass gives the later mini-batches the policy of the
+        batch's first update: the behaviour of an on-policy batch (the sampler's in bypass mode)
+        and a decoupled loss's proximal policy."""
         K = self.cfg.updates_per_batch
         per = len(groups) // K
         parts = [
-            [
-                dataclasses.replace(
-                    g,
-                    version=g.version * K,
-                    consumed_version=self.step * K + k,
-                    token_versions=None if g.token_versions is None else g.token_versions * K,
-                )
-                for g in groups[k * per : (k + 1) * per]
-            ]
+            [dataclasses.replace(g, consumed_version=self.step * K + k) for g in groups[k * per : (k + 1) * per]]
             for k in range(K)
         ]
         later = [g for part in parts[1:] for g in part]
@@ -363,7 +351,8 @@ class Trainer:
 
     # -- checkpoints ----------------------------------------------------------------------
 
-    def _rng_state(self) -> dict:
+    def rng_state(self) -> dict:
+        """Every random state of the run: the process's (Python, NumPy, torch, CUDA) and the engine's streams."""
         state = {
             "python": random.getstate(),
             "numpy": np.random.get_state(),
@@ -374,8 +363,8 @@ class Trainer:
             state["cuda"] = torch.cuda.get_rng_state_all()
         return state
 
-    def _set_rng_state(self, rng: dict) -> None:
-        """Every random state :meth:`_rng_state` took: the process's (:func:`restore_rng_state`)
+    def set_rng_state(self, rng: dict) -> None:
+        """Every random state :meth:`rng_state` took: the process's (:func:`restore_rng_state`)
         and the engine's streams."""
         restore_rng_state(rng)
         if rng.get("engine") is not None and hasattr(self.engine, "set_generator_state"):
@@ -397,7 +386,7 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "optimizer_class": type(self.optimizer).__name__,
             "scheduler": self.scheduler.state_dict(),
-            "rng": self._rng_state(),
+            "rng": self.rng_state(),
             "cursor": self.cursor.state_dict(),
             "source": self.source.state_dict(),
             "skipped": self.skipped,
@@ -417,9 +406,9 @@ class Trainer:
         (:func:`restore_rng_state`); the source's queued groups stay on the CPU until a step
         consumes them (the update moves each batch to the device)."""
         state = self.rundir.load_checkpoint()
-        self._load_weights(state, self.out)
+        self.load_weights(state, self.out)
         self.scheduler.load_state_dict(state["scheduler"])
-        self._set_rng_state(state["rng"])
+        self.set_rng_state(state["rng"])
         self.cursor.load_state_dict(state["cursor"])
         self.source.load_state_dict(state["source"])
         self.step = state["step"]
@@ -435,7 +424,7 @@ class Trainer:
         self.rundir.truncate_logs(self.step)
         log.info("resumed %s at step %d", self.out, self.step)
 
-    def _load_weights(self, state: dict, where: Path) -> None:
+    def load_weights(self, state: dict, where: Path) -> None:
         """The weights and optimizer state of a checkpoint (of this run, or of the history it starts
         from) into the model's own parameters and the optimizer."""
         kind = state.get("optimizer_class", type(self.optimizer).__name__)
@@ -449,122 +438,6 @@ class Trainer:
         if self.masters:
             self.masters.load(state.get("masters"))
         self.optimizer.load_state_dict(state["optimizer"])
-
-    # -- a history: the on-policy run every point of a seed starts from ---------------------------
-
-    def _start_from_history(self, path: Path) -> None:
-        """Start where the history in run directory ``path`` ended (``warmup: history``): its
-        weights and optimizer state, prompt order and random streams; a fixed delay's queue takes
-        its last ``d`` batches, labelled with the versions that generated them (``-d .. -1``: the
-        run's own updates are ``0, 1, ...``), so that staleness is exactly ``d`` from the first
-        step. The learning-rate schedule is the run's own, from its step 0. A history made for
-        other settings, unfinished, or keeping too few batches is refused, naming why."""
-        expected = history_config(self.cfg)
-        hist = RunDir(path)
-        if not hist.finished:
-            raise ConfigError(f"--history {path}: not a finished history (no {SUMMARY}); make it with gmc history")
-        try:
-            saved = yaml.safe_load((path / CONFIG).read_text())
-        except (OSError, yaml.YAMLError) as e:
-            raise ConfigError(f"--history {path}: its {CONFIG} cannot be read ({e})") from None
-        mine, theirs = flatten(to_dict(expected)), flatten(saved if isinstance(saved, dict) else {})
-        differing = sorted(k for k in {*mine, *theirs} if mine.get(k) != theirs.get(k))
-        if differing:
-            raise ConfigError(
-                f"--history {path}: made for other settings (differing: {', '.join(differing[:8])}); "
-                "a run starts from the history of its own settings but the estimator and the delay"
-            )
-        hist.fingerprint = config_fingerprint(to_dict(expected))
-        state = hist.read_checkpoint(hist.checkpoint)
-        self._load_weights(state, path)
-        # the run's own schedule from its step 0, over the history's learning rate
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
-        self._set_rng_state(state["rng"])
-        self.cursor.load_state_dict(state["cursor"])
-        d = self.cfg.delay.d if self.cfg.delay.mode == "fixed" else 0
-        kept, H = state.get("kept_batches", []), state["step"]
-        if len(kept) < d:
-            raise ConfigError(
-                f"--history {path}: keeps the batches of its last {len(kept)} updates; a queue of "
-                f"d = {d} needs {d} (gmc history --keep)"
-            )
-        self.source.load_history(
-            [
-                [Group.from_state({**g, "version": g["version"] - H, "consumed_version": None}) for g in batch]
-                for batch in kept[len(kept) - d :]
-            ]
-            if d
-            else []
-        )
-        if self.engine is not None:
-            self.engine.sync_weights(self.model)
-        summary = json.loads((path / SUMMARY).read_text())
-        self.history = {"steps": H, "reward_mean_last20": summary.get("rollout/reward_mean_last20")}
-        self.run_info["history"] = {
-            "path": str(path),
-            "run_id": summary.get("run_id"),
-            "algorithm": expected.algorithm,
-            **self.history,
-        }
-        write_json(self.out / INFO, self.run_info)
-        log.info(
-            "%s: starts from the history %s (%d on-policy updates of %s, %d queued batches)",
-            self.out,
-            path,
-            H,
-            expected.algorithm,
-            d,
-        )
-
-    # -- a prefill shared by runs that differ only in the estimator ------------------------------
-
-    def write_prefill(self, path: str | os.PathLike) -> None:
-        """Generate this run's fixed-delay prefill (its ``d`` batches of the starting weights)
-        and write it to ``path`` with the states it leaves (prompt cursor, random streams) and
-        its measurements, for every run of the same :func:`~gmc.rollouts.sources.prefill_settings`
-        to start from (``gmc train --prefill``) instead of generating it again."""
-        settings = prefill_settings(self.cfg)
-        if settings is None:
-            raise _no_prefill(self.out, self.cfg)
-        if self.step:
-            raise ConfigError(
-                f"{self.out}: no prefill to write at step {self.step}: a prefill is the queue a run starts with"
-            )
-        collected = self.source.prefill(self.step)
-        state = {
-            "settings": settings,
-            "source": self.source.state_dict(),
-            "cursor": self.cursor.state_dict(),
-            "rng": self._rng_state(),
-            "collected": collected,
-        }
-        with atomic_path(path) as tmp:
-            torch.save(state, tmp)
-
-    def _load_prefill(self, path: Path) -> None:
-        """Start from the prefill at ``path`` (:meth:`write_prefill`): the run then goes on
-        exactly as if it had generated it; a prefill made for other settings is refused, naming them."""
-        mine = prefill_settings(self.cfg)
-        if mine is None:
-            raise ConfigError(
-                f"--prefill {path}: this run starts without a prefill (delay mode {self.cfg.delay.mode!r}, "
-                f"warmup {self.cfg.delay.warmup!r}, d {self.cfg.delay.d})"
-            )
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=False)
-        except Exception as e:
-            raise ConfigError(f"--prefill {path}: cannot be read ({type(e).__name__}: {e})") from None
-        theirs = state.get("settings") if isinstance(state, dict) else None
-        if theirs != mine:
-            keys = sorted(k for k in {**mine, **(theirs or {})} if (theirs or {}).get(k) != mine.get(k))
-            raise ConfigError(
-                f"--prefill {path}: made for other settings (differing: {', '.join(keys[:8])}); a run "
-                "shares the prefill of runs whose settings differ only in the estimator"
-            )
-        self._set_rng_state(state["rng"])
-        self.cursor.load_state_dict(state["cursor"])
-        self.source.load_prefill(state["source"], state["collected"])
-        log.info("%s: starts from the prefill %s (%d queued batches)", self.out, path, len(state["source"]["queue"]))
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -730,137 +603,12 @@ def out_of_memory(memory_plan, phase: str, device):
         raise MemoryPlanError(f"out of memory in {phase}; {measured}; {planned}\n({e})") from e
 
 
-# ---------------------------------------------------------------------------------------------
-# the summary
-
-
-def reward_se(rows: list[dict]) -> float | None:
-    """The sampling noise of the mean training reward over ``rows`` (steps): the standard error
-    of the mean of their ``rollout/reward_mean`` values, at least the binomial one of all their
-    samples, ``sqrt(p (1 - p) / N)`` (rewards in [0, 1]; a window of few steps with equal means
-    would otherwise claim none). None without rewards."""
-    pairs = [
-        (r["rollout/reward_mean"], r.get("rollout/samples", 0.0))
-        for r in rows
-        if r.get("rollout/reward_mean") is not None and math.isfinite(r["rollout/reward_mean"])
-    ]
-    if not pairs:
-        return None
-    values = np.array([v for v, _ in pairs])
-    p, samples = float(values.mean()), sum(n for _, n in pairs)
-    binomial = math.sqrt(max(p * (1 - p), 0.0) / samples) if samples else 0.0
-    steps = float(values.std(ddof=1) / math.sqrt(len(values))) if len(values) > 1 else 0.0
-    return max(steps, binomial)
-
-
-def summarize_metrics(path: str | Path, window: int = 20) -> dict:
-    rows = read_jsonl(path)
-    if not rows:
-        return {"steps": 0}
-
-    def mean(key, part):
-        vals = [r[key] for r in part if key in r and r[key] is not None and math.isfinite(r[key])]
-        return sum(vals) / len(vals) if vals else None
-
-    head, tail = rows[:window], rows[-window:]
-    out: dict = {"steps": len(rows)}
-    for key in ("rollout/reward_mean", "train/reward_mean"):
-        out[f"{key}_first{window}"] = mean(key, head)
-        out[f"{key}_last{window}"] = mean(key, tail)
-    out[f"rollout/reward_mean_last{window}_se"] = reward_se(tail)
-    for key in ("async/staleness_mean", *diagnostic_names(), "time/step_seconds"):
-        out[key] = mean(key, rows)
-    out["train/skipped_steps"] = rows[-1].get("train/skipped_steps", 0.0)
-    return {k: v for k, v in out.items() if v is not None}
-
-
 def make_history(cfg: TrainConfig, out: str | os.PathLike, keep: int, progress: bool = True) -> Path:
     """Train the history of the run ``cfg`` (:func:`~gmc.run.config.history_config`) into the run
-    directory ``out``, keeping the batches of its last ``keep`` updates with their behaviour
+    directory ``out``, keeping the batches of its last ``keep`` steps with their behaviour
     log-probs in its last checkpoint; an interrupted one goes on from its checkpoint, a finished one
     is left as it is. Returns ``out``."""
     out = Path(out)
     if not RunDir(out).finished:
         Trainer(history_config(cfg), out, resume=True, progress=progress, keep_batches=keep).run()
     return out
-
-
-def main_history(config: str | None, overrides: list[str], out: str, keep: int | None) -> None:
-    """Make the history that the run of ``config`` (with ``overrides``) starts from, in ``out``,
-    keeping ``keep`` batches (None: the run's own fixed delay)."""
-    from gmc.run.config import load_train_config
-
-    cfg = load_train_config(config, overrides)
-    if history_config(cfg) is None:
-        raise ConfigError(
-            f"no history to make: delay.warmup is {cfg.delay.warmup!r} and the history's length "
-            f"{cfg.delay.history_length}; a history is what a run with warmup: history starts from",
-            "delay.warmup",
-        )
-    make_history(cfg, out, cfg.delay.d if keep is None else keep)
-
-
-def _no_prefill(where, cfg) -> ConfigError:
-    return ConfigError(
-        f"{where}: no prefill to write (delay mode {cfg.delay.mode!r}, warmup {cfg.delay.warmup!r}, "
-        f"d {cfg.delay.d}): a prefill is the queue a fixed delay with warmup: prefill and d > 0 starts with"
-    )
-
-
-def main_prefill(config: str | None, overrides: list[str], out: str) -> None:
-    """Write the prefill of the run of ``config`` (with ``overrides``) to ``out``
-    (:meth:`Trainer.write_prefill`); the run itself is not trained."""
-    import tempfile
-
-    from gmc.run.config import load_train_config
-
-    cfg = load_train_config(config, overrides)
-    if prefill_settings(cfg) is None:  # refused before the model is loaded
-        raise _no_prefill(config or "the default config", cfg)
-    with tempfile.TemporaryDirectory(prefix="gmc-prefill-") as tmp:
-        trainer = Trainer(cfg, Path(tmp) / "run", progress=False)
-        try:
-            trainer.write_prefill(out)
-        finally:
-            trainer.close()
-
-
-def main_train(
-    config: str | None,
-    overrides: list[str],
-    out: str,
-    resume: bool,
-    evaluation: tuple[str, str] | None = None,
-    prefill: str | None = None,
-    history: str | None = None,
-) -> dict:
-    """Train the run of ``config`` (with ``overrides``; with ``resume`` and no ``config``, the run
-    that ``out`` holds, from its ``config.yaml``) into ``out``; with ``evaluation``
-    (``(EvalConfig file, folder)``), then evaluate its final model in this process, exactly as
-    ``gmc evaluate`` would (:func:`gmc.run.evaluate.evaluate`), without paying a second start-up. A bad
-    evaluation config is refused before training."""
-    from gmc.run.config import load_train_config
-
-    if config is None and resume:  # the run the folder holds, as it was started
-        config = str(Path(out) / CONFIG)
-        if not Path(config).exists():
-            raise ConfigError(f"--out {out}: holds no run to resume (no {CONFIG}); give --config to start one")
-    cfg = load_train_config(config, overrides)
-    eval_cfg = None
-    if evaluation is not None:
-        from gmc.run.evaluate import EvalConfig
-        from gmc.settings import load_config
-
-        eval_cfg = load_config(EvalConfig, evaluation[0])
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    trainer = Trainer(cfg, out, resume=resume, prefill=prefill, history=history)
-    summary = trainer.run()
-    if eval_cfg is not None:
-        from gmc.run.evaluate import evaluate
-
-        del trainer  # the policy, optimizer and engine go before the evaluation's model loads
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-        evaluate(str(Path(out) / "model"), evaluation[1], eval_cfg)
-    return summary

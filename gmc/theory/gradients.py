@@ -54,7 +54,9 @@ from gmc.theory.lab import _bias_norm, claim_fits
 
 def continuation_config(history: Path, steps: int) -> TrainConfig:
     """The on-policy run that continues the history in ``history`` for ``steps`` updates: its own
-    settings, started from its end (``warmup: history``, ``d = 0``)."""
+    settings, started from its end (``warmup: history``, ``d = 0``). A history of several updates
+    per step is refused: its continuation would step ``updates_per_batch`` versions at a time,
+    and the lab's pairs are ``d`` updates apart."""
     from gmc.rollouts.delays import DelayConfig
 
     path = Path(history) / "config.yaml"
@@ -63,6 +65,12 @@ def continuation_config(history: Path, steps: int) -> TrainConfig:
         cfg = from_dict(TrainConfig, saved)
     except (OSError, yaml.YAMLError) as e:
         raise ConfigError(f"--history {history}: its config.yaml cannot be read ({e})") from None
+    if cfg.updates_per_batch != 1:
+        raise ConfigError(
+            f"--history {history}: trained with {cfg.updates_per_batch} updates per step; the gradient lab "
+            "pairs weights d updates apart along a history of one update per step",
+            "updates_per_batch",
+        )
     delay = DelayConfig(mode="fixed", d=0, warmup="history", history_steps=cfg.steps, history_algorithm=cfg.algorithm)
     return dataclasses.replace(cfg, steps=steps, delay=delay, keep_checkpoints="none")
 

@@ -1,6 +1,6 @@
 """Real asynchrony on Ray (delay mode ``ray``), on the tiny model with a real Ray runtime: bound 0
 with one worker equals the synchronous loop; two workers train within the bound and record
-every group; generation runs ahead as far as the bound admits; partial rollouts take new
+every group; with two updates per batch versions and the bound count updates; generation runs ahead as far as the bound admits; partial rollouts take new
 weights mid-answer; the trace of a run replays with its lags; a killed worker (under either
 weight transport) and a killed driver end in finished runs with nothing trained twice; a worker
 that raises fails the run with its error;
@@ -12,13 +12,16 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
 import torch
 
 from gmc.io import read_jsonl
-from gmc.run.trainer import Trainer, without_time
+from gmc.rollouts.sources import trace_line
+from gmc.run.summary import without_time
+from gmc.run.trainer import Trainer
 
 ray = pytest.importorskip("ray")
 
@@ -33,9 +36,9 @@ def consumed(out):
     return read_jsonl(out / "groups.jsonl")
 
 
-def check_records(out, steps, per_step, bound):
+def check_records(out, steps, per_step, bound, updates_per_batch=1):
     """Every step's batch is full, no prompt is trained twice, every lag is within the bound and
-    every group carries its worker, versions and wall-clock times."""
+    every group carries its worker, versions and wall-clock times; the trace counts steps."""
     groups = consumed(out)
     assert len(groups) == steps * per_step
     assert [sum(g["step"] == s for g in groups) for s in range(steps)] == [per_step] * steps
@@ -45,7 +48,7 @@ def check_records(out, steps, per_step, bound):
         assert g["worker"] is not None and g["submit_wall"] <= g["finish_wall"] <= g["consume_wall"]
         assert g["generation_seconds"] > 0
     trace = read_jsonl(out / "staleness_trace.jsonl")
-    assert trace == [{k: g[k] for k in ("prompt_index", "version", "consumed_version")} for g in groups]
+    assert trace == [trace_line(g, updates_per_batch) for g in groups]
     return groups
 
 
@@ -112,6 +115,29 @@ def test_weights_sent_every_second_step_label_the_groups_and_are_counted(tmp_pat
         )
     with pytest.raises(ConfigError, match="publish_every"):
         small_config(**{"delay.d": 2, "delay.publish_every": 2})
+
+
+def test_two_updates_per_batch_count_versions_and_the_bound_in_updates(tmp_path, train_small):
+    """``updates_per_batch: 2``: the workers' groups carry the updates whose weights were sent (2 s
+    after step s - 1), step s's mini-batches are consumed by updates 2 s and 2 s + 1, no group is
+    trained more than ``max_staleness`` updates after its weights, the lags are counted at each
+    group's own update, and the trace counts steps."""
+    metrics = train_small(
+        tmp_path / "ray",
+        steps=4,
+        prompts_per_step=4,
+        updates_per_batch=2,
+        **REAL,
+        **{"delay.workers": 2, "delay.max_staleness": 2},
+    )
+    groups = check_records(tmp_path / "ray", 4, 4, bound=2, updates_per_batch=2)
+    assert {g["version"] % 2 for g in groups} == {0}
+    assert [g["consumed_version"] for g in groups] == [u for u in range(8) for _ in range(2)]
+    for s, r in enumerate(metrics):
+        lags = Counter(g["staleness"] for g in groups if g["step"] == s)
+        hist = {k: v for k, v in r.items() if k.startswith("async/staleness_hist/")}
+        assert hist == {f"async/staleness_hist/{lag}": float(n) for lag, n in lags.items()}
+    assert [r["async/weights_version"] for r in metrics] == [2.0, 4.0, 6.0, 8.0]
 
 
 def test_generation_runs_ahead_as_far_as_the_bound_admits(tmp_path, train_small):

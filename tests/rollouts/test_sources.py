@@ -220,3 +220,29 @@ def test_a_trace_is_replayed_with_its_recorded_versions_and_steps(tmp_path):
         check_trace(DelayConfig(mode="trace", trace=str(trace)), 3, 3)
     with pytest.raises(ValueError, match="delay.trace: .*no such staleness trace"):
         check_trace(DelayConfig(mode="trace", trace=str(tmp_path / "nope.jsonl")), 3, 2)
+
+
+def test_a_trace_counts_steps_and_its_replay_with_several_updates_per_step_labels_updates(tmp_path):
+    """A trace line holds a group's versions in steps (its groups.jsonl versions, in updates,
+    divided by the updates per step); a replay of two updates per step is asked for update 2 t at
+    step t and generates and labels each group with the weights of its recorded step's first update."""
+    from gmc.rollouts.sources import TraceSource, trace_line
+
+    records = [(7, -2, 0), (3, 0, 1), (5, 0, 2), (1, 2, 3)]  # (prompt, version, consumed_version) in updates
+    lines = [
+        trace_line({"prompt_index": p, "version": v, "consumed_version": c, "staleness": c - v}, 2)
+        for p, v, c in records
+    ]
+    assert lines == [
+        {"prompt_index": 7, "version": -1, "consumed_version": 0},
+        {"prompt_index": 3, "version": 0, "consumed_version": 0},
+        {"prompt_index": 5, "version": 0, "consumed_version": 1},
+        {"prompt_index": 1, "version": 1, "consumed_version": 1},
+    ]
+    trace = tmp_path / "staleness_trace.jsonl"
+    trace.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    gen = Generator()
+    src = TraceSource(gen, 2, DelayConfig(mode="trace", trace=str(trace)), updates_per_batch=2)
+    got = [[(g.prompt_index, g.version, g.consumed_version) for g in src.next_batch(2 * t).groups] for t in range(2)]
+    assert got == [[(7, 0, 0), (3, 0, 0)], [(5, 0, 2), (1, 2, 2)]]
+    assert gen.calls == [(1, 0), (2, 0), (1, 2)]

@@ -7,7 +7,8 @@ import torch
 
 from gmc.io import read_jsonl
 from gmc.run.config import ConfigError, load_train_config
-from gmc.run.trainer import Trainer, without_time
+from gmc.run.summary import without_time
+from gmc.run.trainer import Trainer
 from gmc.tasks.grading import Grade
 
 FROZEN = 1e-30  # an Adam step of this size leaves every float32 weight unchanged

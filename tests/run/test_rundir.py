@@ -14,9 +14,11 @@ import pytest
 import torch
 import yaml
 
+from gmc.io import read_jsonl
 from gmc.run.config import ConfigError, load_train_config
 from gmc.run.rundir import CheckpointError, ConfigMismatch, RunDir, RunDirBusy
-from gmc.run.trainer import NonFiniteError, Trainer, read_jsonl, without_time
+from gmc.run.summary import without_time
+from gmc.run.trainer import NonFiniteError, Trainer
 
 RUN = dict(steps=4, prompts_per_step=2, checkpoint_every=2, keep_checkpoints="all", **{"sampling.max_new_tokens": 24})
 """Four steps with checkpoints at steps 2 and 4, both kept when the run finishes."""

@@ -21,7 +21,8 @@ from gmc.estimators import losses
 from gmc.io import read_jsonl
 from gmc.run.config import ConfigError, load_train_config, to_dict
 from gmc.run.rundir import RunDir
-from gmc.run.trainer import NonFiniteError, Trainer, without_time
+from gmc.run.summary import without_time
+from gmc.run.trainer import NonFiniteError, Trainer
 
 
 @pytest.mark.parametrize(
@@ -261,7 +262,7 @@ def test_a_run_started_from_a_shared_prefill_equals_the_run_that_generates_its_o
     """A fixed-delay prefill depends on every setting but the estimator: gmc prefill writes one
     with one estimator's config, and another estimator's run started from it (gmc train
     --prefill) equals its own uninterrupted run, metrics, groups and all."""
-    from gmc.run.trainer import main_prefill
+    from gmc.run.main import main_prefill
 
     run = dict(steps=4, **{"delay.d": 3, "behaviour_logprobs": behaviour})
     maker, user = tmp_path / "tic.yaml", tmp_path / "gmc.yaml"
@@ -279,7 +280,7 @@ def test_a_run_started_from_a_shared_prefill_equals_the_run_that_generates_its_o
 
 
 def test_a_prefill_made_for_other_settings_is_refused_naming_them(tmp_path, small_config):
-    from gmc.run.trainer import main_prefill
+    from gmc.run.main import main_prefill
 
     maker = tmp_path / "d3.yaml"
     maker.write_text(yaml.safe_dump(to_dict(small_config(**{"delay.d": 3}))))
@@ -312,7 +313,7 @@ def test_a_history_run_is_exactly_d_stale_from_d_versions_and_equals_a_run_from_
     recorded when the history generated them; the run's records hold its own steps only. A run
     that makes its own history equals one started from the shared history (gmc history), metrics,
     groups and all, and a delay-0 run of the same seed starts from the same weights."""
-    from gmc.run.trainer import main_history
+    from gmc.run.main import main_history
 
     cfg = small_config(algorithm="gmc", behaviour_logprobs=behaviour, **HISTORY_RUN)
     own = tmp_path / "own"
@@ -351,14 +352,14 @@ def test_a_history_run_is_exactly_d_stale_from_d_versions_and_equals_a_run_from_
 
 
 def test_a_history_made_for_other_settings_or_too_short_is_refused_naming_why(tmp_path, small_config):
-    from gmc.run.trainer import main_history
+    from gmc.run.main import main_history
 
     maker = tmp_path / "d2.yaml"
     maker.write_text(yaml.safe_dump(to_dict(small_config(**{**HISTORY_RUN, "delay.d": 2}))))
     main_history(str(maker), [], str(tmp_path / "history"), keep=None)  # keeps the maker's 2 batches
     with pytest.raises(ConfigError, match=r"history: made for other settings \(differing: seed\)"):
         Trainer(small_config(seed=1, **HISTORY_RUN), tmp_path / "a", progress=False, history=tmp_path / "history")
-    with pytest.raises(ConfigError, match=r"keeps the batches of its last 2 updates; a queue of d = 3 needs 3"):
+    with pytest.raises(ConfigError, match=r"keeps its last 2 batches; a queue of d = 3 needs 3"):
         Trainer(small_config(**HISTORY_RUN), tmp_path / "b", progress=False, history=tmp_path / "history")
     with pytest.raises(ConfigError, match="delay.history_steps: a history of 2 updates cannot fill a queue of d = 3"):
         small_config(**{**HISTORY_RUN, "delay.history_steps": 2})
@@ -369,7 +370,7 @@ def test_a_history_made_for_other_settings_or_too_short_is_refused_naming_why(tm
 def test_the_final_training_reward_carries_its_sampling_noise():
     """The standard error of the last steps' mean reward: their spread over steps, at least the
     binomial error of all their samples."""
-    from gmc.run.trainer import reward_se
+    from gmc.run.summary import reward_se
 
     flat = [{"rollout/reward_mean": 0.5, "rollout/samples": 64.0}] * 2
     assert reward_se(flat) == pytest.approx(math.sqrt(0.25 / 128))

@@ -14,7 +14,8 @@ from gmc.io import read_jsonl
 from gmc.policy.logprobs import Rows, sequence_logprobs
 from gmc.rollouts.sources import read_trace
 from gmc.run.config import ConfigError
-from gmc.run.trainer import Trainer, without_time
+from gmc.run.summary import without_time
+from gmc.run.trainer import Trainer
 
 
 def test_a_batch_that_does_not_split_into_whole_groups_is_refused(small_config):
@@ -35,6 +36,42 @@ def test_versions_and_staleness_count_updates_and_the_trace_counts_steps(tmp_pat
     assert [m["async/staleness_mean"] for m in metrics] == [0.5, 2.5, 2.5]
     trace = read_trace(out / "staleness_trace.jsonl")
     assert [(t["version"], t["consumed_version"]) for t in trace] == [(0, 0)] * 4 + [(0, 1)] * 4 + [(1, 2)] * 4
+
+
+def test_the_trainer_hands_its_source_versions_in_updates(tmp_path, small_config):
+    """Two updates per batch: the source generates step s's batch with the weights of update 2 s
+    and labels it so (what its queue holds after the step), and receives the weights of update
+    2 (s + 1) after it."""
+    cfg = small_config(prompts_per_step=4, updates_per_batch=2, steps=3, **{"delay.d": 1})
+    run = Trainer(cfg, tmp_path / "run", progress=False)
+    published, publish = [], run.source.publish
+    run.source.publish = lambda model, version: (published.append(version), publish(model, version))
+    try:
+        for s in range(3):
+            run.train_step()
+            assert {g.version for g in run.source.queued_groups()} == {2 * s}
+            run.step += 1
+    finally:
+        run.close()
+    assert published == [2, 4, 6]
+
+
+def test_a_history_hands_on_its_batches_labelled_in_updates(tmp_path, train_small, small_config):
+    """After a history of 2 steps of two updates, a queue of d = 1 starts with the history's last
+    batch, made by its update 2 and so labelled 2 - 4 = -2: every step trains a batch 1 step old,
+    2 and 3 updates stale; the trace counts the same in steps. A run of one update per batch
+    refuses that history."""
+    run = dict(prompts_per_step=4, **{"delay.d": 1, "delay.warmup": "history", "delay.history_steps": 2})
+    out = train(tmp_path, "k2h", train_small, updates_per_batch=2, **run)
+    history = read_jsonl(out / "history" / "groups.jsonl")
+    assert [g["consumed_version"] for g in history] == [u for u in range(4) for _ in range(2)]
+    groups = read_jsonl(out / "groups.jsonl")
+    assert [g["version"] for g in groups] == [-2] * 4 + [0] * 4 + [2] * 4
+    assert [g["staleness"] for g in groups] == [2, 2, 3, 3] * 3
+    trace = read_trace(out / "staleness_trace.jsonl")
+    assert [(t["version"], t["consumed_version"]) for t in trace] == [(-1, 0)] * 4 + [(0, 1)] * 4 + [(1, 2)] * 4
+    with pytest.raises(ConfigError, match=r"made for other settings \(differing: updates_per_batch\)"):
+        Trainer(small_config(**run), tmp_path / "k1", progress=False, history=out / "history")
 
 
 @pytest.mark.parametrize("K", [2, 4])

@@ -10,7 +10,7 @@ import torch
 import yaml
 
 from gmc.results.outputs import GRADIENT_LAB_FILES
-from gmc.run.trainer import main_history
+from gmc.run.main import main_history
 from gmc.settings import ConfigError, to_dict
 from gmc.theory.config import GradientLabConfig
 from gmc.theory.figures import lab_report
@@ -162,6 +162,17 @@ def test_a_bad_history_is_refused_naming_it(tmp_path):
     with pytest.raises(ConfigError, match="not a finished history"):
         run_gradient_lab(tmp_path, tmp_path / "out", GradientLabConfig(), progress=False)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_history_of_several_updates_per_step_is_refused_naming_the_key(tmp_path, small_config):
+    """The lab's pairs are d updates apart: a history stepping two versions at a time cannot continue to them."""
+    from gmc.theory.gradients import continuation_config
+
+    (tmp_path / "config.yaml").write_text(
+        yaml.safe_dump(to_dict(small_config(prompts_per_step=4, updates_per_batch=2)))
+    )
+    with pytest.raises(ConfigError, match="^updates_per_batch: .* 2 updates per step"):
+        continuation_config(tmp_path, 2)
 
 
 def test_a_policy_that_never_varies_is_refused_naming_what_to_change(history, tmp_path, monkeypatch):

@@ -202,11 +202,12 @@ class WorkerPool:
         self.transport.start(self.workers)
 
     def publish(self, model, version: int) -> None:
-        """The trainer is at ``version``: its weights go to the workers at the start and after every
-        ``publish_every`` versions (:attr:`gmc.rollouts.delays.DelayConfig.publish_every`). The bound
-        opens for the new version only as its weights are sent, or at once when none are due (then
-        the new groups are made with the weights the workers have)."""
-        if self.workers and version % self.cfg.publish_every:
+        """The trainer is at update ``version``: its weights go to the workers at the start and after
+        every ``publish_every`` steps of ``updates_per_batch`` updates
+        (:attr:`gmc.rollouts.delays.DelayConfig.publish_every`). The bound opens for the new version
+        only as its weights are sent, or at once when none are due (then the new groups are made
+        with the weights the workers have)."""
+        if self.workers and (version // self.run.updates_per_batch) % self.cfg.publish_every:
             with self.lock:
                 self.trainer_version = version
                 self.sync_stats = {k: 0.0 for k in self.sync_stats}  # nothing sent this step

@@ -7,8 +7,10 @@ capacity, independently of the trainer's steps. The source buffers every finishe
 optimizer step takes the first ``prompts_per_step`` buffered groups in arrival order, waiting only
 when too few have arrived. Nothing waits for the slowest worker.
 
-What is dropped: a group that would be trained more than ``max_staleness`` versions after its
-weights, on arrival or later in the buffer, is dropped and counted (``async/dropped``), never
+Versions count optimizer updates (a step of ``updates_per_batch`` updates trains its groups in
+order, mini-batch ``k`` with the step's update ``k``). What is dropped: a group that would be
+trained more than ``max_staleness`` updates after its weights (by the update of its place in the
+batch), on arrival or later in the buffer, is dropped and counted (``async/dropped``), never
 trained; its prompt is not generated again (the run's prompt order moves on, as in AReaL and
 SkyRL). ``rollout/*`` describe the groups a step trains on. A checkpoint keeps the finished,
 unconsumed groups, the bound's counters and the tasks in flight (generated again after a resume,
@@ -59,7 +61,7 @@ class RaySource(SyncSource):
     def __init__(self, run, rollouts: Rollouts, records: list[dict]):
         super().__init__(rollouts, run.prompts_per_step)
         self.run = run
-        self.bound = StalenessBound(run.delay.max_staleness, run.prompts_per_step)
+        self.bound = StalenessBound(run.delay.max_staleness, run.prompts_per_step // run.updates_per_batch)
         self.buffer: list[tuple[Group, object]] = []  # finished unconsumed groups and their stats
         self.step_stats: dict[str, float] = {}
         self.lock = threading.Condition()  # guards the buffer, the bound and the pool's state
@@ -84,6 +86,12 @@ class RaySource(SyncSource):
 
     # -- the trainer's side ------------------------------------------------------------------
 
+    def _consumer(self, version: int, place: int) -> int:
+        """The update that trains the group at ``place`` of the buffer in the step whose first
+        update is ``version``: its mini-batch's; a group beyond the batch is held to the step's last
+        update (a later step trains it later still)."""
+        return version + min(place, self.batch_prompts - 1) // self.bound.per_update
+
     def _next(self, version: int) -> list[Group]:
         t = time.perf_counter()
         with self.lock:
@@ -91,8 +99,8 @@ class RaySource(SyncSource):
                 if self.pool.failure is not None:
                     raise self.pool.failure
                 fresh = []
-                for g, stats in self.buffer:  # the bound is strict: what is too old for this step is dropped
-                    if self.bound.too_old(g.version, version):
+                for g, stats in self.buffer:  # the bound is strict: what is too old for its update is dropped
+                    if self.bound.too_old(g.version, self._consumer(version, len(fresh))):
                         self.bound.discard()
                     else:
                         fresh.append((g, stats))
@@ -109,7 +117,7 @@ class RaySource(SyncSource):
             now = time.time()
             for g in batch:
                 g.consume_wall = now
-            lags = Counter(version - g.version for g in batch)
+            lags = Counter(self._consumer(version, i) - g.version for i, g in enumerate(batch))
             self.step_stats = {
                 "async/dropped": float(self.bound.dropped),
                 "async/buffer_groups": float(len(self.buffer)),
