@@ -156,8 +156,9 @@ class DelayMode:
     """The :class:`DelayConfig` fields the mode reads besides ``mode``: the only keys its config
     section accepts (``latency.delay``, ``ray.delay``)."""
     named_point: bool
-    """The workflow sweeps it as ``delay~<name>`` (settings in config.yaml's section of that
-    name); otherwise it is not a sweep point of its own (``fixed`` runs are ``delay~<d>``)."""
+    """The workflow sweeps it as ``delay~<name>``, with the settings of config.yaml's section of
+    that name (a ``NamedDelay`` field of ``gmc.workflow.WorkflowConfig``, which a new named mode
+    adds); otherwise it is not a sweep point of its own (``fixed`` runs are ``delay~<d>``)."""
     on_policy: Callable[[DelayConfig], bool] = lambda cfg: False
     """Whether every batch is trained by the weights that generated it (then the training
     forward gives the behaviour log-probs exactly, and no behaviour pass is run)."""
@@ -223,7 +224,8 @@ DELAY_MODES: dict[str, DelayMode] = {
         check="gmc.rollouts.sources:check_trace_mode",
     ),
 }
-"""Every delay mode by config name (``delay.mode``); the one place to add one."""
+"""Every delay mode by config name (``delay.mode``); the one place to add one (a mode swept by
+name also takes its section in the workflow's configuration, :attr:`DelayMode.named_point`)."""
 
 
 def named_delays() -> list[str]:
