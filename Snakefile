@@ -19,6 +19,10 @@ if not workflow.overwrite_configfiles:
 # it and what it allows
 SWEEP = gmc.workflow.load(config)
 CONFIG = SWEEP.config
+# what Snakemake holds as the config is the loaded one, in today's spelling with its classes'
+# defaults: the report's text reads it (snakemake.config, workflow/report/workflow.rst)
+config.clear()
+config.update(gmc.workflow.plain_config(SWEEP))
 
 
 include: "workflow/rules/common.smk"

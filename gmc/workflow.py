@@ -39,7 +39,17 @@ from gmc.run.config import TrainConfig
 from gmc.run.evaluate import EvalConfig
 from gmc.run.random_model import RandomModelConfig
 from gmc.run.tiny_model import TinyModelConfig
-from gmc.settings import ConfigError, NonNegativeInt, from_dict, from_section, json_schema, keys_of, load_yaml, settings
+from gmc.settings import (
+    ConfigError,
+    NonNegativeInt,
+    from_dict,
+    from_section,
+    json_schema,
+    keys_of,
+    load_yaml,
+    settings,
+    to_dict,
+)
 from gmc.sweep.config import SET_ELSEWHERE, NamedDelay, RunDelay, SweepAxes, Trace, Variant
 from gmc.sweep.resolve import Sweep
 from gmc.tasks.synthetic import SyntheticTask
@@ -171,7 +181,9 @@ class WorkflowConfig:
     @property
     def lab(self) -> LabPlacement:
         """Where the gradient lab sits (the ``gradient_lab`` section's LabPlacement keys)."""
-        return from_dict(LabPlacement, {k: v for k, v in self.gradient_lab.items() if k in _LAB_KEYS})
+        return from_section(
+            LabPlacement, {k: v for k, v in self.gradient_lab.items() if k in _LAB_KEYS}, "gradient_lab"
+        )
 
     def lab_values(self) -> dict[str, Any]:
         """The GradientLabConfig keys of the ``gradient_lab`` section."""
@@ -247,8 +259,12 @@ def _pop(node: dict, dotted: str) -> Any:
 
 def _put(node: dict, dotted: str, value: Any) -> None:
     *parents, leaf = dotted.split(".")
-    for part in parents:
-        node = node.setdefault(part, {})
+    for i, part in enumerate(parents):
+        if node.get(part) is None:
+            node[part] = {}
+        if not isinstance(node[part], dict):
+            raise ConfigError(f"must be a mapping to hold {dotted}", ".".join(parents[: i + 1]))
+        node = node[part]
     node[leaf] = value
 
 
@@ -320,15 +336,12 @@ def coerce(value: Any, node: dict[str, Any]) -> Any:
         return coerce(parsed, node) if not isinstance(parsed, str) else parsed
     if isinstance(value, dict):
         props = next((b["properties"] for b in branches if "properties" in b), {})
-        extra = next(  # a mapping's values: named by a pattern of keys (variants, traces) or by none
-            (
-                b["additionalProperties"] if isinstance(b.get("additionalProperties"), dict) else v
-                for b in branches
-                for v in [*b.get("patternProperties", {}).values(), None][:1]
-                if isinstance(b.get("additionalProperties"), dict) or v is not None
-            ),
-            None,
-        )
+        extra = None  # the schema of a mapping's values, under any key or a pattern of keys (variants, traces)
+        for b in branches:
+            if isinstance(b.get("additionalProperties"), dict):
+                extra = b["additionalProperties"]
+            elif b.get("patternProperties"):
+                extra = next(iter(b["patternProperties"].values()))
         return {k: coerce(v, props[k]) if k in props else coerce(v, extra) if extra else v for k, v in value.items()}
     if isinstance(value, list):
         items = next((b["items"] for b in branches if isinstance(b.get("items"), dict)), None)
@@ -336,9 +349,20 @@ def coerce(value: Any, node: dict[str, Any]) -> Any:
     return value
 
 
+SET_ABOVE = {
+    "evaluate": {key: key for key in EVAL_SET_PER_JOB},
+    "tiny_model": {"seed": "sweep.seed", "synthetic": "synthetic"},
+}
+"""The keys of a section's class that another part of the config sets, and where it sets each."""
+
+
 def _refuse_misplaced(config: dict[str, Any]) -> None:
-    """The keys a run takes from elsewhere are refused in ``train`` (and in a variant's train),
-    naming where each lives."""
+    """The keys a job takes from elsewhere are refused in its section (``train``, a variant's
+    train, ``evaluate``, ``tiny_model``), naming where each lives."""
+    for section, homes in SET_ABOVE.items():
+        for key in config.get(section) or {}:
+            if key in homes:
+                raise ConfigError(f"every job takes this from {homes[key]}, not from {section}", f"{section}.{key}")
     sections = {"train": config.get("train")}
     for name, variant in (config.get("variants") or {}).items():
         if isinstance(variant, dict):
@@ -377,11 +401,13 @@ def _check(config: WorkflowConfig) -> None:
     that mode reads; every algorithm a section names is an estimator or a variant, and no variant
     takes an estimator's name."""
     for mode in named_delays():
-        extra = sorted(set(getattr(config, mode).delay) - set(DELAY_MODES[mode].keys))
+        given = getattr(config, mode).delay
+        extra = sorted(set(given) - set(DELAY_MODES[mode].keys))
         if extra:
             raise ConfigError(
                 f"the {mode} mode reads {list(DELAY_MODES[mode].keys)}, not {extra[0]!r}", f"{mode}.delay.{extra[0]}"
             )
+        from_section(DelayConfig, {**given, "mode": mode}, f"{mode}.delay")  # checked, enabled or not
     for name in config.variants:
         if name in REGISTRY:
             raise ConfigError(f"a variant cannot take an estimator's name {name!r}", f"variants.{name}")
@@ -415,10 +441,23 @@ def load(config: dict[str, Any], source: str = "config") -> Sweep:
     sweep = Sweep(loaded)
     from_section(AnalysisConfig, loaded.analysis, "analysis")
     from_section(GradientLabConfig, loaded.lab_values(), "gradient_lab")
-    lab = from_section(LabPlacement, {k: v for k, v in loaded.gradient_lab.items() if k in _LAB_KEYS}, "gradient_lab")
+    lab = loaded.lab
     if lab.enabled:
         sweep.lab_history(lab.history_seed, lab.history_group_size)
     return sweep
+
+
+def plain_config(sweep: Sweep) -> dict[str, Any]:
+    """The loaded configuration of ``sweep`` as plain values, in today's spelling with every
+    default filled: the ``train`` section as the sweep's first run resolves it (but the keys set
+    elsewhere; its ``delay`` what every run shares), ``evaluate`` as the evaluation resolves it.
+    What the Snakefile leaves in Snakemake's ``config`` for the report's text to read."""
+    values = to_dict(sweep.config)
+    run = to_dict(sweep.run(sweep.points[0]))
+    values["train"] = {k: v for k, v in run.items() if k not in SET_ELSEWHERE and k != "delay"}
+    values["train"]["delay"] = to_dict(sweep.run_delay)
+    values["evaluate"] = {k: v for k, v in to_dict(sweep.evaluation).items() if k not in EVAL_SET_PER_JOB}
+    return values
 
 
 def load_file(path: str | Path) -> Sweep:

@@ -148,14 +148,21 @@ def test_no_import_cycles():
 
 def test_a_delay_is_parsed_in_one_place():
     """A point's delay is a value type (``gmc.sweep.points.Delay``) parsed once: no other line of the
-    package asks whether a delay is a number."""
-    found = [
-        f"{name}:{i}"
-        for name, path in FILES.items()
-        for i, line in enumerate(path.read_text().splitlines(), start=1)
-        if "isdigit" in line
+    package or of the workflow's rules asks whether a delay is a number."""
+    root = PACKAGE.parent
+    files = [
+        *FILES.values(),
+        root / "Snakefile",
+        *(root / "workflow").rglob("*.smk"),
+        *(root / "workflow").rglob("*.py"),
     ]
-    assert len(found) == 1 and found[0].startswith("gmc.sweep.points:")
+    found = [
+        f"{path.relative_to(root)}:{i}"
+        for path in files
+        for i, line in enumerate(path.read_text().splitlines(), start=1)
+        if "isdigit" in line or "isdecimal" in line or "isnumeric" in line
+    ]
+    assert len(found) == 1 and found[0].startswith("gmc/sweep/points.py:")
     assert "isdigit" in inspect.getsource(Delay.parse)
 
 

@@ -206,6 +206,28 @@ def test_a_key_given_in_both_spellings_with_two_values_is_refused_naming_the_new
         workflow.load(old)
 
 
+@pytest.mark.parametrize(
+    "old, today",
+    [
+        ("config.yaml", REPO / "config.yaml"),
+        ("real_async.yaml", REPO / "workflow" / "presets" / "real_async.yaml"),
+        ("workflow_config.yaml", REPO / "tests" / "data" / "workflow_config.yaml"),
+    ],
+)
+def test_a_whole_config_of_the_previous_release_loads_into_todays_sweep(capsys, old, today):
+    """config.yaml, a preset and a test config as the previous release wrote them (every renamed
+    key at once: model, data, mlflow, the sweep's axes and warm-up, the named delay modes' lists)
+    load into the same sweep as today's files, with a line per old key."""
+    before = workflow.load_file(REPO / "tests" / "data" / "previous_release" / old)
+    lines = capsys.readouterr().err.splitlines()
+    now = workflow.load_file(today)
+    assert capsys.readouterr().err == ""
+    assert len(lines) >= 8 and all(" is deprecated, write " in line for line in lines)
+    assert before.config == now.config and before.points == now.points
+    assert [to_dict(before.run(p)) for p in before.points] == [to_dict(now.run(p)) for p in now.points]
+    assert before.histories == now.histories and before.shared == now.shared
+
+
 def test_every_preset_and_config_yaml_speak_todays_keys(capsys):
     for path in [REPO / "config.yaml", *sorted((REPO / "workflow" / "presets").glob("*.yaml"))]:
         workflow.load_file(path)
@@ -214,6 +236,53 @@ def test_every_preset_and_config_yaml_speak_todays_keys(capsys):
 
 # ---------------------------------------------------------------------------------------------
 # the sweep's runs
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"evaluate": {"data_source": "hub"}}, "evaluate.data_source: every job takes this from data_source"),
+        ({"evaluate": {"synthetic": {}}}, "evaluate.synthetic: every job takes this from synthetic"),
+        ({"tiny_model": {"seed": 7}}, "tiny_model.seed: every job takes this from sweep.seed"),
+        ({"model": "Qwen/Qwen3-4B", "tiny_model": {"tiney": 1}}, "tiny_model.tiney: unknown key"),
+        ({"random_model": {"hiden": 1}}, "random_model.hiden: unknown key"),
+        ({"ray": {"delay": {"workers": 0}}}, "ray.delay.workers: must be greater than or equal to 1"),
+        ({"latency": {"delay": {"max_staleness": 2}}}, "latency.delay.max_staleness: the latency mode reads"),
+    ],
+)
+def test_a_key_set_elsewhere_or_a_bad_value_of_an_unused_section_is_refused_naming_it(change, message):
+    """A section's class may have keys that another part of the config sets (evaluate's data, the
+    tiny model's seed): given there they are refused, naming their home; the base models' sections
+    and the named delay modes' settings are checked whether the sweep uses them or not."""
+    config = _config()
+    config.update(change)
+    with pytest.raises(ConfigError, match=message):
+        workflow.load(config)
+
+
+def test_a_bad_value_is_named_where_the_config_holds_it():
+    """The key of a run's error is the key of the config that gave the value: a variant's own, the
+    train section's under a variant, a reference row's or a named delay mode's section."""
+    config = _config()
+    config["variants"] = {"gmc_bf": {"algorithm": "gmc", "train": {"sampling": {"dtype": "float32"}}}}
+    config["sweep"]["algorithm"] = ["gmc", "gmc_bf"]
+    bad = copy.deepcopy(config)
+    bad["train"]["sampling"]["top_p"] = 0.9
+    with pytest.raises(ConfigError, match=r"^train.sampling.top_p: training needs 1"):
+        workflow.load(bad)
+    bad = copy.deepcopy(config)
+    bad["variants"]["gmc_bf"]["train"]["sampling"]["top_p"] = 0.9
+    with pytest.raises(ConfigError, match=r"^variants.gmc_bf.train.sampling.top_p: training needs 1"):
+        workflow.load(bad)
+    bad = copy.deepcopy(config)
+    bad["sweep"]["references"] = {"algorithm": ["is"], "delay": [80]}
+    bad["train"]["delay"]["history_steps"] = 64
+    with pytest.raises(ConfigError, match=r"^train.delay.history_steps: a history of 64 steps cannot fill"):
+        workflow.load(bad)
+    bad = copy.deepcopy(config)
+    bad["train"]["samples_per_step"] = 1
+    with pytest.raises(ConfigError, match=r"^train.samples_per_step: unknown key"):
+        workflow.load(bad)
 
 
 def test_a_variant_is_an_estimator_with_train_settings_of_its_own():

@@ -1,7 +1,7 @@
 """The log-prob pass shared by every pass over rollouts (method.md section 7): per-token
 log-probs of a batch of rollout rows in *canonical micro-batches* (:func:`micro_batches`), within a
 token budget of padded tokens per forward. The behaviour pass, the KL reference and the training
-forward/backward (:mod:`gmc.policy.update`) all go through :func:`_forward` on the same plan, so a
+forward/backward (:mod:`gmc.policy.update`) all go through :func:`micro_batch_logprobs` on the same plan, so a
 row's log-probs do not depend on the rows it is batched with.
 """
 
@@ -91,7 +91,7 @@ masked forward up to kernel rounding. ``masked``: an explicit padding mask (tran
 the 4-D mask; SDPA computes the full square), kept as the reference."""
 
 
-def _forward(
+def micro_batch_logprobs(
     model,
     rows: Rows,
     idx: list[int],
@@ -149,7 +149,7 @@ def _to_device(batch: Tensor, device: torch.device) -> tuple[Tensor, Tensor, Ten
     return batch[:, :width], batch[:, width], batch[:, width + 1], batch[:, width + 2]
 
 
-def _plan_indices(plan: list[list[int]], device: torch.device) -> list[Tensor]:
+def plan_indices(plan: list[list[int]], device: torch.device) -> list[Tensor]:
     """Each micro-batch's row indices as a tensor on ``device``, all from one transfer."""
     if not plan:
         return []
@@ -197,8 +197,8 @@ def sequence_logprobs(
     out = torch.zeros(len(rows), max(1, max(rows.lengths, default=1)), device=device)
     plan = rows.plan(budget)
     with torch.no_grad(), training_mode(model), precision(model, compute_dtype, cache=False):
-        for idx, at in zip(plan, _plan_indices(plan, device)):
-            lp = _forward(model, rows, idx, pad_id, temperature, chunk_size, attention, fp32_head)
+        for idx, at in zip(plan, plan_indices(plan, device)):
+            lp = micro_batch_logprobs(model, rows, idx, pad_id, temperature, chunk_size, attention, fp32_head)
             out[at, : lp.shape[1]] = lp
     return out
 

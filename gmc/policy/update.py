@@ -16,7 +16,15 @@ import torch
 from torch import Tensor
 
 from gmc.estimators import EstimatorConfig, advantages_for
-from gmc.policy.logprobs import Attention, Rows, _forward, _plan_indices, per_group, precision, sequence_logprobs
+from gmc.policy.logprobs import (
+    Attention,
+    Rows,
+    micro_batch_logprobs,
+    per_group,
+    plan_indices,
+    precision,
+    sequence_logprobs,
+)
 
 
 @dataclass
@@ -205,7 +213,7 @@ class Update:
             coef = coef.view(B * G, T)
             current = torch.zeros(B * G, T, device=device)
             plan = rows.plan(self.budget)
-            for idx, at in zip(plan, _plan_indices(plan, device)):
+            for idx, at in zip(plan, plan_indices(plan, device)):
                 with precision(self.model, self.compute_dtype):
                     lp = self._forward(rows, idx)
                 (lp * coef[at, : lp.shape[1]]).sum().backward()
@@ -236,7 +244,7 @@ class Update:
         held = values if behaviour is None else behaviour.reshape(B * G, T)  # the other rows: any finite values
         flat_weights = None if weights is None else weights.reshape(B * G, T)
         plan = rows.plan(self.budget)
-        for idx, at in zip(plan, _plan_indices(plan, mask.device)):
+        for idx, at in zip(plan, plan_indices(plan, mask.device)):
             with precision(self.model, self.compute_dtype):
                 lp = self._forward(rows, idx)
             if flat_weights is not None:
@@ -278,7 +286,7 @@ class Update:
 
     def _forward(self, rows: Rows, idx: list[int]) -> Tensor:
         """The training forward of one canonical micro-batch, with gradient."""
-        return _forward(
+        return micro_batch_logprobs(
             self.model, rows, idx, self.pad_id, self.temperature, self.chunk_size, self.attention, self.fp32_head
         )
 

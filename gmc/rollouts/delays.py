@@ -128,15 +128,15 @@ class DelayConfig:
             and self.history_steps < self.d
         ):
             raise ConfigError(
-                f"a history of {self.history_steps} updates cannot fill a queue of d = {self.d} "
+                f"a history of {self.history_steps} steps cannot fill a queue of d = {self.d} "
                 "batches: give at least d",
                 "history_steps",
             )
 
     @property
     def history_length(self) -> int:
-        """The on-policy updates the run starts after: ``history_steps`` (``d`` where None) under
-        ``warmup: history``, else 0."""
+        """The on-policy steps (batches) the run starts after: ``history_steps`` (``d`` where None)
+        under ``warmup: history``, else 0."""
         if self.warmup != "history":
             return 0
         return self.d if self.history_steps is None else self.history_steps

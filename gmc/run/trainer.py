@@ -65,6 +65,10 @@ from gmc.stop import STOP
 log = logging.getLogger(__name__)
 
 
+VERSION_UNIT = "update"
+"""What a checkpoint's versions count (its queued and kept groups'): optimizer updates."""
+
+
 class NonFiniteError(RuntimeError):
     """Too many consecutive steps with a non-finite loss or gradient."""
 
@@ -395,6 +399,7 @@ class Trainer:
             "kept_batches": list(self.kept),
             "history": self.history,
             "masters": self.masters.state() if self.masters else None,
+            "version_unit": VERSION_UNIT,
         }
         self.rundir.write_checkpoint(state)
 
@@ -426,7 +431,14 @@ class Trainer:
 
     def load_weights(self, state: dict, where: Path) -> None:
         """The weights and optimizer state of a checkpoint (of this run, or of the history it starts
-        from) into the model's own parameters and the optimizer."""
+        from) into the model's own parameters and the optimizer. A checkpoint that labels its
+        queued groups' versions in steps (:data:`VERSION_UNIT`) is refused where steps and updates
+        differ (``updates_per_batch`` above 1)."""
+        if self.cfg.updates_per_batch > 1 and state.get("version_unit") != VERSION_UNIT:
+            raise CheckpointError(
+                f"{where}: its checkpoint labels the queued groups' versions in steps, and this run counts "
+                f"{self.cfg.updates_per_batch} updates a step: the versions would be misread; train it again"
+            )
         kind = state.get("optimizer_class", type(self.optimizer).__name__)
         if kind != type(self.optimizer).__name__:
             raise CheckpointError(

@@ -28,6 +28,9 @@ TRACE_PREFIX = "trace-"
 ALGO_WILDCARD = r"[a-z][a-z0-9_]*"
 """Estimator names as they may appear in paths (``seq_mask``)."""
 
+_FIXED = r"0|[1-9][0-9]*"
+"""A fixed delay as paths write it: a number in ASCII digits, without leading zeros."""
+
 
 @dataclass(frozen=True)
 class Delay:
@@ -50,7 +53,7 @@ class Delay:
         if isinstance(text, Delay):
             return text
         text = str(text)
-        if text.isdigit():
+        if text.isascii() and text.isdigit() and (text == "0" or not text.startswith("0")):
             return cls("fixed", fixed=int(text))
         if text in named_delays():
             return cls(text)
@@ -63,7 +66,7 @@ class Delay:
     @classmethod
     def wildcard(cls) -> str:
         """The regular expression of every delay a path may write."""
-        return "|".join([r"\d+", *named_delays(), rf"{TRACE_PREFIX}[A-Za-z0-9_]+"])
+        return "|".join([_FIXED, *named_delays(), rf"{TRACE_PREFIX}[A-Za-z0-9_]+"])
 
     def __str__(self) -> str:
         if self.mode == "fixed":
@@ -126,9 +129,15 @@ class Point(NamedTuple):
 
     @classmethod
     def find(cls, path: str | Path) -> Point | None:
-        """The sweep point a path lies in; None outside a sweep."""
+        """The sweep point a path lies in; None outside a sweep (a folder whose delay is none a
+        sweep writes, ``delay~64_old``, included)."""
         m = _POINT_RE.search(Path(path).as_posix())
-        return None if m is None else cls.of(m["algo"], m["delay"], m["group"], m["seed"])
+        if m is None:
+            return None
+        try:
+            return cls.of(m["algo"], m["delay"], m["group"], m["seed"])
+        except ValueError:
+            return None
 
     @classmethod
     def parse(cls, path: str | Path) -> Point:

@@ -55,11 +55,10 @@ class Sweep:
             self.run(point)
         self.evaluation = from_section(EvalConfig, self.eval_values(), "evaluate")
         """The EvalConfig of every evaluation job (:meth:`eval_values`)."""
-        if config.model == "tiny":
-            for seed in config.sweep.seed:
-                from_section(TinyModelConfig, self.model_settings(seed), "tiny_model")
-        elif config.model == "random-qwen3":
-            from_section(RandomModelConfig, self.model_settings(), "random_model")
+        # both builds' settings are checked whichever model the sweep uses: a mistake in either is named now
+        for seed in config.sweep.seed:
+            from_section(TinyModelConfig, self._tiny_settings(seed), "tiny_model")
+        from_section(RandomModelConfig, dict(config.random_model), "random_model")
 
     # -- points ---------------------------------------------------------------------------------
 
@@ -169,17 +168,29 @@ class Sweep:
             return None
         top = key.split(".", 1)[0].split("[", 1)[0]
         variant = self.config.variants.get(point.algorithm)
-        if variant is not None and top in variant.train:
+        if variant is not None and _holds(variant.train, key):
             return f"variants.{point.algorithm}.train.{key}"
+        # where the point's own section is: the grid, the references, a named delay mode or a trace
+        axes = self.config.sweep
+        if not point.delay.is_fixed:
+            section = f"traces.{point.delay.trace}" if point.delay.mode == "trace" else point.delay.mode
+        elif point.algorithm in axes.algorithm and point.delay.fixed in axes.delay:
+            section = "sweep"
+        else:
+            section = "sweep.references"
         if top == "delay":
             leaf = key.split(".", 1)[1] if "." in key else ""
             if leaf in ("warmup", "history_steps", "history_algorithm"):
                 return f"train.{key}"
             if point.delay.is_fixed:
-                return "sweep.delay"
+                return f"{section}.delay"
             if point.delay.mode == "trace":
-                return f"traces.{point.delay.trace}.trace"
-            return f"{point.delay.mode}.{key}"
+                return f"{section}.trace"
+            return f"{section}.{key}"
+        if top in ("algorithm", "group_size") and section != "sweep.references":
+            return f"{section}.{top}"
+        if top == "algorithm":
+            return "sweep.references.algorithm"
         if top == "synthetic":
             return key
         return SET_ELSEWHERE.get(top, f"train.{key}")
@@ -225,10 +236,13 @@ class Sweep:
         seed and the synthetic task; ``RandomModelConfig``: ``random_model``)."""
         name = self.config.model
         if name == "tiny":
-            return dict(self.config.tiny_model, seed=seed, synthetic=self.config.synthetic)
+            return self._tiny_settings(seed)
         if name == "random-qwen3":
             return dict(self.config.random_model)
         raise ValueError(f"model {name} is not built locally")
+
+    def _tiny_settings(self, seed: int | None) -> dict[str, Any]:
+        return dict(self.config.tiny_model, seed=seed, synthetic=self.config.synthetic)
 
     def base_eval_dirs(self) -> list[str]:
         """Where the base model's evaluations go: ``eval/base/seed~<s>`` for each seed of a model
@@ -305,6 +319,17 @@ class Sweep:
                 "gradient_lab.history_seed",
             )
         return names[0]
+
+
+def _holds(section: dict[str, Any], key: str) -> bool:
+    """Whether a section's given values hold the dotted ``key`` (list items as ``key[i]``)."""
+    node: Any = section
+    for part in key.split("."):
+        name = part.split("[", 1)[0]
+        if not isinstance(node, dict) or name not in node:
+            return False
+        node = node[name]
+    return True
 
 
 def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from gmc.policy.build import qwen3_model
-from gmc.policy.logprobs import Rows, _forward, precision
+from gmc.policy.logprobs import Rows, micro_batch_logprobs, precision
 from gmc.policy.memory import (
     ALLOCATOR_RESERVE,
     GIB,
@@ -71,7 +71,7 @@ def test_the_plans_checkpointed_activations_are_what_autograd_saves(shape, dtype
     tokens = ids.numel()
     assert sum(saved.values()) == tokens * shape_of(shape).saved_per_token(shape.num_layers)
     with precision(model, dtype):  # the update's forward runs on the same shapes
-        assert _forward(model, rows, [2, 1, 0], 0, 1.0, 64).shape == (3, 40)  # longest first
+        assert micro_batch_logprobs(model, rows, [2, 1, 0], 0, 1.0, 64).shape == (3, 40)  # longest first
 
 
 def paper(*overrides):

@@ -149,14 +149,14 @@ def test_the_no_grad_pass_casts_weights_where_they_are_used_to_the_same_values()
     """Over float32 masters in bfloat16 the no-grad pass runs without autocast's weight cache
     (no bfloat16 copy of every weight beside vLLM): its log-probs equal, bit for bit, those of
     the training forward under the cached autocast, so on-policy ratios stay exactly 1."""
-    from gmc.policy.logprobs import _forward, precision
+    from gmc.policy.logprobs import micro_batch_logprobs, precision
 
     model = random_model().train()
     rows = Rows.from_groups(random_groups(B=3, G=4))
     plain = sequence_logprobs(model, rows, 64, pad_id=0, compute_dtype=torch.bfloat16)
     for idx in rows.plan(64):
         with precision(model, torch.bfloat16):  # the training forward: grad on, cache on
-            lp = _forward(model, rows, idx, 0, 1.0, 4096, "causal")
+            lp = micro_batch_logprobs(model, rows, idx, 0, 1.0, 4096, "causal")
         assert lp.requires_grad
         assert torch.equal(lp.detach(), plain[idx, : lp.shape[1]])
 

@@ -361,7 +361,7 @@ def test_a_history_made_for_other_settings_or_too_short_is_refused_naming_why(tm
         Trainer(small_config(seed=1, **HISTORY_RUN), tmp_path / "a", progress=False, history=tmp_path / "history")
     with pytest.raises(ConfigError, match=r"keeps its last 2 batches; a queue of d = 3 needs 3"):
         Trainer(small_config(**HISTORY_RUN), tmp_path / "b", progress=False, history=tmp_path / "history")
-    with pytest.raises(ConfigError, match="delay.history_steps: a history of 2 updates cannot fill a queue of d = 3"):
+    with pytest.raises(ConfigError, match="delay.history_steps: a history of 2 steps cannot fill a queue of d = 3"):
         small_config(**{**HISTORY_RUN, "delay.history_steps": 2})
     with pytest.raises(ConfigError, match="delay.warmup: no history to make"):
         main_history(None, [f"model={small_config().model}", "delay.d=2"], str(tmp_path / "none"), keep=None)

@@ -179,3 +179,27 @@ def test_a_run_of_two_updates_per_batch_stopped_and_resumed_equals_the_uninterru
         if name == "metrics.jsonl":
             a, b = without_time(a), without_time(b)
         assert a == b, name
+
+
+def test_a_checkpoint_that_counts_versions_in_steps_is_refused_where_steps_and_updates_differ(tmp_path, small_config):
+    """A checkpoint without the mark of versions counted in updates (a previous release's) is refused
+    by a run of several updates per step, whose queue it would mislabel, and resumed by one of one."""
+    from gmc.run.rundir import CheckpointError
+
+    for k in (1, 2):
+        cfg = small_config(prompts_per_step=4, updates_per_batch=k, steps=2, checkpoint_every=1, **{"delay.d": 1})
+        run = Trainer(cfg, tmp_path / f"k{k}", progress=False)
+        try:
+            run.train_step()
+            run.step += 1
+            run.save_checkpoint()
+        finally:
+            run.close()
+        state = torch.load(run.ckpt_path, weights_only=False)
+        assert state.pop("version_unit") == "update"
+        torch.save(state, run.ckpt_path)
+        if k == 1:
+            Trainer(cfg, tmp_path / f"k{k}", resume=True, progress=False).close()
+        else:
+            with pytest.raises(CheckpointError, match="labels the queued groups' versions in steps"):
+                Trainer(cfg, tmp_path / f"k{k}", resume=True, progress=False)

@@ -309,6 +309,28 @@ def test_a_preset_is_the_whole_science(tmp_path, load_workflow, preset):
         assert used.train["behaviour_logprobs"] == "trainer"  # the trainer's numerics, stated
 
 
+@pytest.mark.parametrize("preset", [None, *PRESETS], ids=lambda p: p.name if p else "config.yaml")
+def test_the_reports_text_reads_the_loaded_configuration(preset):
+    """The HTML report's text (workflow/report/workflow.rst) renders from what the Snakefile leaves
+    in Snakemake's config (:func:`gmc.workflow.plain_config`), every value it names defined."""
+    import jinja2
+
+    from gmc.workflow import load_file, plain_config
+
+    sweep = load_file(preset or REPO / "config.yaml")
+
+    class Snakemake:
+        config = plain_config(sweep)
+
+    template = (REPO / "workflow" / "report" / "workflow.rst").read_text()
+    text = jinja2.Environment(undefined=jinja2.StrictUndefined).from_string(template).render(snakemake=Snakemake)
+    run = sweep.run(sweep.points[0])
+    assert f"Model ``{sweep.config.model}``, {run.steps} optimizer steps" in text
+    assert f"Estimators {', '.join(sweep.config.sweep.algorithm)} at fixed delays" in text
+    assert all(f"The {m} delay" in text for m in ("latency", "ray") if getattr(sweep.config, m).enabled)
+    assert f"temperature\n{sweep.evaluation.temperature}" in text
+
+
 def test_the_dag_builds_each_run_config_once(tmp_path, monkeypatch):
     """Planning a sweep (the Snakefile read, the DAG built and dry-run) builds one TrainConfig per
     point, not one per rule or helper that reads it: the sweep resolves each once
@@ -317,6 +339,7 @@ def test_the_dag_builds_each_run_config_once(tmp_path, monkeypatch):
     from snakemake.settings.types import ConfigSettings, DAGSettings, OutputSettings, ResourceSettings
 
     from gmc.run.config import TrainConfig
+    from gmc.settings import to_dict
 
     built = []
     post_init = TrainConfig.__post_init__
@@ -337,9 +360,16 @@ def test_the_dag_builds_each_run_config_once(tmp_path, monkeypatch):
         )
         dag = wf.dag(dag_settings=DAGSettings())
         dag.execute_workflow(executor="dryrun")
-    points = wf._workflow.globals["SWEEP"].points
+    namespace = wf._workflow.globals
+    points = namespace["SWEEP"].points
     assert len(points) == 35 and len(built) == len(points)
     assert {(c.algorithm, c.seed) for c in built} == {(p.algorithm, p.seed) for p in points}
+    # the rules read the resolved sweep: each train_config job's values (common.smk's run_config)
+    # are its point's kept config, and reading them builds none
+    for point in points:
+        wildcards = {"algo": point.algorithm, "delay": str(point.delay), "group": point.group, "seed": point.seed}
+        assert namespace["run_config"](type("W", (), wildcards)) == to_dict(namespace["SWEEP"].run(point))
+    assert len(built) == len(points)
 
 
 def test_bad_config_value_names_key_and_allowed_values(tmp_path, snakemake):

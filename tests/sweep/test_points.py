@@ -23,7 +23,7 @@ def test_a_delay_is_parsed_once_and_written_back_as_paths_write_it(text, mode, f
     assert delay.is_fixed == (mode == "fixed") == is_fixed(text)
 
 
-@pytest.mark.parametrize("text", ["sometimes", "-1", "8.5", "trace-", "", "Latency"])
+@pytest.mark.parametrize("text", ["sometimes", "-1", "8.5", "trace-", "", "Latency", "064", "²", "٦٤", " 8"])
 def test_anything_else_is_refused_naming_what_a_delay_may_be(text):
     with pytest.raises(ValueError, match="neither a number, a named delay mode"):
         Delay.parse(text)
@@ -43,7 +43,7 @@ def test_the_wildcard_matches_exactly_the_delays_the_parser_takes():
     pattern = re.compile(f"^(?:{Delay.wildcard()})$")
     for text in ["0", "64", *named_delays(), "trace-run_7"]:
         assert pattern.match(text) and Delay.parse(text)
-    for text in ["sometimes", "trace-", "8.5"]:
+    for text in ["sometimes", "trace-", "8.5", "064"]:
         assert not pattern.match(text)
 
 
@@ -54,5 +54,6 @@ def test_a_point_is_found_in_a_path_and_written_back():
     assert point.fields() == {"algorithm": "gmc", "delay": "latency", "group": 8, "seed": 2}
     assert Point.parse(f"x/{Point.of('tic', 64, 4, 0).path}").delay.fixed == 64
     assert Point.find("results/train/other") is None
+    assert Point.find("results/train/algo~gmc/delay~64_old/group~8/seed~0") is None
     with pytest.raises(ValueError, match="not a sweep point"):
         Point.parse("results/train/other")
