@@ -128,8 +128,7 @@ class DelayConfig:
             and self.history_steps < self.d
         ):
             raise ConfigError(
-                f"a history of {self.history_steps} steps cannot fill a queue of d = {self.d} "
-                "batches: give at least d",
+                f"a history of {self.history_steps} steps cannot fill a queue of d = {self.d} batches: give at least d",
                 "history_steps",
             )
 
