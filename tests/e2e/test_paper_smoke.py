@@ -211,7 +211,7 @@ def test_tables_figures_and_mlflow():
     from gmc.run.tracking import SWEEP_TAG
 
     mlflow.set_tracking_uri(f"sqlite:///{Path(RESULTS, 'mlflow.db').resolve()}")
-    stored = mlflow.search_runs(experiment_names=[SMOKE["mlflow"]["experiment"]])
+    stored = mlflow.search_runs(experiment_names=[SMOKE["experiment"]])
     parent = stored[f"tags.{SWEEP_TAG}"].notna() & stored["tags.mlflow.parentRunId"].isna()
     assert parent.sum() == 1  # the sweep's parent run; every training run nests under it
     stored = stored[~parent]
