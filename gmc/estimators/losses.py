@@ -322,13 +322,17 @@ def as_floats(stats: dict) -> dict[str, float]:
 
 def _ppo_clip(l_tok: Tensor, advantages: Tensor, cfg: EstimatorConfig) -> tuple[Tensor, Tensor]:
     """GRPO's per-token coefficient and what its clip switches off: ``r A`` unless ``A > 0`` and
-    ``r > 1 + eps_high`` or ``A < 0`` and ``r < 1 - eps_low`` (PPO's ``min(r A, clip(r) A)``), and
-    with ``grpo_delta`` also unless ``A < 0`` and ``r > grpo_delta`` (TRL's two-sided clip)."""
+    ``r > 1 + eps_high`` or ``A < 0`` and ``r < 1 - eps_low`` (PPO's ``min(r A, clip(r) A)``).
+    With ``grpo_delta`` (``d``) the objective is TRL's two-sided ``min(min(r, d) A, clip(r) A)``: a
+    token of ``A > 0`` is switched off above ``min(d, 1 + eps_high)`` and one of ``A < 0`` also above
+    ``max(d, 1 + eps_high)``; for ``d >= 1 + eps_high`` (TRL's recommendation) the first is PPO's
+    and the second ``d``, INTELLECT-2's cap of a negative advantage's ratio."""
     r = torch.exp(l_tok.clamp(max=50.0))
     A = advantages.float().unsqueeze(-1).expand_as(r)
-    clipped = ((A > 0) & (r > 1 + cfg.eps_high)) | ((A < 0) & (r < 1 - cfg.eps_low))
+    upper, negative_upper = 1 + cfg.eps_high, math.inf
     if cfg.grpo_delta is not None:
-        clipped |= (A < 0) & (r > cfg.grpo_delta)
+        upper, negative_upper = min(cfg.grpo_delta, upper), max(cfg.grpo_delta, upper)
+    clipped = ((A > 0) & (r > upper)) | ((A < 0) & ((r < 1 - cfg.eps_low) | (r > negative_upper)))
     return torch.where(clipped, torch.zeros_like(r), r * A), clipped
 
 

@@ -156,10 +156,12 @@ class EstimatorConfig:
     exceeds this (TRL ``off_policy_mask_threshold``, the ``delta`` of DeepSeek-V3.2's off-policy
     sequence mask; TRL's example value 0.5, its default None leaves the mask off)."""
     grpo_delta: Annotated[float, Field(gt=1)] | None = None
-    """Two-sided clipping of ``grpo`` and ``opsm`` (TRL ``delta``, INTELLECT-2): a token of negative
-    advantage whose ratio exceeds this stops pulling too, so no single stale token's ratio can
-    scale the loss without bound. None (TRL's default): the one-sided PPO clip; TRL recommends a
-    value above ``1 + eps_high``."""
+    """Two-sided clipping of ``grpo`` and ``opsm``, TRL's ``delta`` (INTELLECT-2): the objective
+    ``min(min(r, grpo_delta) A, clip(r) A)`` of TRL 1.16's ``GRPOTrainer._compute_loss``. Above
+    ``1 + eps_high`` (TRL's recommendation) a token of negative advantage whose ratio exceeds it
+    stops pulling too, so no single stale token's ratio can scale the loss without bound; below,
+    it is the upper clip of a positive advantage's ratio and a negative one's is clipped at
+    ``1 + eps_high``. None (TRL's default): the one-sided PPO clip."""
     sapo_tau_pos: Positive = 1.0
     """``sapo``'s gate temperature for tokens of positive advantage: verl ``actor.tau_pos``, TRL
     ``sapo_temperature_pos``, AReaL ``actor.sapo_tau_pos`` (all 1.0)."""

@@ -78,11 +78,13 @@ def naive_coefficients(name, logp, logp_b, mask, adv, cfg):
                     continue
                 r = math.exp(lp[b][g][t] - lb[b][g][t])
                 if name in ("grpo", "opsm"):
-                    clipped = (
-                        (a > 0 and r > 1 + cfg.eps_high)
-                        or (a < 0 and r < 1 - cfg.eps_low)
-                        or (cfg.grpo_delta is not None and a < 0 and r > cfg.grpo_delta)
-                    )
+                    # TRL's two-sided objective -min(min(r, delta) a, clip(r) a): r is frozen where it
+                    # is not the minimum of the three (a > 0) or not the maximum of min(r, delta) and clip(r)
+                    delta = math.inf if cfg.grpo_delta is None else cfg.grpo_delta
+                    if a > 0:
+                        clipped = r > min(delta, 1 + cfg.eps_high)
+                    else:
+                        clipped = a < 0 and (r < 1 - cfg.eps_low or r > max(delta, 1 + cfg.eps_high))
                     c = 0.0 if clipped else r * a
                     if name == "opsm":  # the response dropped whole: negative advantage, mean log(mu/pi) too large
                         keep[b][g][t] = a >= 0 or -Ls[g] / n <= cfg.opsm_threshold
@@ -333,6 +335,15 @@ def test_corrections_match_naive_loop_where_their_clips_and_masks_fire(name, met
     stats = assert_matches_naive_loop(name, logp, logp_b, mask, adv, cfg)
     (key,) = REGISTRY[name].diagnostics
     assert 0 < stats[key] < 1, (key, stats[key])
+
+
+@pytest.mark.parametrize("delta", [1.05, 1.15, 1.2, 1.6])
+@pytest.mark.parametrize("name", ["grpo", "opsm"])
+def test_the_two_sided_clip_matches_naive_loop_on_both_sides_of_one_plus_eps_high(name, delta):
+    logp, logp_b, mask, rewards = random_batch(B=4, G=4, T=8, seed=5, scale=0.3)
+    cfg = EstimatorConfig(**{**TIGHT, "grpo_delta": delta})
+    stats = assert_matches_naive_loop(name, logp, logp_b, mask, group_advantages(rewards), cfg)
+    assert 0 < stats["ratio/frac_tokens_clipped"] < 1
 
 
 @pytest.mark.parametrize("name", MASKING)

@@ -9,6 +9,7 @@ the policy's log-probs must agree.
 """
 
 import dataclasses
+import math
 import types
 from collections import defaultdict
 
@@ -42,16 +43,17 @@ def ours(name, logp, logp_b, mask, adv, cfg):
     x = logp.clone().requires_grad_(True)
     loss, stats = get_estimator(name)(x, logp_b, mask, adv, REGISTRY[name].resolved(cfg), max_new_tokens=T)
     loss.backward()
-    return x.grad.reshape(B * G, T), stats
+    return x.grad.reshape(-1, logp.shape[-1]), stats
 
 
 def flat(logp, logp_b, mask, adv):
     """The peers' layout: rows ``[B*G, T]``, a float mask, the advantage on every token."""
+    rows, T = adv.numel(), logp.shape[-1]
     return (
-        logp.reshape(B * G, T),
-        logp_b.reshape(B * G, T),
-        mask.reshape(B * G, T).float(),
-        adv.reshape(B * G, 1).expand(B * G, T).contiguous(),
+        logp.reshape(rows, T),
+        logp_b.reshape(rows, T),
+        mask.reshape(rows, T).float(),
+        adv.reshape(rows, 1).expand(rows, T).contiguous(),
     )
 
 
@@ -271,6 +273,7 @@ def trl_grad(loss_type, batch, args=None, **attrs):
     adds to its ``GRPOConfig`` stand-in."""
     grpo_trainer = pytest.importorskip("trl.trainer.grpo_trainer", reason="TRL is not installed (make test-peers)")
     logp, logp_b, mask, adv = flat(*batch)
+    rows, T = logp.shape
     x = logp.clone().requires_grad_(True)
     accelerator = types.SimpleNamespace(
         num_processes=1,
@@ -300,9 +303,9 @@ def trl_grad(loss_type, batch, args=None, **attrs):
         **settings,
     )
     inputs = {
-        "prompt_ids": torch.zeros(B * G, 1, dtype=torch.long),
-        "prompt_mask": torch.ones(B * G, 1),
-        "completion_ids": torch.zeros(B * G, T, dtype=torch.long),
+        "prompt_ids": torch.zeros(rows, 1, dtype=torch.long),
+        "prompt_mask": torch.ones(rows, 1),
+        "completion_ids": torch.zeros(rows, T, dtype=torch.long),
         "completion_mask": mask,
         "advantages": adv[:, 0],
         "old_per_token_logps": logp_b,
@@ -355,6 +358,32 @@ def test_opsm_and_the_two_sided_clip_equal_trl(seed):
     grad, _ = ours("opsm", *batch, dataclasses.replace(cfg, opsm_threshold=0.01))
     ref = trl_grad("grpo", batch, args={"delta": 1.25}, off_policy_mask_threshold=0.01)
     torch.testing.assert_close(grad, ref, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("delta", [1.02, 1.1, 1.15, 1.2, 1.25, 1.6, 4.0])
+@pytest.mark.parametrize("eps_low, eps_high", [(0.2, 0.2), (0.2, 0.28), (0.1, 0.4)])
+def test_the_two_sided_clip_equals_trl_for_every_delta(delta, eps_low, eps_high):
+    """``grpo_delta`` above and below ``1 + eps_high``: TRL's objective ``min(min(r, delta) A,
+    clip(r) A)`` freezes positive advantages above ``min(delta, 1 + eps_high)`` and negative ones
+    above ``max(delta, 1 + eps_high)``."""
+    batch = stale_batch(int(delta * 100), scale=0.3)
+    cfg = EstimatorConfig(grpo_delta=delta, eps_low=eps_low, eps_high=eps_high)
+    grad, stats = ours("grpo", *batch, cfg)
+    assert 0 < stats["ratio/frac_tokens_clipped"] < 1
+    args = {"delta": delta}
+    ref = trl_grad("grpo", batch, args=args, epsilon_low=eps_low, epsilon_high=eps_high)
+    torch.testing.assert_close(grad, ref, rtol=1e-5, atol=1e-7)
+
+
+def test_the_two_sided_clip_below_one_plus_eps_by_hand():
+    """r = 1.15 on two one-token responses of advantages +1 and -1, delta 1.1, eps 0.2: TRL's
+    objective is flat in the positive one's ratio (capped at 1.1 < 1.15) and pulls the negative one
+    (``clip(r) = r`` is the larger term), so the gradients of the mean are (0, +1.15 / 2)."""
+    logp_b = torch.full((1, 2, 1), -1.0)
+    batch = (logp_b + math.log(1.15), logp_b, torch.ones(1, 2, 1, dtype=torch.bool), torch.tensor([[1.0, -1.0]]))
+    expected = torch.tensor([[0.0], [0.575]])
+    torch.testing.assert_close(ours("grpo", *batch, EstimatorConfig(grpo_delta=1.1))[0], expected)
+    torch.testing.assert_close(trl_grad("grpo", batch, args={"delta": 1.1}), expected)
 
 
 # -- the mismatch correction (gmc.estimators.mismatch) against verl's rollout_corr_helper ----------
