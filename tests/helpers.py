@@ -1,5 +1,6 @@
-"""What several test modules share: the repository's paths, the documentation's pages, and
-builders of fake runs, sweeps and samples. Fixtures live in ``conftest.py``."""
+"""What several test modules share: the repository's paths, the documentation's pages, builders
+of fake runs, sweeps and samples, and a random two-layer policy with groups of rollouts to train
+it on. Fixtures live in ``conftest.py``."""
 
 import json
 import shutil
@@ -8,6 +9,7 @@ from pathlib import Path
 import torch
 
 from gmc.policy.logprobs import Rows, sequence_logprobs
+from gmc.rollouts.groups import Group
 from gmc.tasks.datasets import PLAIN_TEMPLATE
 from gmc.tasks.synthetic import SyntheticTask
 
@@ -144,3 +146,84 @@ def train(tmp_path, name, train_small, **overrides):
     out = tmp_path / name
     train_small(out, **overrides)
     return out
+
+
+VOCAB = 96
+"""The vocabulary of :func:`random_model` and :func:`random_groups`."""
+
+
+def random_model(seed=0, dtype=torch.float32, checkpointing=False):
+    """A two-layer Qwen3 of random weights over a vocabulary of ``VOCAB`` tokens."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = Qwen3Config(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+    )
+    model = Qwen3ForCausalLM(cfg).to(dtype)
+    if checkpointing:
+        model.gradient_checkpointing_enable()
+        model.config.use_cache = False
+    return model
+
+
+def random_groups(B=3, G=4, seed=0, stale=True):
+    """Groups (of :data:`VOCAB` tokens) with prompts of different lengths and responses of 0..20 tokens."""
+    g = torch.Generator().manual_seed(seed)
+    groups = []
+    for b in range(B):
+        P = int(torch.randint(3, 12, (1,), generator=g))
+        lengths = torch.randint(0, 21, (G,), generator=g)
+        lengths[0] = 20
+        T = int(lengths.max())
+        resp = torch.randint(1, VOCAB, (G, T), generator=g)
+        mask = torch.arange(T).unsqueeze(0) < lengths.unsqueeze(1)
+        behaviour = torch.where(mask, -torch.rand(G, T, generator=g) * 3 - 2, 0.0) if stale else None
+        groups.append(
+            Group(
+                prompt_index=b,
+                prompt_ids=torch.randint(1, VOCAB, (P,), generator=g),
+                response_ids=resp,
+                response_mask=mask,
+                rewards=torch.randint(0, 2, (G,), generator=g).float(),
+                behaviour_logp=behaviour,
+                sampler_logp=torch.zeros(G, T),
+                version=0,
+            )
+        )
+    return groups
+
+
+def naive_logprobs(model, rows: Rows, temperature=1.0) -> list[torch.Tensor]:
+    """Each row alone through the model's own forward and a full log-softmax."""
+    out = []
+    for seq, P, n in zip(rows.sequences, rows.prompt_lengths, rows.lengths):
+        logits = model(input_ids=seq.unsqueeze(0)).logits[0].float() / temperature
+        lp = torch.log_softmax(logits, -1)[P - 1 : P - 1 + n].gather(-1, seq[P : P + n].unsqueeze(-1)).squeeze(-1)
+        out.append(lp)
+    return out
+
+
+def grads(model):
+    return [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
+
+
+def with_sampler(groups, seed, scale=0.2, model=None):
+    """The groups with sampler log-probs apart from their behaviour's (the trainer's at the
+    generating version; ``model``'s for on-policy groups), as an engine with other numerics gives."""
+    g = torch.Generator().manual_seed(seed)
+    if model is not None:
+        current = sequence_logprobs(model, Rows.from_groups(groups), 0, 0)
+    for k, grp in enumerate(groups):
+        G, T = grp.response_ids.shape
+        base = grp.behaviour_logp if model is None else current[k * G : (k + 1) * G, :T]
+        grp.sampler_logp = torch.where(grp.response_mask, base + scale * torch.randn(base.shape, generator=g), 0.0)
+    return groups

@@ -142,12 +142,11 @@ class LossInputs:
     max_new_tokens: int | None  # the generation's token limit, the divisor of seq_sum_const
 
 
-def _aggregate(
-    per_token: Tensor, mask: Tensor, how: str | None, max_new_tokens: int | None, every_row: bool = True
-) -> Tensor:
+def _aggregate(per_token: Tensor, mask: Tensor, how: str | None, max_new_tokens: int | None) -> Tensor:
     """Reduce a masked ``[B, G, T]`` tensor to a scalar (see ``EstimatorConfig.aggregation``);
     ``seq_sum_const`` divides each sequence's sum by ``max_new_tokens``, the generation's token
-    limit. ``every_row=False``: the mean over sequences counts only the rows ``mask`` keeps a token of."""
+    limit. The mean over sequences counts every row, one ``mask`` keeps no token of too (its
+    own mean is 0), as verl's ``global_batch_size``."""
     if how is None:
         raise ValueError(
             "aggregation is None: a loss takes its estimator's resolved settings, REGISTRY[algorithm].resolved(cfg)"
@@ -164,9 +163,7 @@ def _aggregate(
         per_row = x.sum(-1) / max_new_tokens
     else:
         raise ValueError(f"unknown aggregation {how!r}; expected one of {AGGREGATIONS}")
-    if every_row:
-        return per_row.mean()
-    return per_row.sum() / (m.sum(-1) > 0).float().sum().clamp(min=1.0)
+    return per_row.mean()
 
 
 def _pg_loss(
@@ -176,8 +173,10 @@ def _pg_loss(
     to ``[B,G,T]``. ``cfg`` holds the estimator's resolved settings
     (:meth:`gmc.estimators.Estimator.resolved`): the aggregation is ``cfg.aggregation``. ``kept``
     (bool, broadcasting to ``[B,G,T]``): what a masking estimator keeps; its coefficient is 0
-    elsewhere, and under ``cfg.mask_denominator == "kept"`` the policy-gradient term divides by
-    the kept tokens (and counts the responses that keep one) instead of every valid one."""
+    elsewhere, and under ``cfg.mask_denominator == "kept"`` the policy-gradient term is aggregated
+    over the kept tokens alone: ``token_mean`` divides by the kept tokens, ``seq_mean`` each
+    response by its kept tokens (verl's decoupled mode, whose rejection shrinks ``response_mask``);
+    ``seq_sum_const``, whose divisor is a constant, is the same under either."""
     how, logp, mask, max_new_tokens = cfg.aggregation, x.logp, x.mask, x.max_new_tokens
     m = mask.bool()
     lp = torch.where(m, logp.float(), torch.zeros_like(logp, dtype=torch.float32))
@@ -189,7 +188,7 @@ def _pg_loss(
             "REGISTRY[algorithm].resolved(cfg)"
         )
     if kept is not None and cfg.mask_denominator == "kept":
-        pg = _aggregate(-coef * unit, m & kept.bool(), how, max_new_tokens, every_row=False)
+        pg = _aggregate(-coef * unit, m & kept.bool(), how, max_new_tokens)
     else:
         pg = _aggregate(-coef * unit, mask, how, max_new_tokens)
     stats = {"loss/pg": pg.detach()}

@@ -77,11 +77,14 @@ class EstimatorConfig:
     :data:`REGISTRY` entry."""
     mask_denominator: MaskDenominator | None = None
     """Where an estimator drops tokens or responses (``icepop``, ``seq_mask``, ``m2po``, ``dppo``,
-    ``kpop``, ``dppo_kl``, ``prime_dppo``, ``opsm``), what the aggregation divides by [choice]: ``all``, every valid token and response, the dropped
-    ones contributing 0 (TRL's masks, verl's IcePop and sequence masks, ``dppo_tv`` and its bypass
-    mode's rejection, prime-rl's DPPO); ``kept``, only the tokens the mask keeps, and under
-    ``seq_mean`` / ``seq_sum_const`` only the responses that keep one (AReaL's M2PO, verl's
-    rejection ``rollout_rs`` in its decoupled mode). None: the estimator's default, the
+    ``kpop``, ``dppo_kl``, ``prime_dppo``, ``opsm``), what the aggregation divides by [choice]:
+    ``all``, every valid token, the dropped ones contributing 0 (TRL's masks, verl's IcePop and
+    sequence masks, ``dppo_tv`` and, under ``token_mean``, its bypass mode's rejection, prime-rl's
+    DPPO, AReaL's ``rejection_sampling``); ``kept``, only the tokens the mask keeps: ``token_mean``
+    divides by the kept tokens, ``seq_mean`` each response by its kept tokens (a response that
+    keeps none adds 0 and still counts among the responses), ``seq_sum_const`` is the same under
+    either (AReaL's M2PO; verl's rejection ``rollout_rs`` in its decoupled mode under every
+    aggregation, and in its bypass mode under ``seq_mean``). None: the estimator's default, the
     ``mask_denominator`` of its :data:`REGISTRY` entry. Estimators that drop nothing ignore it;
     the KL term and ``prime_dppo``'s penalty always divide by every valid token."""
     is_log_ratio_clamp: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 20.0
@@ -218,8 +221,10 @@ class Estimator:
     def needs_batch_stats_under(self, cfg: EstimatorConfig) -> bool:
         """Whether its loss under the resolved settings ``cfg`` needs statistics of the batch
         before the backward pass: its own (:attr:`needs_batch_stats`), or, for an estimator that
-        drops tokens or responses, a ``kept`` denominator (the tokens every row keeps)."""
-        return self.needs_batch_stats or (self.mask_denominator is not None and cfg.mask_denominator == "kept")
+        drops tokens or responses, a ``kept`` denominator under ``token_mean`` (the tokens every
+        row keeps; under the other aggregations each row's denominator is its own)."""
+        kept_tokens = cfg.mask_denominator == "kept" and cfg.aggregation == "token_mean"
+        return self.needs_batch_stats or (self.mask_denominator is not None and kept_tokens)
 
     def on_policy_class(self, cfg: EstimatorConfig) -> Hashable | None:
         """The class of runs its loss joins on-policy under the resolved settings ``cfg``: its

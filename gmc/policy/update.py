@@ -164,7 +164,10 @@ class Update:
         forward; the current policy's, read from this step's forward, for an on-policy batch
         (whose generating version is the current one) and in bypass mode. The statistics gain the
         correction's and the mismatch diagnostics (``rollout_corr/``) whenever a trainer log-prob
-        of the generating version is known (the current policy's in bypass mode, as verl's)."""
+        of the generating version is known (the current policy's in bypass mode, as verl's). In
+        bypass mode under ``token_mean`` the rejected tokens stay in the denominator, as verl's,
+        whose bypass loss rejects inside a loss divided by every valid token of the batch
+        (:meth:`_current_correction`)."""
         from gmc.estimators.losses import as_floats
         from gmc.estimators.mismatch import correct, offpolicy_metrics
 
@@ -190,7 +193,7 @@ class Update:
             logp = self._whole_batch_logprobs(rows, T).view(B, G, T)
             current = logp.detach()
             if reads_current:
-                weights, keep, extra = correct(current - sampler, mask, corr)
+                weights, keep, extra = self._current_correction(current - sampler, mask)
             if weights is not None:
                 logp.register_hook(lambda grad: grad * weights)
             loss, stats = self._loss(logp, current if on_policy else behaviour, keep, adv, ref, prox)
@@ -204,7 +207,7 @@ class Update:
             else:
                 values = self.logprobs(self.model, rows).view(B, G, T)
                 if reads_current:
-                    weights, keep, extra = correct(values - sampler, mask, corr)
+                    weights, keep, extra = self._current_correction(values - sampler, mask)
             leaf = values.clone().requires_grad_(True)
             loss, stats = self._loss(leaf, values if on_policy else behaviour, keep, adv, ref, prox)
             (coef,) = torch.autograd.grad(loss, leaf)
@@ -224,6 +227,21 @@ class Update:
         extra.update(offpolicy_metrics(generating, sampler, mask))
         self.tokens = TokenLogprobs(mask, sampler, generating, current)
         return loss, as_floats({**stats, **extra}), rewards  # every statistic read from the device at once
+
+    def _current_correction(self, log_ratio: Tensor, mask: Tensor) -> tuple[Tensor | None, Tensor, dict]:
+        """The correction (:func:`gmc.estimators.mismatch.correct`) of a ratio read from the step's
+        own forward. In bypass mode (the sampler's log-probs the behaviour) with rejection under
+        ``token_mean``, every weight is also multiplied by the fraction of valid tokens rejection
+        keeps: the loss on the kept tokens divided by their count, so weighted, is divided by every
+        valid token's count, as verl's bypass loss (``compute_policy_loss_bypass_mode``, whose
+        ``batch_num_tokens`` counts the unrejected ``response_mask``)."""
+        from gmc.estimators.mismatch import correct
+
+        weights, keep, extra = correct(log_ratio, mask, self.correction)
+        if self.sampler_behaviour and self.correction["rollout_rs"] and self.cfg.aggregation == "token_mean":
+            kept_share = keep.sum() / mask.sum().clamp(min=1)
+            weights = kept_share if weights is None else weights * kept_share
+        return weights, keep, extra
 
     def _row_by_row(
         self,

@@ -195,14 +195,14 @@ def naive_m2po_dropped(lp, lb, mk, tau):
 
 
 def naive_loss_and_grad(name, logp, logp_b, mask, adv, cfg, max_new_tokens):
-    """``mask_denominator="kept"``: only the kept tokens count, and only the rows that keep one."""
+    """``mask_denominator="kept"``: only the kept tokens count (every row still counts among the rows)."""
     B, G, T = logp.shape
     how = cfg.aggregation or DEFAULT_AGG.get(name, "seq_sum_const")
     coef, keep = naive_coefficients(name, logp, logp_b, mask, adv, cfg)
     kept_only = (cfg.mask_denominator or DEFAULT_DENOMINATOR.get(name, "all")) == "kept"
     mk = keep if kept_only else mask.tolist()
     n_tok = sum(sum(sum(row) for row in grp) for grp in mk)
-    rows = sum(any(row) for grp in mk for row in grp) if kept_only else B * G
+    rows = B * G
     loss, grad = 0.0, torch.zeros(B, G, T, dtype=torch.float64)
     for b in range(B):
         for g in range(G):
@@ -351,8 +351,8 @@ def test_the_two_sided_clip_matches_naive_loop_on_both_sides_of_one_plus_eps_hig
 @pytest.mark.parametrize("aggregation", [None, *AGGREGATIONS])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_masking_estimators_match_naive_loop_under_either_denominator(name, denominator, aggregation, seed):
-    """Masks firing on part of the batch: ``all`` divides by every valid token (and response),
-    ``kept`` by the kept tokens (and the responses that keep one)."""
+    """Masks firing on part of the batch: ``all`` divides by every valid token, ``kept`` by the
+    kept tokens (each response by its own under ``seq_mean``)."""
     logp, logp_b, mask, rewards = random_batch(B=4, G=4, T=8, seed=seed, scale=0.3)
     adv = group_advantages(rewards)
     cfg = EstimatorConfig(
@@ -636,17 +636,19 @@ def test_members_of_an_on_policy_class_give_its_loss_and_gradient_at_ratio_one(o
             assert torch.equal(loss.detach(), first[0]) and torch.equal(x.grad, first[1]), name
 
 
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
 @pytest.mark.parametrize("denominator", [None, "all", "kept"])
 @pytest.mark.parametrize("name", list(REGISTRY))
-def test_needs_batch_stats_says_whether_a_rows_gradient_depends_on_the_other_rows(name, denominator):
-    """Without batch statistics, the gradient of each response computed alone (times its share
-    ``1/(B G)`` of ``seq_sum_const``) is its gradient in the batch; with them (the estimator's
-    own, or a ``kept`` denominator of one that drops tokens), it is not."""
+def test_needs_batch_stats_says_whether_a_rows_gradient_depends_on_the_other_rows(name, denominator, aggregation):
+    """Without batch statistics, the gradient of each response computed alone (times its share:
+    ``1/(B G)`` of a mean over responses, its tokens' fraction of the batch's under ``token_mean``)
+    is its gradient in the batch; with them (the estimator's own, or a ``kept`` denominator under
+    ``token_mean``: the kept tokens of every row), it is not."""
     logp, logp_b, mask, rewards = random_batch(B=3, G=4, T=6, seed=8, scale=0.4)
     adv = group_advantages(rewards)
     cfg = REGISTRY[name].resolved(
         EstimatorConfig(
-            aggregation="seq_sum_const",
+            aggregation=aggregation,
             m2po_tau=0.01,
             icepop_low=0.8,
             icepop_high=1.25,
@@ -671,7 +673,8 @@ def test_needs_batch_stats_says_whether_a_rows_gradient_depends_on_the_other_row
             loss_fn(y, logp_b[b : b + 1, g : g + 1], mask[b : b + 1, g : g + 1], adv[b : b + 1, g : g + 1], cfg)[
                 0
             ].backward()
-            alone[b, g] = y.grad[0, 0] / (B * G)
+            share = mask[b, g].sum() / mask.sum() if aggregation == "token_mean" else 1 / (B * G)
+            alone[b, g] = y.grad[0, 0] * share
     if REGISTRY[name].needs_batch_stats_under(cfg):
         assert not torch.allclose(alone, x.grad, rtol=1e-4, atol=1e-7)
     else:

@@ -73,14 +73,28 @@ def verl():
     )
 
 
-def verl_grad(verl, loss_mode, batch, agg, response_mask=None, old_log_prob=None, batch_num_tokens=None, **actor):
+def verl_grad(
+    verl,
+    loss_mode,
+    batch,
+    agg,
+    response_mask=None,
+    old_log_prob=None,
+    batch_num_tokens=None,
+    global_batch_size=None,
+    **actor,
+):
     """The gradient of verl's policy loss ``loss_mode``; ``response_mask`` and ``old_log_prob``
-    replace the batch's, ``batch_num_tokens`` is the global token count a verl worker passes."""
+    replace the batch's; ``batch_num_tokens`` and ``global_batch_size`` are the global token and
+    response counts a verl worker passes (``workers/utils/losses.py``: the loss mask's tokens,
+    ``ppo_mini_batch_size * rollout.n``)."""
     logp, logp_b, mask, adv = flat(*batch)
     x = logp.clone().requires_grad_(True)
     config = verl.ActorConfig(strategy="fsdp", rollout_n=G, ppo_micro_batch_size_per_gpu=1, **actor)
     if batch_num_tokens is not None:
         config.global_batch_info["batch_num_tokens"] = batch_num_tokens
+    if global_batch_size is not None:
+        config.global_batch_info["global_batch_size"] = global_batch_size
     loss, _ = verl.core_algos.get_policy_loss_fn(loss_mode)(
         old_log_prob=logp_b if old_log_prob is None else old_log_prob,
         log_prob=x,
@@ -231,41 +245,128 @@ def test_seq_mask_divergence_metrics_equal_verl_rejection(verl, metric, seed):
     )
 
 
-@pytest.mark.parametrize("metric", ["seq_mean_k1", "token_k2", "seq_max_k3"])
-@pytest.mark.parametrize("seed", [0, 1])
-def test_the_two_denominators_are_verls_bypass_and_decoupled_rejection(verl, metric, seed):
-    """``all`` is verl's bypass mode (the rejection inside the loss, divided by the batch's token
-    count); ``kept`` its decoupled mode (the rejection shrinks ``response_mask`` before a PPO loss
-    whose proximal policy, one update per batch, is the current one)."""
-    batch = stale_batch(seed, scale=0.3)
-    logp, logp_b, mask, _ = flat(*batch)
+VERL_AGG = {"token_mean": "token-mean", "seq_mean": "seq-mean-token-mean"}
+
+
+def rejection(metric):
+    """Our ``seq_mask`` settings and verl's ``(rollout_rs, rollout_rs_threshold)`` for one rejection:
+    ``geo_mean`` is verl's ``seq_mean_k1``, whose bounds are on the reciprocal of the geometric mean."""
+    if metric == "geo_mean":
+        return EstimatorConfig(seq_mask_metric="geo_mean", seq_mask_low=1 / 1.1, seq_mask_high=1 / 0.9), (
+            "seq_mean_k1",
+            "0.9_1.1",
+        )
     low, high = DIVERGENCE_BOUNDS[metric]
     cfg = EstimatorConfig(seq_mask_metric=metric, seq_mask_low=low, seq_mask_high=high)
+    return cfg, (metric, verl_threshold(metric))
+
+
+@pytest.mark.parametrize("agg", ["token_mean", "seq_mean"])
+@pytest.mark.parametrize("metric", ["geo_mean", "seq_mean_k1", "token_k2", "seq_max_k3"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_two_denominators_are_verls_bypass_and_decoupled_rejection(verl, metric, seed, agg):
+    """verl's two modes with the global counts its workers pass: ``batch_num_tokens``, the loss
+    mask's tokens (every valid one in bypass mode, which rejects inside the loss; the kept ones in
+    decoupled mode, which shrinks ``response_mask`` before a PPO loss whose proximal policy, one
+    update per batch, is the current one), and ``global_batch_size``, every response. Under
+    ``token_mean`` ``all`` is the bypass mode and ``kept`` the decoupled one; under ``seq_mean``
+    both modes divide each response by its kept tokens and the batch by every response: ``kept``,
+    which a rejection of whole responses makes equal to ``all``."""
+    batch = stale_batch(seed, scale=0.3)
+    logp, logp_b, mask, _ = flat(*batch)
+    cfg, (rs, threshold) = rejection(metric)
+    cfg = dataclasses.replace(cfg, aggregation=agg)
     rc = verl.RolloutCorrectionConfig(
-        rollout_is=None,
-        rollout_rs=metric,
-        rollout_rs_threshold=verl_threshold(metric),
-        loss_type="reinforce",
-        bypass_mode=True,
+        rollout_is=None, rollout_rs=rs, rollout_rs_threshold=threshold, loss_type="reinforce", bypass_mode=True
     )
+    policy_loss = verl.PolicyLossConfig(loss_mode="bypass_mode", rollout_correction=rc)
+    counts = {"global_batch_size": B * G}
     bypass = verl_grad(
+        verl, "bypass_mode", batch, VERL_AGG[agg], batch_num_tokens=mask.sum(), policy_loss=policy_loss, **counts
+    )
+    kept, _ = verl.corr.compute_rollout_rejection_mask(
+        log_ratio=logp - logp_b, response_mask=mask, rollout_rs=rs, rollout_rs_threshold=threshold
+    )
+    decoupled = verl_grad(
         verl,
-        "bypass_mode",
+        "vanilla",
         batch,
-        "token-mean",
-        batch_num_tokens=mask.sum(),
-        policy_loss=verl.PolicyLossConfig(loss_mode="bypass_mode", rollout_correction=rc),
+        VERL_AGG[agg],
+        response_mask=kept,
+        old_log_prob=logp.detach(),
+        batch_num_tokens=kept.sum(),
+        **counts,
     )
     grad_all, stats = ours("seq_mask", *batch, cfg)
     assert 0 < stats["ratio/frac_tokens_masked"] < 1
-    torch.testing.assert_close(grad_all, bypass, rtol=1e-5, atol=1e-7)
-    kept, _ = verl.corr.compute_rollout_rejection_mask(
-        log_ratio=logp - logp_b, response_mask=mask, rollout_rs=metric, rollout_rs_threshold=verl_threshold(metric)
-    )
-    decoupled = verl_grad(verl, "vanilla", batch, "token-mean", response_mask=kept, old_log_prob=logp.detach())
     grad_kept, _ = ours("seq_mask", *batch, dataclasses.replace(cfg, mask_denominator="kept"))
     torch.testing.assert_close(grad_kept, decoupled, rtol=1e-5, atol=1e-7)
-    assert not torch.allclose(grad_kept, grad_all)
+    torch.testing.assert_close(grad_all if agg == "token_mean" else grad_kept, bypass, rtol=1e-5, atol=1e-7)
+    whole_responses = not metric.startswith("token_")
+    assert torch.allclose(grad_kept, grad_all) == (agg == "seq_mean" and whole_responses)
+
+
+@pytest.mark.parametrize("agg", ["token_mean", "seq_mean"])
+@pytest.mark.parametrize("loss_type, name", [("reinforce", "none"), ("ppo_clip", "grpo")])
+def test_a_bypass_step_with_rejection_equals_verls_bypass_loss(verl, loss_type, name, agg):
+    """A step of gmc's update in bypass mode (the sampler's log-probs the behaviour) with token-k1
+    rejection, and token TIS for REINFORCE: the model's gradient is that of verl's
+    ``compute_policy_loss_bypass_mode`` on the same log-probs with the counts verl's workers pass,
+    every valid token of the batch (``batch_num_tokens``, from the unrejected loss mask) and every
+    response (``global_batch_size``). Ratios stay below 3, where verl's PPO loss would cap a
+    negative advantage's (``clip_ratio_c``, dual clip), which ``grpo`` does not."""
+    from helpers import grads, naive_logprobs, random_groups, random_model, with_sampler
+
+    from gmc.estimators.correction import RolloutCorrection
+    from gmc.policy.logprobs import Rows
+    from gmc.policy.update import Update
+
+    model = random_model(seed=1)
+    groups = with_sampler(random_groups(seed=3), seed=8, model=model)
+    for grp in groups:
+        grp.behaviour_logp = grp.sampler_logp
+    settings = {
+        "rollout_is": "token" if loss_type == "reinforce" else None,
+        "rollout_is_threshold": 1.1,
+        "rollout_rs": "token_k1",
+        "rollout_rs_threshold": "0.8_1.25",
+        "bypass_mode": True,
+    }
+    cfg = REGISTRY[name].resolved(EstimatorConfig(aggregation=agg))
+    correction = RolloutCorrection(**settings).resolved()
+    update = Update(model, get_estimator(name), cfg, 0, pad_id=0, max_new_tokens=20, correction=correction)
+    update.sampler_behaviour = True
+    model.zero_grad(set_to_none=True)
+    _, stats, _ = update.backward(groups, on_policy=False)
+    assert 0.05 < stats["rollout_corr/rollout_rs_masked_fraction"] < 0.95
+    step = grads(model)
+
+    rows = Rows.from_groups(groups)
+    T = max(rows.lengths)
+    sampler = torch.cat([torch.nn.functional.pad(g.sampler_logp, (0, T - g.sampler_logp.shape[1])) for g in groups])
+    mask = torch.arange(T) < torch.tensor(rows.lengths).unsqueeze(-1)
+    adv = group_advantages(torch.stack([g.rewards for g in groups])).reshape(-1, 1).expand_as(mask).contiguous()
+    rc = verl.RolloutCorrectionConfig(**settings, loss_type=loss_type)
+    config = verl.ActorConfig(
+        strategy="fsdp",
+        rollout_n=groups[0].response_ids.shape[0],
+        ppo_micro_batch_size_per_gpu=1,
+        policy_loss=verl.PolicyLossConfig(loss_mode="bypass_mode", rollout_correction=rc),
+    )
+    config.global_batch_info.update(batch_num_tokens=mask.sum(), global_batch_size=mask.shape[0])
+    model.zero_grad(set_to_none=True)
+    logp = torch.stack([torch.nn.functional.pad(lp, (0, T - len(lp))) for lp in naive_logprobs(model, rows)])
+    loss, _ = verl.core_algos.get_policy_loss_fn("bypass_mode")(
+        old_log_prob=sampler,
+        log_prob=logp,
+        advantages=adv,
+        response_mask=mask.float(),
+        loss_agg_mode=VERL_AGG[agg],
+        config=config,
+    )
+    loss.backward()
+    for ours_, theirs in zip(step, grads(model)):
+        torch.testing.assert_close(ours_, theirs, rtol=1e-4, atol=1e-6)
 
 
 def trl_grad(loss_type, batch, args=None, **attrs):

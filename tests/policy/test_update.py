@@ -7,75 +7,11 @@ import os
 
 import pytest
 import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from helpers import grads, naive_logprobs, random_groups, random_model, with_sampler
 
 from gmc.estimators import REGISTRY, EstimatorConfig, get_estimator, group_advantages
 from gmc.policy.logprobs import Rows, canonical_length, micro_batches, padded_tokens, sequence_logprobs
 from gmc.policy.update import Update
-from gmc.rollouts.groups import Group
-
-VOCAB = 96
-
-
-def random_model(seed=0, dtype=torch.float32, checkpointing=False):
-    torch.manual_seed(seed)
-    cfg = Qwen3Config(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        max_position_embeddings=256,
-        tie_word_embeddings=True,
-    )
-    model = Qwen3ForCausalLM(cfg).to(dtype)
-    if checkpointing:
-        model.gradient_checkpointing_enable()
-        model.config.use_cache = False
-    return model
-
-
-def random_groups(B=3, G=4, seed=0, stale=True):
-    """Groups with prompts of different lengths and responses of 0..20 tokens."""
-    g = torch.Generator().manual_seed(seed)
-    groups = []
-    for b in range(B):
-        P = int(torch.randint(3, 12, (1,), generator=g))
-        lengths = torch.randint(0, 21, (G,), generator=g)
-        lengths[0] = 20
-        T = int(lengths.max())
-        resp = torch.randint(1, VOCAB, (G, T), generator=g)
-        mask = torch.arange(T).unsqueeze(0) < lengths.unsqueeze(1)
-        behaviour = torch.where(mask, -torch.rand(G, T, generator=g) * 3 - 2, 0.0) if stale else None
-        groups.append(
-            Group(
-                prompt_index=b,
-                prompt_ids=torch.randint(1, VOCAB, (P,), generator=g),
-                response_ids=resp,
-                response_mask=mask,
-                rewards=torch.randint(0, 2, (G,), generator=g).float(),
-                behaviour_logp=behaviour,
-                sampler_logp=torch.zeros(G, T),
-                version=0,
-            )
-        )
-    return groups
-
-
-def naive_logprobs(model, rows: Rows, temperature=1.0) -> list[torch.Tensor]:
-    """Each row alone through the model's own forward and a full log-softmax."""
-    out = []
-    for seq, P, n in zip(rows.sequences, rows.prompt_lengths, rows.lengths):
-        logits = model(input_ids=seq.unsqueeze(0)).logits[0].float() / temperature
-        lp = torch.log_softmax(logits, -1)[P - 1 : P - 1 + n].gather(-1, seq[P : P + n].unsqueeze(-1)).squeeze(-1)
-        out.append(lp)
-    return out
-
-
-def grads(model):
-    return [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
 
 
 def test_canonical_length_depends_on_the_row_alone_and_wastes_little():
@@ -256,7 +192,9 @@ def test_a_loss_that_splits_per_row_needs_no_pass_before_backward(name, denomina
     step with the no-grad pass (``per_row=False``) to the bit; one that needs them keeps the pass."""
     model, reference = random_model(seed=1), random_model(seed=2)
     groups = random_groups(seed=3)
-    needs = REGISTRY[name].needs_batch_stats_under(EstimatorConfig(mask_denominator=denominator))
+    needs = REGISTRY[name].needs_batch_stats_under(
+        REGISTRY[name].resolved(EstimatorConfig(mask_denominator=denominator))
+    )
     for kl_coef, on_policy in ((0.0, False), (0.3, False), (0.3, True)):
         args = (model, groups, name, 64, kl_coef, on_policy, reference if kl_coef else None)
         two_pass = step(*args, per_row=False, mask_denominator=denominator)
@@ -398,19 +336,6 @@ def test_estimators_create_tensors_on_their_inputs_device():
         with torch.device("meta"):
             step(model, groups, name, 0, kl_coef=0.1, reference=reference)
             step(model, groups, name, 64, kl_coef=0.0, on_policy=False)
-
-
-def with_sampler(groups, seed, scale=0.2, model=None):
-    """The groups with sampler log-probs apart from their behaviour's (the trainer's at the
-    generating version; ``model``'s for on-policy groups), as an engine with other numerics gives."""
-    g = torch.Generator().manual_seed(seed)
-    if model is not None:
-        current = sequence_logprobs(model, Rows.from_groups(groups), 0, 0)
-    for k, grp in enumerate(groups):
-        G, T = grp.response_ids.shape
-        base = grp.behaviour_logp if model is None else current[k * G : (k + 1) * G, :T]
-        grp.sampler_logp = torch.where(grp.response_mask, base + scale * torch.randn(base.shape, generator=g), 0.0)
-    return groups
 
 
 def corrected_step(model, groups, name, budget, correction, on_policy=False, sampler_behaviour=False, per_row=None):
