@@ -8,10 +8,14 @@ its peer does not import. Both sides see the same float32 tensors; the gradients
 the policy's log-probs must agree.
 """
 
+import ast
 import dataclasses
+import importlib.metadata
 import math
 import types
+import typing
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
 import torch
@@ -552,3 +556,142 @@ def test_presets_equal_verl(verl):
             if key == "rollout_is_threshold" and ours["rollout_is"] is None:
                 continue  # unused without weights
             assert ours[key] == expected, (name, key)
+
+
+# -- AReaL's decoupled losses, its own functions executed alone -----------------------------------
+
+VENDORED = Path(__file__).parent / "vendored"
+
+
+def peer_functions(path: Path, *names: str, **namespace):
+    """The top-level functions and classes ``names`` of a peer's source file, executed alone in a
+    scope of torch, ``dataclasses`` and ``namespace``: AReaL's modules import its whole stack on
+    import (its ``areal/__init__.py`` starts the infrastructure: httpx, ray, uvloop, ...), its loss
+    functions need torch alone."""
+    tree = ast.parse(path.read_text(), str(path))
+    body = [n for n in tree.body if isinstance(n, ast.FunctionDef | ast.ClassDef) and n.name in names]
+    assert sorted(n.name for n in body) == sorted(names), path
+    scope = {"torch": torch, "dataclass": dataclasses.dataclass, "field": dataclasses.field, "Any": typing.Any}
+    scope.update(namespace)
+    exec(compile(ast.Module(body=body, type_ignores=[]), str(path), "exec"), scope)
+    return types.SimpleNamespace(**{n: scope[n] for n in names})
+
+
+LOSS_FUNCTIONS = (
+    "RejectionSamplingResult",
+    "_check_bounds",
+    "_compute_sequence_level_ratio_and_advantages",
+    "apply_rejection_sampling",
+    "ppo_actor_loss_fn",
+)
+"""What AReaL's ``ppo_actor_loss_fn`` calls, in ``areal/utils/functional/functional.py``."""
+
+
+@pytest.fixture(scope="module")
+def areal():
+    """AReaL 1.0.4's M2PO (``grpo_loss_fn``'s ``_apply_m2po_masking``, then ``ppo_actor_loss_fn``)
+    from the package index's release, installed without its dependencies (``make test-peers``)."""
+    try:
+        dist = importlib.metadata.distribution("areal")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("AReaL is not installed (make test-peers)")
+    assert dist.version == "1.0.4", dist.version
+    config = peer_functions(Path(dist.locate_file("areal/api/cli_args.py")), "RejectionSamplingConfig")
+    functional = peer_functions(
+        Path(dist.locate_file("areal/utils/functional/functional.py")),
+        *LOSS_FUNCTIONS,
+        RejectionSamplingConfig=config.RejectionSamplingConfig,
+    )
+    m2po = peer_functions(
+        Path(dist.locate_file("areal/trainer/ppo/actor.py")), "_apply_m2po_masking", "_get_m2po_loss_mask"
+    )
+    return types.SimpleNamespace(**vars(config), **vars(functional), **vars(m2po))
+
+
+def areal_grad(areal, batch, prox=None, mask=None, rejection_sampling=None, eps=(0.2, 0.2)):
+    """The gradient of AReaL's ``ppo_actor_loss_fn`` (decoupled: ``old_logprobs`` the behaviour's,
+    ``proximal_logprobs`` ``prox`` or, at a batch's first update, the current policy's), on the
+    tokens ``mask`` keeps (default: every valid one)."""
+    logp, logp_b, valid, adv = flat(*batch)
+    x = logp.clone().requires_grad_(True)
+    loss, _ = areal.ppo_actor_loss_fn(
+        logprobs=x,
+        proximal_logprobs=logp.detach() if prox is None else prox,
+        old_logprobs=logp_b,
+        advantages=adv,
+        eps_clip=eps[0],
+        eps_clip_higher=eps[1],
+        loss_mask=valid.bool() if mask is None else mask,
+        rejection_sampling=rejection_sampling,
+    )
+    loss.backward()
+    return x.grad
+
+
+def a_later_update(batch, seed):
+    """The proximal log-probs ``[B*G, T]`` of a batch's later update: the current policy moved on
+    from them far enough that PPO's clip of ``pi / pi_prox`` switches some tokens off."""
+    g = torch.Generator().manual_seed(100 + seed)
+    logp = batch[0].reshape(B * G, T)
+    return (logp + 0.3 * torch.randn(logp.shape, generator=g)).clamp(max=-1e-3)
+
+
+@pytest.mark.parametrize("later", [False, True])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_m2po_equals_areal_with_its_behaviour_weight(areal, seed, later):
+    """AReaL's M2PO (``m2_threshold``, ``use_decoupled_loss``) with a ``rejection_sampling`` that
+    rejects nothing, so that its behaviour weight ``pi_prox / mu`` applies: the M2PO mask of
+    ``(log pi_prox - log mu)^2`` over the batch, PPO's clip of ``pi / pi_prox``, the kept tokens'
+    count the denominator. Without ``rejection_sampling`` AReaL leaves the behaviour weight out:
+    its gradient is ours divided by ``pi_prox / mu`` on every kept token."""
+    batch = stale_batch(seed)
+    logp, logp_b, valid, _ = flat(*batch)
+    prox = a_later_update(batch, seed) if later else None
+    kwargs = {} if prox is None else {"prox_logp": prox.reshape(B, G, T)}
+    x = batch[0].clone().requires_grad_(True)
+    cfg = REGISTRY["m2po"].resolved(EstimatorConfig())
+    loss, stats = get_estimator("m2po")(x, *batch[1:], cfg, **kwargs)
+    loss.backward()
+    grad = x.grad.reshape(B * G, T)
+    assert 0 < stats["ratio/frac_tokens_masked"] < 1
+    proximal = logp if prox is None else prox
+    kept = areal._apply_m2po_masking(logp_b, proximal, valid.bool(), 0.04)
+    nothing_rejected = areal.RejectionSamplingConfig(metric="ratio", upper=1e30)
+    ref = areal_grad(areal, batch, prox, kept, rejection_sampling=nothing_rejected)
+    assert ref.abs().sum() > 0
+    torch.testing.assert_close(grad, ref, rtol=1e-5, atol=1e-7)
+    unweighted = areal_grad(areal, batch, prox, kept)
+    torch.testing.assert_close(grad, unweighted * torch.exp(proximal - logp_b) * kept, rtol=1e-5, atol=1e-7)
+    if later:
+        first = areal_grad(areal, batch, None, kept, rejection_sampling=nothing_rejected)
+        assert not torch.allclose(ref, first)  # the proximal clip fires
+
+
+@pytest.fixture(scope="module")
+def areal2():
+    """AReaL 2.0.0's loss functions (``vendored/areal-2.0.0``: the package index has AReaL up to 1.0.4,
+    and KPop's binary KL first ships in 2.0.0)."""
+    path = VENDORED / "areal-2.0.0" / "functional.py"
+    return peer_functions(
+        path, *LOSS_FUNCTIONS, "compute_binary_kl_divergence", RejectionSamplingConfig=types.SimpleNamespace
+    )
+
+
+@pytest.mark.parametrize("later", [False, True])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_kpop_equals_areal(areal2, seed, later):
+    """AReaL 2.0.0's KPop (``rejection_sampling`` with ``level=token``, ``action=mask``,
+    ``metric=binary_kl``; its example's settings but for the threshold, tightened so that it
+    masks here): the larger binary KL between the proximal and behaviour probabilities, the
+    behaviour weight, PPO's clip of ``pi / pi_prox``, every valid token the denominator."""
+    batch = stale_batch(seed)
+    prox = a_later_update(batch, seed) if later else None
+    kwargs = {} if prox is None else {"prox_logp": prox.reshape(B, G, T)}
+    x = batch[0].clone().requires_grad_(True)
+    cfg = REGISTRY["kpop"].resolved(EstimatorConfig(kpop_threshold=0.02))
+    loss, stats = get_estimator("kpop")(x, *batch[1:], cfg, **kwargs)
+    loss.backward()
+    assert 0 < stats["ratio/frac_tokens_masked"] < 1
+    kpop = types.SimpleNamespace(level="token", action="mask", metric="binary_kl", agg="mean", upper=0.02, lower=None)
+    ref = areal_grad(areal2, batch, prox, rejection_sampling=kpop)
+    torch.testing.assert_close(x.grad.reshape(B * G, T), ref, rtol=1e-5, atol=1e-7)
