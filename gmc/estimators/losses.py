@@ -424,7 +424,8 @@ def _decoupled_weight(x: LossInputs, cfg: EstimatorConfig) -> tuple[Tensor, Tens
     """AReaL's decoupled PPO (``use_decoupled_loss``) per token, before the advantage: the
     behaviour weight ``exp(l_b)``, ``l_b = log pi_prox - log mu`` (clamped as :func:`_token_ratio`),
     times the proximal ratio ``pi / pi_prox``, or 0 where PPO's clip (:func:`_ppo_clip`, ``eps_low``,
-    ``eps_high``) switches that ratio off. ``x.prox_logp`` None: the proximal policy is the current
+    ``eps_high``) switches that ratio off. AReaL's ``ppo_actor_loss_fn`` (1.0.4, 2.0.0) multiplies
+    by the behaviour weight only when ``actor.rejection_sampling`` is set; here it always does. ``x.prox_logp`` None: the proximal policy is the current
     one (the batch's first update), whose ratio is exactly 1 and never clipped. Returns the weight
     and ``l_b``, what AReaL's masks measure."""
     prox = x.logp.detach() if x.prox_logp is None else x.prox_logp
@@ -507,9 +508,10 @@ def seq_mask_loss(x: LossInputs, cfg: EstimatorConfig):
     ``sequence_mask_metric``); one of verl's ``rollout_rs`` divergences (``token_k2``,
     ``seq_mean_k3``, ``seq_max_k2``, ...): what :func:`divergence_keep_mask` keeps gets weight 1, the
     ``token_*`` ones dropping single tokens. Denominator ``all`` by default, as TRL's
-    ``sequence_mask``, verl's sequence IS band and verl's bypass-mode rejection (which divides by
-    the batch's token count); verl's decoupled mode rejects by shrinking ``response_mask``, i.e.
-    ``mask_denominator="kept"``."""
+    ``sequence_mask``, verl's sequence IS band and, under ``token_mean``, verl's bypass-mode
+    rejection (which divides by the batch's valid tokens); verl's decoupled mode rejects by
+    shrinking ``response_mask``, i.e. ``mask_denominator="kept"``, which is also its bypass mode
+    under ``seq_mean`` (each response divided by its kept tokens)."""
     L, mask = x.L, x.mask
     m = mask.bool()
     A = x.advantages.float()
@@ -568,7 +570,10 @@ def m2po_loss(x: LossInputs, cfg: EstimatorConfig):
     the proximal policy ``prox_logp`` (the policy at the batch's first update; None: the current
     one), weighted by :func:`_decoupled_weight`. At a batch's first update that is ``r A`` on the
     kept tokens, no clip. Denominator ``kept`` by default, as AReaL: its ``grpo_loss_fn`` narrows
-    ``loss_mask`` to the kept tokens before the loss divides by that mask's count."""
+    ``loss_mask`` to the kept tokens before the loss divides by that mask's count. AReaL 1.0.4's
+    M2PO with ``use_decoupled_loss`` and a ``rejection_sampling`` that rejects nothing (without one
+    AReaL leaves the behaviour weight out; its example's ``{metric: ratio, upper: 5.0}`` also drops
+    the tokens of behaviour weight above 5); AReaL masks each micro-batch, this the whole batch."""
     weight, l_behaviour = _decoupled_weight(x, cfg)
     kept = m2po_keep_mask(l_behaviour, x.mask, cfg.m2po_tau)
     loss, stats = _token_mask_loss(weight, kept, x, cfg)
@@ -602,7 +607,8 @@ def dppo_loss(x: LossInputs, cfg: EstimatorConfig):
     """DPPO, total-variation form (arXiv 2602.04879): mask a token whose probability moved more
     than ``dppo_delta_high`` up (``A > 0``) or ``dppo_delta_low`` down (``A <= 0``); the rest get
     ``min(r, dppo_ratio_cap) A``. verl ``loss_mode=dppo_tv`` (``clip_ratio_low``,
-    ``clip_ratio_high``, ``clip_ratio_c``); prime-rl's default loss is the same mask without the cap
+    ``clip_ratio_high``, ``clip_ratio_c``, 3.0 in verl's ``ActorConfig`` where ``dppo_ratio_cap``
+    is 20); prime-rl's default loss is the same mask without the cap
     and with a penalty (``prime_dppo``). Denominator ``all`` by default: verl multiplies the masked
     tokens' loss by 0 under the unchanged ``response_mask``."""
     weight = _token_ratio(x.l_tok).clamp(max=cfg.dppo_ratio_cap)
@@ -664,7 +670,7 @@ def prime_dppo_loss(x: LossInputs, cfg: EstimatorConfig):
 
 @estimator_loss(proximal=True)
 def kpop_loss(x: LossInputs, cfg: EstimatorConfig):
-    """KPop (AReaL ``actor.rejection_sampling`` with ``metric=binary_kl``, ``level=token``,
+    """KPop (AReaL 2.0.0 ``actor.rejection_sampling`` with ``metric=binary_kl``, ``level=token``,
     ``action=mask``) in AReaL's decoupled loss: each token's proximal (``prox_logp``, the policy at
     the batch's first update; None: the current one) and behaviour probabilities as two Bernoulli
     distributions (clamped to ``[1e-8, 1 - 1e-8]``), a token masked where the larger of the forward

@@ -122,7 +122,8 @@ class EstimatorConfig:
     (TRL's ``vllm_importance_sampling_clip_max``: 3.0)."""
     m2po_tau: Annotated[float, Field(gt=0)] = 0.04
     """``m2po`` masks the tokens of largest ``(log r)^2`` until the batch mean of the rest is below
-    ``m2po_tau`` (AReaL ``actor.m2_threshold``; 0.04 in its M2PO example)."""
+    ``m2po_tau`` (AReaL ``actor.m2_threshold``; 0.04 in AReaL 1.0.4's
+    ``examples/math/gsm8k_m2po.yaml``)."""
     gmpo_clip_low: NonNegative = 0.4
     """``gmpo`` clips each token's log-ratio from below at ``-gmpo_clip_low`` (for negative
     advantages) before the geometric mean: GMPO's ``(-0.4, 0.4)`` (verl ``loss_mode=geo_mean``
@@ -137,9 +138,11 @@ class EstimatorConfig:
     """``dppo`` masks a token of positive advantage whose probability rose by more than this
     (verl ``actor.clip_ratio_high``; prime-rl's ``dppo_mask_high``: 0.2)."""
     dppo_ratio_cap: Annotated[float, Field(gt=0)] = 20.0
-    """``dppo`` and ``dppo_kl`` truncate the kept tokens' ratio at this: verl's ``clip_ratio_c``
-    fallback of 20 in ``dppo_tv`` and ``dppo_kl``, which it recommends large (its ``ActorConfig``
-    shares 3.0 with dual-clip PPO)."""
+    """``dppo`` and ``dppo_kl`` truncate the kept tokens' ratio at this (verl's ``clip_ratio_c`` in
+    ``loss_mode=dppo_tv`` and ``dppo_kl``). 20 is gmc's choice: verl 0.9.1's ``ActorConfig``
+    (``verl/workers/config/actor.py``) sets 3.0, shared with dual-clip PPO, its losses fall back to
+    20 only for a config without the key, and its DPPO example
+    (``examples/dppo_trainer/run_qwen30b_dppo.sh``) sets 1e4, no cap."""
     dppo_kl_low: NonNegative = 0.05
     """``dppo_kl`` masks a token of negative advantage whose probability fell while the binary KL
     between its behaviour and current probabilities exceeds this (verl ``loss_mode=dppo_kl`` with
@@ -152,8 +155,8 @@ class EstimatorConfig:
     (prime-rl ``loss.kl_tau``: 1e-3)."""
     kpop_threshold: Annotated[float, Field(gt=0)] = 2.0
     """``kpop`` masks a token where the larger of the two binary KL divergences between its current
-    and behaviour probabilities exceeds this (AReaL ``actor.rejection_sampling.upper`` with
-    ``metric=binary_kl``: 2.0)."""
+    and behaviour probabilities exceeds this (AReaL 2.0.0 ``actor.rejection_sampling.upper`` with
+    ``metric=binary_kl``: 2.0 in its ``examples/math/gsm8k_kpop.yaml``)."""
     opsm_threshold: Annotated[float, Field(gt=0)] = 0.5
     """``opsm`` drops a response of negative advantage whose mean per-token ``log mu - log pi``
     exceeds this (TRL ``off_policy_mask_threshold``, the ``delta`` of DeepSeek-V3.2's off-policy

@@ -1,10 +1,12 @@
 """The off-policy corrections against the peers' own loss code on identical inputs: verl's
 ``core_algos`` policy losses and rollout-correction helpers (its rejection metrics, and its
-decoupled and bypass modes for the two denominators of a mask), TRL's ``GRPOTrainer._compute_loss``.
+decoupled and bypass modes for the two denominators of a mask), TRL's ``GRPOTrainer._compute_loss``,
+AReaL's ``ppo_actor_loss_fn`` with its M2PO mask and KPop's binary-KL rejection.
 
-``make test-peers`` installs the peers (TRL from the ``bench`` extra, verl without its
-dependencies, which pin another transformers) and runs this file; elsewhere each test skips where
-its peer does not import. Both sides see the same float32 tensors; the gradients with respect to
+``make test-peers`` installs the peers (TRL from the ``bench`` extra, verl and AReaL 1.0.4 without
+their dependencies, which pin another transformers or need GPUs) and runs this file; elsewhere
+each test skips where its peer does not import. AReaL 2.0.0, which the package index lacks, is
+read from ``vendored/areal-2.0.0``. Both sides see the same float32 tensors; the gradients with respect to
 the policy's log-probs must agree.
 """
 
@@ -164,7 +166,8 @@ def test_dppo_kl_equals_verl_dppo_kl(verl, seed):
     assert 0 < stats["ratio/frac_tokens_masked"] < 1
     ref = verl_grad(verl, "dppo_kl", batch, "token-mean", clip_ratio_low=0.02, clip_ratio_high=0.03, clip_ratio_c=1.5)
     torch.testing.assert_close(grad, ref, rtol=1e-5, atol=1e-7)
-    # the defaults: verl's DPPO recipe (binary KL at most 0.05) and clip_ratio_c's fallback of 20
+    # the defaults: the binary KL bound of verl's DPPO example (0.05) and gmc's cap of 20 (verl's
+    # ActorConfig sets clip_ratio_c = 3.0, the example 1e4)
     ref = verl_grad(verl, "dppo_kl", batch, "token-mean", clip_ratio_low=0.05, clip_ratio_high=0.05, clip_ratio_c=20.0)
     torch.testing.assert_close(ours("dppo_kl", *batch, EstimatorConfig())[0], ref, rtol=1e-5, atol=1e-7)
 
