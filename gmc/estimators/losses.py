@@ -425,9 +425,10 @@ def _decoupled_weight(x: LossInputs, cfg: EstimatorConfig) -> tuple[Tensor, Tens
     behaviour weight ``exp(l_b)``, ``l_b = log pi_prox - log mu`` (clamped as :func:`_token_ratio`),
     times the proximal ratio ``pi / pi_prox``, or 0 where PPO's clip (:func:`_ppo_clip`, ``eps_low``,
     ``eps_high``) switches that ratio off. AReaL's ``ppo_actor_loss_fn`` (1.0.4, 2.0.0) multiplies
-    by the behaviour weight only when ``actor.rejection_sampling`` is set; here it always does. ``x.prox_logp`` None: the proximal policy is the current
-    one (the batch's first update), whose ratio is exactly 1 and never clipped. Returns the weight
-    and ``l_b``, what AReaL's masks measure."""
+    by the behaviour weight only when ``actor.rejection_sampling`` is set; here it always does.
+    ``x.prox_logp`` None: the proximal policy is the current one (the batch's first update), whose
+    ratio is exactly 1 and never clipped. Returns the weight and ``l_b``, what AReaL's masks
+    measure."""
     prox = x.logp.detach() if x.prox_logp is None else x.prox_logp
     l_behaviour = token_log_ratios(prox, x.behaviour_logp, x.mask)
     l_prox = token_log_ratios(x.logp, prox, x.mask)
@@ -608,9 +609,9 @@ def dppo_loss(x: LossInputs, cfg: EstimatorConfig):
     than ``dppo_delta_high`` up (``A > 0``) or ``dppo_delta_low`` down (``A <= 0``); the rest get
     ``min(r, dppo_ratio_cap) A``. verl ``loss_mode=dppo_tv`` (``clip_ratio_low``,
     ``clip_ratio_high``, ``clip_ratio_c``, 3.0 in verl's ``ActorConfig`` where ``dppo_ratio_cap``
-    is 20); prime-rl's default loss is the same mask without the cap
-    and with a penalty (``prime_dppo``). Denominator ``all`` by default: verl multiplies the masked
-    tokens' loss by 0 under the unchanged ``response_mask``."""
+    is 20); prime-rl's default loss is the same mask without the cap and with a penalty
+    (``prime_dppo``). Denominator ``all`` by default: verl multiplies the masked tokens' loss by 0
+    under the unchanged ``response_mask``."""
     weight = _token_ratio(x.l_tok).clamp(max=cfg.dppo_ratio_cap)
     return _token_mask_loss(weight, _tv_keeps(x, cfg), x, cfg)
 
