@@ -75,15 +75,16 @@ test-vllm: $(VLLM_STAMP)
 	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/e2e/test_vllm.py
 
 # the off-policy corrections against the peers' own loss code (tests/estimators/test_peers.py): TRL from the
-# bench extra, verl and the few packages its loss module imports without their dependencies (verl
-# pins another transformers) in $(PEERS), on the path of the tests only
+# bench extra; verl, AReaL's released package (its loss functions are read from it, torch alone) and the
+# few packages verl's loss module imports, without their dependencies (verl pins another transformers),
+# in $(PEERS), on the path of the tests only
 PEERS ?= .peers
 PEERS_STAMP := $(PEERS)/.installed
 
 $(PEERS_STAMP): $(STAMP)
 	$(BIN)/python -m pip install -q -e ".[$(EXTRAS),bench]"
 	$(BIN)/python -m pip install -q --no-deps --target $(PEERS) verl==0.9.1 tensordict==0.15.3 pyvers==0.2.3 \
-		omegaconf==2.4.0 codetiming==1.4.0 orjson==3.13.0
+		omegaconf==2.4.0 codetiming==1.4.0 orjson==3.13.0 areal==1.0.4
 	touch $(PEERS_STAMP)
 
 test-peers: $(PEERS_STAMP)
