@@ -1,0 +1,322 @@
+"""gmc's estimators as verl policy losses (gmc.integrations.verl), against gmc's own losses and verl's
+own code: every ``gmc_<name>`` called through verl's ``get_policy_loss_fn`` on two micro-batches of
+shuffled rows sums to gmc's loss and gradient on the whole batch, for each aggregation it accepts;
+``gmc_grpo`` equals verl's own PPO loss under verl's normalisers; GMC's weights found by ``uid``
+equal ``trajectory_weights``; the plugin registers in a fresh interpreter, by verl's entry points
+and by ``VERL_USE_EXTERNAL_MODULES``; every refusal names its key. ``make test-peers`` puts verl on
+the path; elsewhere the file skips."""
+
+import dataclasses
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from gmc.estimators import REGISTRY, EstimatorConfig, get_estimator, group_advantages, trajectory_weights
+
+core_algos = pytest.importorskip("verl.trainer.ppo.core_algos", reason="verl is not installed (make test-peers)")
+from verl.workers.config.actor import ActorConfig  # noqa: E402
+
+from gmc.integrations import verl as gv  # noqa: E402
+
+B, G, T = 4, 4, 10
+N = B * G
+
+
+@pytest.fixture(autouse=True)
+def default_settings():
+    """Every test starts and ends with the losses under gmc's default settings."""
+    gv.register_losses()
+    yield
+    gv.register_losses()
+
+
+def stale_batch(seed, scale=0.4):
+    """Log-probs ``[B, G, T]`` of a stale batch (clips, masks and caps fire), its mask and advantages."""
+    g = torch.Generator().manual_seed(seed)
+    logp_b = -torch.rand(B, G, T, generator=g) * 2 - 0.05
+    logp = (logp_b + scale * torch.randn(B, G, T, generator=g)).clamp(max=-1e-3)
+    lengths = torch.randint(2, T + 1, (B, G), generator=g)
+    mask = torch.arange(T).expand(B, G, T) < lengths.unsqueeze(-1)
+    adv = group_advantages(torch.randint(0, 2, (B, G), generator=g).float())
+    return logp, logp_b, mask, adv
+
+
+def gmc_reference(name, logp, logp_b, mask, adv, aggregation, cfg=None):
+    """gmc's loss of the whole batch and its gradient ``[N, T]``."""
+    x = logp.clone().requires_grad_(True)
+    resolved = REGISTRY[name].resolved(dataclasses.replace(cfg or EstimatorConfig(), aggregation=aggregation))
+    loss, stats = get_estimator(name)(x, logp_b, mask, adv, resolved, max_new_tokens=T)
+    loss.backward()
+    return loss.detach(), x.grad.reshape(N, T), stats
+
+
+def actor_config(**actor):
+    return ActorConfig(strategy="fsdp", rollout_n=G, ppo_micro_batch_size_per_gpu=1, **actor)
+
+
+def through_verl(loss_mode, old, logp, mask, adv, agg, weights=None, split=(7,), seed=0, **actor):
+    """verl's way: the rows shuffled (batch balancing), cut into micro-batches, each one's loss by
+    ``get_policy_loss_fn(loss_mode)`` with the global batch's counts, as verl's ``ppo_loss`` passes
+    them; the losses summed and their gradients accumulated. Returns the total loss and the
+    gradient ``[N, T]`` in the original row order."""
+    fn = core_algos.get_policy_loss_fn(loss_mode)
+    old, logp, mask = old.reshape(N, T), logp.reshape(N, T), mask.reshape(N, T)
+    adv = (adv.reshape(N, 1) * mask).contiguous()  # verl broadcasts the advantage over the response tokens
+    config = actor_config(**actor)
+    config.global_batch_info.update(
+        dp_size=1, batch_num_tokens=int(mask.sum()), global_batch_size=N, loss_scale_factor=T
+    )
+    x = logp.clone().requires_grad_(True)
+    order = torch.randperm(N, generator=torch.Generator().manual_seed(seed))
+    total = torch.zeros(())
+    for rows in torch.tensor_split(order, list(split)):
+        loss, _ = fn(
+            old_log_prob=old[rows],
+            log_prob=x[rows],
+            advantages=adv[rows],
+            response_mask=mask[rows],
+            loss_agg_mode=agg,
+            config=config,
+            rollout_is_weights=None if weights is None else weights[rows],
+        )
+        loss.backward()
+        total = total + loss.detach()
+    return total, x.grad
+
+
+def assert_close(a, b):
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("agg", sorted(gv.AGGREGATIONS))
+@pytest.mark.parametrize("name", gv.ROW_LOCAL)
+def test_row_local_losses_through_verl_equal_gmc(name, agg):
+    logp, logp_b, mask, adv = stale_batch(0)
+    loss, grad, _ = gmc_reference(name, logp, logp_b, mask, adv, gv.AGGREGATIONS[agg])
+    assert grad.abs().sum() > 0
+    total, verl_grad = through_verl(f"gmc_{name}", logp_b, logp, mask, adv, agg)
+    assert_close(total, loss)
+    assert_close(verl_grad, grad)
+
+
+@pytest.mark.parametrize("agg", sorted(gv.AGGREGATIONS))
+def test_gmc_grpo_equals_verls_own_ppo_loss_under_its_normalisers(agg):
+    """The rescaling is verl's: gmc_grpo and verl's ``vanilla`` PPO loss (dual clip out of reach)
+    give one gradient on the same micro-batches (the values differ where the clip binds: gmc's
+    clipped term is 0, verl's the constant ``-clip(r) A``)."""
+    logp, logp_b, mask, adv = stale_batch(1)
+    _, ours = through_verl("gmc_grpo", logp_b, logp, mask, adv, agg, clip_ratio_c=100.0)
+    _, theirs = through_verl("vanilla", logp_b, logp, mask, adv, agg, clip_ratio_c=100.0)
+    assert ours.abs().sum() > 0
+    assert_close(ours, theirs)
+
+
+def shuffled_group_weights(logp, logp_b, mask, seed=0):
+    """GMC's weights by uid on the rows in a shuffled order, returned in the original order ``[N]``."""
+    order = torch.randperm(N, generator=torch.Generator().manual_seed(seed))
+    uid = [f"prompt-{int(i) // G}" for i in order]
+    w, stats = gv.group_weights(
+        uid, logp.reshape(N, T)[order], logp_b.reshape(N, T)[order], mask.reshape(N, T)[order], group_size=G
+    )
+    back = torch.empty_like(w)
+    back[order] = w
+    return back, stats
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_group_weights_by_uid_on_shuffled_rows_equal_trajectory_weights(seed):
+    logp, logp_b, mask, _ = stale_batch(seed, scale=0.3)
+    w, stats = shuffled_group_weights(logp, logp_b, mask, seed)
+    L = torch.where(mask, logp - logp_b, 0.0).sum(-1)
+    expected = trajectory_weights("gmc", L, EstimatorConfig().eps)
+    assert 0 < stats["gmc/ratio/frac_groups_capped"] < 1
+    assert_close(w, expected.reshape(N))
+
+
+@pytest.mark.parametrize("agg", sorted(gv.AGGREGATIONS))
+def test_gmc_gmc_with_its_group_weights_equals_gmc(agg):
+    """The driver's weights (the trainer's log-probs at the step against the sampler's) passed per
+    row in ``rollout_is_weights``; one update a batch, so the loss's ``old_log_prob`` is the
+    current policy's."""
+    logp, logp_b, mask, adv = stale_batch(0, scale=0.3)
+    loss, grad, stats = gmc_reference("gmc", logp, logp_b, mask, adv, gv.AGGREGATIONS[agg])
+    assert 0 < stats["ratio/frac_groups_capped"] < 1
+    w, _ = shuffled_group_weights(logp, logp_b, mask)
+    weights = w.unsqueeze(-1) * mask.reshape(N, T)
+    total, verl_grad = through_verl("gmc_gmc", logp, logp, mask, adv, agg, weights=weights)
+    assert_close(total, loss)
+    assert_close(verl_grad, grad)
+
+
+def test_verls_rollout_is_weights_multiply_each_tokens_gradient():
+    """verl's decoupled-mode weights reach a row-local loss as gmc's rollout correction applies
+    them: each token's gradient times its weight, the loss unchanged."""
+    logp, logp_b, mask, adv = stale_batch(2)
+    loss, grad, _ = gmc_reference("tis", logp, logp_b, mask, adv, "token_mean")
+    weights = torch.rand(N, T, generator=torch.Generator().manual_seed(3)) * mask.reshape(N, T)
+    total, verl_grad = through_verl("gmc_tis", logp_b, logp, mask, adv, "token-mean", weights=weights)
+    assert_close(total, loss)
+    assert_close(verl_grad, grad * weights)
+
+
+def call(loss_mode, agg="token-mean", weights=None, advantages=None, **actor):
+    """One micro-batch through verl's registry, for the refusals."""
+    logp, logp_b, mask, adv = stale_batch(0)
+    mask = mask.reshape(N, T)
+    return core_algos.get_policy_loss_fn(loss_mode)(
+        old_log_prob=logp_b.reshape(N, T),
+        log_prob=logp.reshape(N, T).requires_grad_(True),
+        advantages=(adv.reshape(N, 1) * mask) if advantages is None else advantages,
+        response_mask=mask,
+        loss_agg_mode=agg,
+        config=actor_config(**actor),
+        rollout_is_weights=weights,
+    )
+
+
+REFUSALS = [
+    (dict(loss_mode="gmc_grpo", agg="token-sum"), "actor_rollout_ref.actor.loss_agg_mode"),
+    (dict(loss_mode="gmc_tic", agg="seq-mean-token-sum"), "actor_rollout_ref.actor.loss_agg_mode"),
+    (dict(loss_mode="gmc_tic", agg="seq-mean-token-sum-norm"), "actor_rollout_ref.actor.loss_scale_factor"),
+    (dict(loss_mode="gmc_gmc"), "trainer.v1.trainer_mode"),
+    (dict(loss_mode="gmc_gmc", weights=torch.ones(N, T), ppo_epochs=2), "actor_rollout_ref.actor.ppo_epochs"),
+    (dict(loss_mode="gmc_gmc", weights=torch.rand(N, T) + 0.5), "algorithm.rollout_correction.rollout_is"),
+    (dict(loss_mode="gmc_grpo", advantages=torch.randn(N, T)), "algorithm.adv_estimator"),
+    (dict(loss_mode="gmc_m2po"), "actor_rollout_ref.actor.policy_loss.loss_mode=gmc_m2po"),
+]
+
+
+@pytest.mark.parametrize("kwargs, key", REFUSALS, ids=[k for _, k in REFUSALS])
+def test_what_cannot_be_exact_is_refused_naming_the_key(kwargs, key):
+    with pytest.raises(ValueError, match=key.replace(".", r"\.")):
+        call(**kwargs)
+
+
+def test_a_kept_denominator_is_refused():
+    gv.register_losses(EstimatorConfig(mask_denominator="kept"))
+    with pytest.raises(ValueError, match=r"estimator\.mask_denominator"):
+        call("gmc_icepop")
+
+
+@pytest.mark.parametrize(
+    "settings, key",
+    [(dict(kl_coef=0.1), "estimator.kl_coef"), (dict(length_corrected=True), "estimator.length_corrected")],
+)
+def test_settings_the_losses_cannot_honour_are_refused(settings, key):
+    with pytest.raises(ValueError, match=key.replace(".", r"\.")):
+        gv.register_losses(EstimatorConfig(**settings))
+
+
+def test_another_verl_version_is_refused(monkeypatch):
+    monkeypatch.setattr(gv.verl, "__version__", "0.10.0")
+    with pytest.raises(RuntimeError, match=r"verl 0\.9\.x"):
+        call("gmc_grpo")
+
+
+def test_a_group_of_another_size_than_rollout_n_is_refused():
+    logp, logp_b, mask, _ = stale_batch(0)
+    uid = [f"prompt-{i // G}" for i in range(N - 1)] + ["prompt-0"]
+    with pytest.raises(ValueError, match=r"actor_rollout_ref\.rollout\.n=4"):
+        gv.group_weights(uid, logp.reshape(N, T), logp_b.reshape(N, T), mask.reshape(N, T), group_size=G)
+
+
+def verl_config(mode="sync", **changes):
+    """The keys of verl's configuration that check_config reads, a valid gmc_gmc run; ``changes``
+    by dotted key."""
+    from omegaconf import OmegaConf
+
+    config = OmegaConf.create(
+        {
+            "data": {"train_batch_size": 8},
+            "algorithm": {"rollout_correction": {"bypass_mode": False, "rollout_is": None, "rollout_rs": None}},
+            "actor_rollout_ref": {
+                "actor": {"policy_loss": {"loss_mode": "gmc_gmc"}, "ppo_epochs": 1, "ppo_mini_batch_size": 8},
+                "rollout": {"n": G, "calculate_log_probs": True},
+            },
+            "trainer": {"v1": {"trainer_mode": mode, "separate_async": {"parameter_sync_step": 4}}},
+        }
+    )
+    for key, value in changes.items():
+        OmegaConf.update(config, key, value)
+    return config
+
+
+CONFIG_REFUSALS = [
+    ("algorithm.rollout_correction.bypass_mode", True),
+    ("algorithm.rollout_correction.rollout_is", "token"),
+    ("algorithm.rollout_correction.rollout_rs", "token_k1"),
+    ("actor_rollout_ref.rollout.calculate_log_probs", False),
+    ("actor_rollout_ref.actor.ppo_epochs", 2),
+    ("actor_rollout_ref.actor.ppo_mini_batch_size", 4),
+]
+
+
+@pytest.mark.parametrize("key, value", CONFIG_REFUSALS, ids=[k for k, _ in CONFIG_REFUSALS])
+def test_the_trainers_refuse_a_configuration_whose_group_weights_would_not_be_exact(key, value):
+    gv.check_config(verl_config(), "sync")
+    gv.check_config(verl_config(**{"actor_rollout_ref.actor.policy_loss.loss_mode": "gmc_tic", key: value}), "sync")
+    with pytest.raises(ValueError, match=key.replace(".", r"\.")):
+        gv.check_config(verl_config(**{key: value}), "sync")
+
+
+def test_one_update_a_step_counts_the_prompts_of_a_parameter_sync_step():
+    config = verl_config("separate_async", **{"actor_rollout_ref.actor.ppo_mini_batch_size": 2})
+    gv.check_config(config, "separate_async")
+    with pytest.raises(ValueError, match=r"set it to 2"):
+        gv.check_config(verl_config("separate_async"), "separate_async")
+
+
+def fresh_interpreter(env, tmp_path):
+    """A Python process that imports verl and looks the losses up, then reads their settings
+    (started, not waited for)."""
+    script = textwrap.dedent(
+        """
+        import verl
+        from verl.trainer.ppo.core_algos import get_policy_loss_fn
+
+        names = [get_policy_loss_fn("gmc_gmc").__name__, get_policy_loss_fn("gmc_tic").__name__]
+        from gmc.integrations.verl import settings  # after the look-up: verl loaded it, or nothing did
+
+        print(*names, settings().eps)
+        """
+    )
+    base = {k: v for k, v in os.environ.items() if not k.startswith("VERL_USE_EXTERNAL")}
+    path = os.pathsep.join([str(tmp_path), *sys.path])
+    return subprocess.Popen(
+        [sys.executable, "-c", script],
+        env={**base, "PYTHONPATH": path, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_the_plugin_registers_in_a_fresh_interpreter_by_entry_point_and_by_external_modules(tmp_path):
+    """By verl's ``verl.plugins`` entry points alone, and with them off by
+    ``VERL_USE_EXTERNAL_MODULES``: gmc's module, and a user's module that registers other settings."""
+    (tmp_path / "my_gmc_settings.py").write_text(
+        "from gmc.estimators import EstimatorConfig\n"
+        "from gmc.integrations.verl import register_losses\n"
+        "register_losses(EstimatorConfig(eps=0.5))\n"
+    )
+    runs = {
+        "entry point": (fresh_interpreter({}, tmp_path), "0.2"),
+        "external modules": (
+            fresh_interpreter(
+                {
+                    "VERL_USE_EXTERNAL_PLUGINS": "none",
+                    "VERL_USE_EXTERNAL_MODULES": "gmc.integrations.verl,my_gmc_settings",
+                },
+                tmp_path,
+            ),
+            "0.5",
+        ),
+    }
+    for how, (process, eps) in runs.items():
+        out, err = process.communicate(timeout=240)
+        assert process.returncode == 0, f"{how}: {err[-2000:]}"
+        assert out.split() == ["gmc_gmc", "gmc_tic", eps], how
