@@ -36,8 +36,11 @@ from typing import Any
 
 import torch
 import verl
+from tensordict import TensorDict
 from torch import Tensor
+from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import register_policy_loss
+from verl.workers.utils.padding import response_to_nested
 
 from gmc.estimators import REGISTRY, EstimatorConfig, gmc_loss, none_loss, trajectory_log_ratios, trajectory_weights
 
@@ -255,6 +258,18 @@ def group_weights(
         old_log_probs[index], rollout_log_probs[index], mask[index], torch.zeros_like(L[index]), resolved
     )
     return weights, {f"gmc/{k}": v for k, v in stats.items() if k.startswith("ratio/")}
+
+
+def nested_group_weights(rows: TensorDict, group_size: int) -> tuple[Tensor, dict[str, float]]:
+    """:func:`group_weights` on rows as verl's v1 trainer holds them (its TransferQueue's fields:
+    ``uid``, and the nested ``response_mask``, ``old_log_probs`` and ``rollout_log_probs``): the
+    weights on every valid token of their row as a nested ``rollout_is_weights``, and the
+    statistics. Padded and unpadded as verl's ``_compute_advantage`` does."""
+    data = DataProto(batch=rows.to_padded_tensor())
+    uid = data.batch.pop("uid").tolist()
+    mask = data.batch["response_mask"]
+    weights, stats = group_weights(uid, data.batch["old_log_probs"], data.batch["rollout_log_probs"], mask, group_size)
+    return response_to_nested(weights.unsqueeze(-1) * mask.float(), rows["response_mask"]), stats
 
 
 def uses_group_weights(config: Mapping) -> bool:

@@ -21,11 +21,9 @@ import transfer_queue as tq
 from omegaconf import DictConfig, open_dict
 from tensordict import TensorDict
 from transfer_queue import KVBatchMeta
-from verl.protocol import DataProto
 from verl.trainer.ppo.v1 import PPOTrainerColocateAsync, PPOTrainerSeparateAsync, PPOTrainerSync, register_trainer
-from verl.workers.utils.padding import response_to_nested
 
-from gmc.integrations.verl import check_config, group_weights, uses_group_weights
+from gmc.integrations.verl import check_config, nested_group_weights, uses_group_weights
 
 
 class GroupWeights:
@@ -46,21 +44,10 @@ class GroupWeights:
         if not uses_group_weights(self.config):
             return batch
         fields = ["uid", "response_mask", "old_log_probs", "rollout_log_probs"]
-        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
-        nested_mask = data["response_mask"]
-        data = DataProto(batch=data.to_padded_tensor())
-        uid = data.batch.pop("uid").tolist()
-        mask = data.batch["response_mask"]
-        weights, stats = group_weights(
-            uid,
-            data.batch["old_log_probs"],
-            data.batch["rollout_log_probs"],
-            mask,
-            self.config.actor_rollout_ref.rollout.n,
-        )
+        rows = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
+        weights, stats = nested_group_weights(rows, self.config.actor_rollout_ref.rollout.n)
         metrics.update(stats)
-        per_token = weights.unsqueeze(-1) * mask.float()
-        output = TensorDict({"rollout_is_weights": response_to_nested(per_token, nested_mask)}, batch_size=len(batch))
+        output = TensorDict({"rollout_is_weights": weights}, batch_size=len(batch))
         return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=output)
 
 

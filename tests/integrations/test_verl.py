@@ -137,6 +137,36 @@ def test_group_weights_by_uid_on_shuffled_rows_equal_trajectory_weights(seed):
     assert_close(w, expected.reshape(N))
 
 
+def test_the_trainers_weights_from_transfer_queue_rows_are_trajectory_weights_on_each_valid_token():
+    """The rows as verl's v1 trainer reads them from its TransferQueue (uid, nested per-row
+    tensors of each response's length), shuffled: each row's weight on each of its tokens."""
+    from tensordict import NonTensorStack, TensorDict
+
+    logp, logp_b, mask, _ = stale_batch(1, scale=0.3)
+    order = torch.randperm(N, generator=torch.Generator().manual_seed(1))
+    lengths = mask.reshape(N, T).sum(-1)[order]
+
+    def nested(x):
+        rows = x.reshape(N, T)[order]
+        return torch.nested.as_nested_tensor([r[:n] for r, n in zip(rows, lengths)], layout=torch.jagged)
+
+    rows = TensorDict(
+        {
+            "uid": NonTensorStack(*[f"prompt-{int(i) // G}" for i in order]),
+            "response_mask": nested(mask.long()),
+            "old_log_probs": nested(logp),
+            "rollout_log_probs": nested(logp_b),
+        },
+        batch_size=N,
+    )
+    weights, stats = gv.nested_group_weights(rows, G)
+    L = torch.where(mask, logp - logp_b, 0.0).sum(-1)
+    expected = trajectory_weights("gmc", L, EstimatorConfig().eps).reshape(N)[order]
+    assert 0 < stats["gmc/ratio/frac_groups_capped"] < 1
+    for row, w, n in zip(weights.unbind(), expected, lengths):
+        assert_close(row, w.expand(int(n)))
+
+
 @pytest.mark.parametrize("agg", sorted(gv.AGGREGATIONS))
 def test_gmc_gmc_with_its_group_weights_equals_gmc(agg):
     """The driver's weights (the trainer's log-probs at the step against the sampler's) passed per
