@@ -350,3 +350,19 @@ def test_the_plugin_registers_in_a_fresh_interpreter_by_entry_point_and_by_exter
         out, err = process.communicate(timeout=240)
         assert process.returncode == 0, f"{how}: {err[-2000:]}"
         assert out.split() == ["gmc_gmc", "gmc_tic", eps], how
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(1800)
+def test_three_steps_of_verl_with_gmc_gmc_on_a_gpu(tmp_path):
+    """bench/verl_gpu.sh: verl's trainer, vLLM and gmc_gmc with its group weights, three steps."""
+    model = os.environ.get("GMC_VERL_MODEL")
+    if not torch.cuda.is_available() or not model:
+        pytest.skip("needs a CUDA device and GMC_VERL_MODEL, a local Qwen3 checkpoint (bash bench/verl_gpu.sh)")
+    script = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "verl_gpu.sh")
+    run = subprocess.run(
+        ["bash", script, model], env={**os.environ, "OUT": str(tmp_path)}, capture_output=True, text=True, timeout=1700
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    steps = (tmp_path / "verl_gpu.steps").read_text().splitlines()
+    assert [line.split()[0] for line in steps] == ["step:1", "step:2", "step:3"]
