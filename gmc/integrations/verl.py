@@ -20,16 +20,16 @@ verl's ``register_policy_loss``:
   to the policy loss; the loss multiplies each row's advantage by its weight.
 * ``gmc_m2po``, which refuses: its mask is a statistic of the whole batch's tokens.
 
-Where verl's v1 trainer can be imported (TransferQueue installed), it also registers the trainers
-of :mod:`gmc.integrations.verl_trainer` (``trainer.v1.trainer_mode=gmc_sync`` and the asynchronous
-modes). :func:`register_losses` registers them again under other settings. What cannot be exact is
+The trainers that compute the group weights are :mod:`gmc.integrations.verl_trainer`, loaded by a
+second entry point, ``gmc_trainers``, where verl's v1 trainer imports (TransferQueue installed;
+elsewhere verl's loader skips it). :func:`register_losses` registers the losses again under other
+settings. What cannot be exact is
 refused with the verl (or gmc) key to change; docs/integrations.md lists it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -322,11 +322,4 @@ def check_config(config: Mapping, mode: str) -> None:
         )
 
 
-def _register_trainers() -> None:
-    """The gmc trainers, where verl's v1 trainer can be imported (it needs TransferQueue)."""
-    if importlib.util.find_spec("transfer_queue") is not None:
-        import gmc.integrations.verl_trainer  # noqa: F401
-
-
 register_losses()
-_register_trainers()

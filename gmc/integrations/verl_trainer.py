@@ -1,5 +1,7 @@
-"""verl's v1 trainers with gmc's group weights (verl 0.9; imported by :mod:`gmc.integrations.verl`
-where TransferQueue is installed).
+"""verl's v1 trainers with gmc's group weights (verl 0.9), loaded on ``import verl`` by the
+``verl.plugins`` entry point ``gmc_trainers`` (``pyproject.toml``), or named in
+``VERL_USE_EXTERNAL_MODULES`` beside :mod:`gmc.integrations.verl`; it needs verl's v1 trainer, and
+so TransferQueue.
 
 verl's driver is the one place that sees a whole group: its policy losses see micro-batches, whose
 rows verl's batch balancing has reordered, so the groups are known only by ``uid``. Each trainer
