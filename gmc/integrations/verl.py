@@ -70,6 +70,10 @@ REFUSED: tuple[str, ...] = tuple(
 """The estimators that need statistics of the whole batch's tokens, which no per-row weight
 carries (``m2po``): their ``gmc_<name>`` refuses."""
 
+GROUP_STATISTICS: tuple[str, ...] = ("ratio/log_group_mass_", "ratio/ess")
+"""gmc's statistics of its groups, which a verl loss's micro-batch does not hold: left out of a
+loss's metrics (:func:`group_weights` reports them for ``gmc_gmc``)."""
+
 _settings = EstimatorConfig()
 
 
@@ -194,7 +198,10 @@ def _make_loss(name: str, cfg: EstimatorConfig) -> Callable:
         value, stats = fn(
             logp[None], old_log_prob[None], mask[None], adv[None], resolved, max_new_tokens=max_new_tokens
         )
-        return value * verl_share(mask, aggregation, info).to(value.device), {f"gmc/{k}": v for k, v in stats.items()}
+        # gmc_gmc's own weights are the driver's: the unit weights of the loss it calls are not reported
+        dropped = GROUP_STATISTICS + (("ratio/weight_", "ratio/shortfall") if name in GROUP_WEIGHTED else ())
+        metrics = {f"gmc/{k}": v for k, v in stats.items() if not k.startswith(dropped)}
+        return value * verl_share(mask, aggregation, info).to(value.device), metrics
 
     loss.__name__ = loss.__qualname__ = f"gmc_{name}"
     loss.__doc__ = f"gmc's ``{name}`` estimator as a verl policy loss (gmc.integrations.verl)."

@@ -226,6 +226,14 @@ def test_what_cannot_be_exact_is_refused_naming_the_key(kwargs, key):
         call(**kwargs)
 
 
+def test_a_losss_metrics_are_gmcs_statistics_of_its_rows_and_none_of_its_groups():
+    _, metrics = call("gmc_tic", "seq-mean-token-sum-norm", loss_scale_factor=T)
+    assert 0 < metrics["gmc/ratio/frac_traj_capped"] < 1 and "gmc/ratio/shortfall" in metrics
+    _, metrics = call("gmc_gmc", weights=torch.ones(N, T))
+    assert "gmc/loss/pg" in metrics and "gmc/ratio/approx_kl" in metrics
+    assert not [k for k in metrics if k.startswith(("gmc/ratio/log_group_mass", "gmc/ratio/ess", "gmc/ratio/weight"))]
+
+
 def test_a_kept_denominator_is_refused():
     gv.register_losses(EstimatorConfig(mask_denominator="kept"))
     with pytest.raises(ValueError, match=r"estimator\.mask_denominator"):
