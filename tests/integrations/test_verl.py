@@ -182,6 +182,69 @@ def test_gmc_gmc_with_its_group_weights_equals_gmc(agg):
     assert_close(verl_grad, grad)
 
 
+def ragged(rows, lengths):
+    """Rows ``[n, T]`` as verl's actor holds them: a nested tensor of each response's length."""
+    return torch.nested.as_nested_tensor([r[: int(k)] for r, k in zip(rows, lengths)], layout=torch.jagged)
+
+
+@pytest.mark.parametrize("agg", sorted(gv.AGGREGATIONS))
+def test_gmc_gmc_from_the_trainers_rows_through_verls_actor_loss_equals_gmc(agg):
+    """The whole path: the trainer's weights from TransferQueue rows (shuffled), written as nested
+    ``rollout_is_weights``, then verl's own actor loss (``ppo_loss``: unpadding, the global counts,
+    the registry) on two micro-batches, sums to gmc's ``gmc`` loss and gradient."""
+    from tensordict import NonTensorStack, TensorDict
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.config.actor import PolicyLossConfig
+    from verl.workers.utils.losses import ppo_loss
+
+    logp, logp_b, mask, adv = stale_batch(0, scale=0.3)
+    loss, grad, _ = gmc_reference("gmc", logp, logp_b, mask, adv, gv.AGGREGATIONS[agg])
+    order = torch.randperm(N, generator=torch.Generator().manual_seed(4))
+    lengths = mask.reshape(N, T).sum(-1)[order]
+    current, behaviour = logp.reshape(N, T)[order], logp_b.reshape(N, T)[order]
+    rows = TensorDict(
+        {
+            "uid": NonTensorStack(*[f"prompt-{int(i) // G}" for i in order]),
+            "response_mask": ragged(torch.ones(N, T, dtype=torch.long), lengths),
+            "old_log_probs": ragged(current, lengths),
+            "rollout_log_probs": ragged(behaviour, lengths),
+        },
+        batch_size=N,
+    )
+    weights, _ = gv.nested_group_weights(rows, G)
+    config = actor_config(policy_loss=PolicyLossConfig(loss_mode="gmc_gmc"), loss_agg_mode=agg, loss_scale_factor=T)
+    x = current.clone().requires_grad_(True)
+    total = torch.zeros(())
+    for part in torch.tensor_split(torch.arange(N), [9]):
+        n = lengths[part]
+        data = TensorDict(
+            {
+                "prompts": ragged(torch.ones(len(part), 2, dtype=torch.long), [2] * len(part)),
+                "responses": ragged(torch.ones(len(part), T, dtype=torch.long), n),
+                "response_mask": ragged(torch.ones(len(part), T, dtype=torch.long), n),
+                "old_log_probs": ragged(current[part], n),
+                "advantages": ragged(adv.reshape(N)[order][part].unsqueeze(-1).expand(-1, T), n),
+                "rollout_is_weights": torch.nested.as_nested_tensor(
+                    [weights.unbind()[int(i)] for i in part], layout=torch.jagged
+                ),
+            },
+            batch_size=len(part),
+        )
+        tu.assign_non_tensor(data, dp_size=1, batch_num_tokens=int(lengths.sum()), global_batch_size=N)
+        # the model's output over prompt and response, whose response part verl shifts out by one
+        pad = torch.zeros(1)
+        output = torch.nested.as_nested_tensor(
+            [torch.cat([pad, x[int(i), : int(k)], pad]) for i, k in zip(part, n)], layout=torch.jagged
+        )
+        value, _ = ppo_loss(config, {"log_probs": output}, data)
+        value.backward()
+        total = total + value.detach()
+    back = torch.empty_like(x.grad)
+    back[order] = x.grad
+    assert_close(total, loss)
+    assert_close(back, grad)
+
+
 def test_verls_rollout_is_weights_multiply_each_tokens_gradient():
     """verl's decoupled-mode weights reach a row-local loss as gmc's rollout correction applies
     them: each token's gradient times its weight, the loss unchanged."""
