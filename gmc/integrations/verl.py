@@ -289,9 +289,10 @@ def check_config(config: Mapping, mode: str) -> None:
     """Refuse, with one line naming the key, a verl configuration ``config`` (trainer mode
     ``mode``: ``sync``, ``colocate_async``, ``separate_async``) under which a group-weighted loss's
     weights would not be exact: weights computed once a batch need one update a batch (one epoch,
-    one mini-batch of all the prompts a step samples), verl's decoupled mode (the trainer's
-    log-probs at the step, ``old_log_probs``) with the sampler's log-probs, and
-    ``rollout_is_weights`` free for them (no ``rollout_is`` or ``rollout_rs`` of verl's)."""
+    one mini-batch of all the batch's prompts, one update between verl's ``old_log_probs`` passes),
+    verl's decoupled mode (the trainer's log-probs at the step, ``old_log_probs``) with the
+    sampler's log-probs, and ``rollout_is_weights`` free for them (no ``rollout_is`` or
+    ``rollout_rs`` of verl's)."""
     if not uses_group_weights(config):
         return
     loss = config["actor_rollout_ref"]["actor"]["policy_loss"]["loss_mode"]
@@ -319,13 +320,18 @@ def check_config(config: Mapping, mode: str) -> None:
             "once a batch and would be stale on a second pass; set it to 1"
         )
     sync_step = (config["trainer"]["v1"].get(mode) or {}).get("parameter_sync_step", 1)
-    prompts = config["data"]["train_batch_size"] // sync_step
+    if sync_step != 1:
+        raise ValueError(
+            f"trainer.v1.{mode}.parameter_sync_step={sync_step}: after a cycle's first update verl keeps the "
+            f"cycle's first policy as old_log_probs, so {loss}'s group weights would not be the ratio of the "
+            "policy the update differentiates; set it to 1"
+        )
+    prompts = config["data"]["train_batch_size"]
     if actor["ppo_mini_batch_size"] != prompts:
         raise ValueError(
             f"actor_rollout_ref.actor.ppo_mini_batch_size={actor['ppo_mini_batch_size']}: {loss}'s group "
-            f"weights are computed once for the {prompts} prompts of an update (data.train_batch_size / "
-            "parameter_sync_step) and would be stale after a first mini-batch; set it to "
-            f"{prompts}"
+            "weights are computed once a batch and would be stale after a first mini-batch; set it to "
+            f"data.train_batch_size, {prompts}"
         )
 
 
