@@ -23,8 +23,8 @@ verl's ``register_policy_loss``:
 The trainers that compute the group weights are :mod:`gmc.integrations.verl_trainer`, loaded by a
 second entry point, ``gmc_trainers``, where verl's v1 trainer imports (TransferQueue installed;
 elsewhere verl's loader skips it). :func:`register_losses` registers the losses again under other
-settings. What cannot be exact is
-refused with the verl (or gmc) key to change; docs/integrations.md lists it.
+settings. What cannot be exact is refused with the verl (or gmc) key to change;
+docs/integrations.md lists it.
 """
 
 from __future__ import annotations
