@@ -234,11 +234,18 @@ def register_losses(cfg: EstimatorConfig | None = None) -> tuple[str, ...]:
 
 
 def group_weights(
-    uid: Sequence, old_log_probs: Tensor, rollout_log_probs: Tensor, response_mask: Tensor, group_size: int
+    uid: Sequence,
+    old_log_probs: Tensor,
+    rollout_log_probs: Tensor,
+    response_mask: Tensor,
+    group_size: int,
+    padding: Sequence[bool] | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """GMC's trajectory weights ``[N]`` of a batch of ``N`` rows ``[N, T]`` in any order, its
     groups found by ``uid`` (each must hold ``group_size`` rows, verl's ``rollout.n``), and gmc's
     statistics of them (``gmc/ratio/frac_groups_capped``, effective sample size, shortfall, ...).
+    ``padding``: the rows verl added to make the batch divisible (its tags' ``is_padding``), which
+    belong to no group and get weight 0, as they carry no advantage.
 
     The ratio is the trainer's policy at the step (``old_log_probs``, verl's decoupled mode) over
     the sampler's (``rollout_log_probs``); with one update a batch the first is the policy the
@@ -247,7 +254,8 @@ def group_weights(
     statistics by :func:`gmc.estimators.gmc_loss`, both on the rows gathered into groups."""
     rows: dict[str, list[int]] = defaultdict(list)
     for i, key in enumerate(uid):
-        rows[str(key)].append(i)
+        if not (padding is not None and padding[i]):
+            rows[str(key)].append(i)
     sizes = sorted({len(r) for r in rows.values()})
     if sizes != [group_size]:
         raise ValueError(
@@ -258,7 +266,7 @@ def group_weights(
     mask = response_mask.bool()
     cfg = settings()
     L = trajectory_log_ratios(old_log_probs, rollout_log_probs, mask)
-    weights = torch.empty_like(L)
+    weights = torch.zeros_like(L)
     weights[index] = trajectory_weights("gmc", L[index], cfg.eps)
     resolved = REGISTRY["gmc"].resolved(dataclasses.replace(cfg, aggregation="token_mean"))
     _, stats = gmc_loss(
@@ -267,15 +275,20 @@ def group_weights(
     return weights, {f"gmc/{k}": v for k, v in stats.items() if k.startswith("ratio/")}
 
 
-def nested_group_weights(rows: TensorDict, group_size: int) -> tuple[Tensor, dict[str, float]]:
+def nested_group_weights(
+    rows: TensorDict, group_size: int, padding: Sequence[bool] | None = None
+) -> tuple[Tensor, dict[str, float]]:
     """:func:`group_weights` on rows as verl's v1 trainer holds them (its TransferQueue's fields:
-    ``uid``, and the nested ``response_mask``, ``old_log_probs`` and ``rollout_log_probs``): the
-    weights on every valid token of their row as a nested ``rollout_is_weights``, and the
-    statistics. Padded and unpadded as verl's ``_compute_advantage`` does."""
+    ``uid``, and the nested ``response_mask``, ``old_log_probs`` and ``rollout_log_probs``; its
+    padding rows flagged by ``padding``): the weights on every valid token of their row as a nested
+    ``rollout_is_weights``, and the statistics. Padded and unpadded as verl's
+    ``_compute_advantage`` does."""
     data = DataProto(batch=rows.to_padded_tensor())
     uid = data.batch.pop("uid").tolist()
     mask = data.batch["response_mask"]
-    weights, stats = group_weights(uid, data.batch["old_log_probs"], data.batch["rollout_log_probs"], mask, group_size)
+    weights, stats = group_weights(
+        uid, data.batch["old_log_probs"], data.batch["rollout_log_probs"], mask, group_size, padding
+    )
     return response_to_nested(weights.unsqueeze(-1) * mask.float(), rows["response_mask"]), stats
 
 

@@ -47,7 +47,8 @@ class GroupWeights:
             return batch
         fields = ["uid", "response_mask", "old_log_probs", "rollout_log_probs"]
         rows = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
-        weights, stats = nested_group_weights(rows, self.config.actor_rollout_ref.rollout.n)
+        padding = [tag.get("is_padding", False) for tag in batch.tags]
+        weights, stats = nested_group_weights(rows, self.config.actor_rollout_ref.rollout.n, padding)
         metrics.update(stats)
         output = TensorDict({"rollout_is_weights": weights}, batch_size=len(batch))
         return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=output)

@@ -325,6 +325,19 @@ def test_a_group_of_another_size_than_rollout_n_is_refused():
         gv.group_weights(uid, logp.reshape(N, T), logp_b.reshape(N, T), mask.reshape(N, T), group_size=G)
 
 
+def test_verls_padding_rows_belong_to_no_group_and_weigh_nothing():
+    logp, logp_b, mask, _ = stale_batch(2, scale=0.3)
+    pad = 3  # rows verl appends to make a batch divisible, under one uid of their own
+
+    def rows(x):
+        return torch.cat([x.reshape(N, T), x.reshape(N, T)[:pad]])
+
+    uid = [f"prompt-{i // G}" for i in range(N)] + ["pad-0"] * pad
+    w, _ = gv.group_weights(uid, rows(logp), rows(logp_b), rows(mask), group_size=G, padding=[False] * N + [True] * pad)
+    L = torch.where(mask, logp - logp_b, 0.0).sum(-1)
+    assert_close(w, torch.cat([trajectory_weights("gmc", L, EstimatorConfig().eps).reshape(N), torch.zeros(pad)]))
+
+
 def verl_config(mode="sync", **changes):
     """The keys of verl's configuration that check_config reads, a valid gmc_gmc run; ``changes``
     by dotted key."""
