@@ -378,6 +378,60 @@ def test_the_trainers_refuse_a_configuration_whose_group_weights_would_not_be_ex
         gv.check_config(verl_config(mode, **{key: value}), mode)
 
 
+def test_the_gmc_trainers_run_as_verls_mode_and_write_the_group_weights_after_its_advantages(monkeypatch):
+    """The trainers of a full verl install (TransferQueue, Hydra), verl's own steps stubbed: the
+    mode set back to verl's, the configuration checked, and after verl's advantages the weights
+    of the rows TransferQueue holds written back as their ``rollout_is_weights``."""
+    trainers = pytest.importorskip("gmc.integrations.verl_trainer", reason="verl's v1 trainer (TransferQueue, Hydra)")
+    from tensordict import NonTensorStack, TensorDict
+    from verl.trainer.ppo.v1 import PPOTrainer, get_trainer_cls
+
+    assert get_trainer_cls("gmc_separate_async") is trainers.GMCTrainerSeparateAsync
+    monkeypatch.setattr(PPOTrainer, "__init__", lambda self, config: setattr(self, "config", config))
+    trainer = trainers.GMCTrainerColocateAsync(verl_config("gmc_colocate_async"))
+    assert trainer.config.trainer.v1.trainer_mode == "colocate_async"
+    with pytest.raises(ValueError, match=r"actor_rollout_ref\.actor\.ppo_epochs"):
+        trainers.GMCTrainerSync(verl_config(**{"actor_rollout_ref.actor.ppo_epochs": 2}))
+
+    logp, logp_b, mask, _ = stale_batch(1, scale=0.3)
+    lengths = mask.reshape(N, T).sum(-1)
+    rows = TensorDict(
+        {
+            "uid": NonTensorStack(*[f"prompt-{i // G}" for i in range(N)]),
+            "response_mask": ragged(torch.ones(N, T, dtype=torch.long), lengths),
+            "old_log_probs": ragged(logp.reshape(N, T), lengths),
+            "rollout_log_probs": ragged(logp_b.reshape(N, T), lengths),
+        },
+        batch_size=N,
+    )
+    put = {}
+
+    class TransferQueue:
+        def kv_batch_get(self, keys, partition_id, select_fields):
+            assert sorted(select_fields) == sorted(rows.keys())
+            return rows
+
+        def kv_batch_put(self, keys, partition_id, fields):
+            put.update(keys=keys, fields=fields)
+            return "the batch after the put"
+
+    class Batch:
+        keys, partition_id, tags = [f"key-{i}" for i in range(N)], "train", [{}] * N
+
+        def __len__(self):
+            return N
+
+    monkeypatch.setattr(trainers, "tq", TransferQueue())
+    monkeypatch.setattr(PPOTrainer, "_compute_advantage", lambda self, batch, metrics: batch)
+    metrics = {}
+    assert trainer._compute_advantage(Batch(), metrics) == "the batch after the put"
+    L = torch.where(mask, logp - logp_b, 0.0).sum(-1)
+    expected = trajectory_weights("gmc", L, EstimatorConfig().eps).reshape(N)
+    for row, w, n in zip(put["fields"]["rollout_is_weights"].unbind(), expected, lengths):
+        assert_close(row, w.expand(int(n)))
+    assert put["keys"] == Batch.keys and 0 < metrics["gmc/ratio/frac_groups_capped"] < 1
+
+
 def fresh_interpreter(env, tmp_path):
     """A Python process that imports verl and looks the losses up, then reads their settings
     (started, not waited for)."""
