@@ -118,11 +118,11 @@ def per_row(values: Tensor, mask: Tensor, key: str) -> Tensor:
     one trajectory weight per response."""
     m = mask.bool()
     x = values.detach().float()
-    first = torch.where(m, x, torch.zeros_like(x)).sum(-1) / m.sum(-1).clamp(min=1)
-    spread = torch.where(m, (x - first.unsqueeze(-1)).abs(), torch.zeros_like(x))
-    if bool((spread > 1e-6 * (1.0 + first.abs().unsqueeze(-1))).any()):
+    value = torch.where(m, x, torch.zeros_like(x)).sum(-1) / m.sum(-1).clamp(min=1)
+    spread = torch.where(m, (x - value.unsqueeze(-1)).abs(), torch.zeros_like(x))
+    if bool((spread > 1e-6 * (1.0 + value.abs().unsqueeze(-1))).any()):
         raise ValueError(f"{key}: gmc's estimators take one value per response, and a response's tokens differ")
-    return first
+    return value
 
 
 def _check_version() -> None:
@@ -139,7 +139,7 @@ def _loss_scale_factor(config: Any, global_batch_info: Mapping[str, Any]) -> int
     if factor is None:
         raise ValueError(
             "actor_rollout_ref.actor.loss_scale_factor: seq-mean-token-sum-norm divides each response by a "
-            "constant, gmc's seq_sum_const by the generation limit; set it to rollout.response_length"
+            "constant, gmc's seq_sum_const by the generation limit; set it to data.max_response_length"
         )
     return int(factor)
 
