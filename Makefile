@@ -74,7 +74,8 @@ $(VLLM_STAMP): pyproject.toml
 test-vllm: $(VLLM_STAMP)
 	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/e2e/test_vllm.py
 
-# the off-policy corrections against the peers' own loss code (tests/estimators/test_peers.py): TRL from the
+# the off-policy corrections against the peers' own loss code (tests/estimators/test_peers.py) and inside
+# their trainers (tests/integrations/: gmc's TRL trainer and verl plugin): TRL from the
 # bench extra; verl, AReaL's released package (its loss functions are read from it, torch alone) and the
 # few packages verl's loss module imports, without their dependencies (verl pins another transformers),
 # in $(PEERS), on the path of the tests only
@@ -88,7 +89,7 @@ $(PEERS_STAMP): $(STAMP)
 	touch $(PEERS_STAMP)
 
 test-peers: $(PEERS_STAMP)
-	PYTHONPATH="$(abspath $(PEERS))" $(BIN)/python -m pytest -q tests/estimators/test_peers.py
+	PYTHONPATH="$(abspath $(PEERS))" $(BIN)/python -m pytest -q tests/estimators/test_peers.py tests/integrations
 
 # the paper's code path end to end on CPU (workflow/presets/paper_smoke.yaml: random-init Qwen3
 # architecture, MATH, six benchmarks, bf16, checkpointing, 8-bit AdamW) in a temporary folder, then
