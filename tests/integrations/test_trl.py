@@ -145,6 +145,15 @@ CASES = {
     "kpop, sampler behaviour, proximal": dict(algorithm="kpop", sampler=True),
     "tic, decoupled correction": dict(algorithm="tic", sampler=True, preset="decoupled_seq_is_rs"),
     "grpo, bypass correction": dict(algorithm="grpo", sampler=True, preset="bypass_pg_token_icepop"),
+    # TRL's own correction (vllm_importance_sampling_mode="sequence_mask" between 0.5 and 3) is gmc's
+    # decoupled sequence weight zeroed outside that band
+    "tic, TRL's vLLM correction": dict(
+        algorithm="tic",
+        sampler=True,
+        trl_correction=True,
+        reference={"rollout_is": "sequence", "rollout_is_threshold": "0.5_3.0"},
+    ),
+    "gmc, KL to the reference": dict(algorithm="gmc", estimator={"kl_coef": 0.05}),
 }
 
 
@@ -160,12 +169,17 @@ def test_fixed_batch_equals_gmcs_update(case, tiny_model_dir, tokenizer, tmp_pat
     args = gmc_config(
         tmp_path,
         algorithm=algorithm,
+        estimator=spec.get("estimator", {}),
         gradient_accumulation_steps=accumulation,
         num_iterations=2,  # TRL computes the policy's log-probs at generation (old_per_token_logps)
     )
     trainer = GMCGRPOTrainer(model, column_reward, args=args, train_dataset=Dataset.from_list([{"prompt": "x"}]))
     correction = None if preset is None else RolloutCorrection(preset=preset).resolved()
     trainer.gmc_correction = correction  # the config refuses a correction without vLLM, which keeps the sampler's
+    if spec.get("trl_correction"):  # what use_vllm would set; the stand-in generation replaces vLLM's
+        trainer.use_vllm = trainer.vllm_importance_sampling_correction = True
+        trainer.vllm_importance_sampling_clip_min = 0.5
+        correction = RolloutCorrection(**spec["reference"]).resolved()
     trainer.current_gradient_accumulation_steps = accumulation
     model.train()
 
@@ -180,6 +194,7 @@ def test_fixed_batch_equals_gmcs_update(case, tiny_model_dir, tokenizer, tmp_pat
         0,
         tokenizer.pad_token_id,
         max_new_tokens=MAX_NEW,
+        reference=AutoModelForCausalLM.from_pretrained(tiny_model_dir) if args.estimator_config.kl_coef else None,
         correction=correction,
         sampler_behaviour=from_sampler,
     )
