@@ -4,6 +4,7 @@ accumulation, the loss and gradient of gmc's own update; on-policy, TRL's own lo
 aggregation; and every refusal, naming its key. Skipped without TRL (make test-peers installs it)."""
 
 import math
+import re
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ import torch
 pytest.importorskip("trl", reason='TRL is not installed (pip install "gmc[trl]"; make test-peers installs it)')
 
 from datasets import Dataset  # noqa: E402
+from helpers import REPO  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
@@ -80,6 +82,20 @@ def test_trains_the_tiny_model_on_stale_samples(algorithm, tiny_model_dir, token
     assert all(abs(h["ratio/log_ratio_mean"]) > 1e-4 and h["ratio/approx_kl"] > 0 for h in logs[1:])
     assert all(math.isfinite(h["loss"]) and set(REGISTRY[algorithm].diagnostics) <= h.keys() for h in logs)
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_the_worked_example_of_the_docs_runs(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    """docs/integrations.md's example, as written but for the model's folder."""
+    page = (REPO / "docs" / "integrations.md").read_text()
+    example = re.findall(r"```python\n(.*?)```", page.split("### A worked example")[1], re.S)[0]
+    written = 'model_dir = "results/models/tiny/seed~0"'
+    assert written in example
+    monkeypatch.chdir(tmp_path)
+    scope = {}
+    exec(example.replace(written, f"model_dir = {str(tiny_model_dir)!r}"), scope)
+    assert scope["trainer"].state.global_step == 3
+    printed = [[float(x) for x in line.split()] for line in capsys.readouterr().out.splitlines()[-3:]]
+    assert printed[0][0] == pytest.approx(0, abs=1e-6) and printed[2][0] != 0
 
 
 # ---------------------------------------------------------------------------------------------
