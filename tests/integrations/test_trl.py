@@ -332,6 +332,13 @@ def test_refusals_name_the_key(settings, key, tmp_path):
     assert e.value.key == key and str(e.value).startswith(f"{key}: ") and "\n" not in str(e.value)
 
 
+def test_more_than_one_process_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(GMCGRPOConfig, "world_size", property(lambda self: 2))
+    with pytest.raises(ConfigError) as e:
+        gmc_config(tmp_path)
+    assert e.value.key == "world_size"
+
+
 def test_accepted_settings(tmp_path):
     """What the refusals leave: gmc's and TIC's group-local weights and seq_* aggregations under
     any accumulation, a correction with vLLM's log-probs and TRL's own correction off."""
