@@ -3,8 +3,10 @@ model on stale samples; on a fixed batch, through TRL's own shuffling, splitting
 accumulation, the loss and gradient of gmc's own update; on-policy, TRL's own loss of the same
 aggregation; and every refusal, naming its key. Skipped without TRL (make test-peers installs it)."""
 
+import importlib.util
 import math
 import re
+import sys
 
 import pytest
 import torch
@@ -330,6 +332,32 @@ def test_refusals_name_the_key(settings, key, tmp_path):
     with pytest.raises(ConfigError) as e:
         gmc_config(tmp_path, **settings)
     assert e.value.key == key and str(e.value).startswith(f"{key}: ") and "\n" not in str(e.value)
+
+
+def import_fresh(monkeypatch) -> None:
+    """gmc.integrations.trl executed afresh under another name (the one imported stays)."""
+    spec = importlib.util.spec_from_file_location("gmc_trl_probe", REPO / "gmc" / "integrations" / "trl.py")
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)
+    spec.loader.exec_module(module)
+
+
+@pytest.mark.parametrize("version", ["1.15.2", "1.17.0", "2.16.0"])
+def test_another_trl_minor_fails_at_import(version, monkeypatch):
+    import trl
+
+    monkeypatch.setattr(trl, "__version__", version)
+    with pytest.raises(ImportError) as e:
+        import_fresh(monkeypatch)
+    assert f"refuses trl {version}" in str(e.value) and "trl>=1.16,<1.17" in str(e.value) and "\n" not in str(e.value)
+    monkeypatch.setattr(trl, "__version__", "1.16.3")
+    import_fresh(monkeypatch)
+
+
+def test_missing_trl_fails_at_import(monkeypatch):
+    monkeypatch.setitem(sys.modules, "trl", None)
+    with pytest.raises(ImportError, match=r'pip install "gmc\[trl\]"'):
+        import_fresh(monkeypatch)
 
 
 def test_more_than_one_process_is_refused(tmp_path, monkeypatch):
