@@ -5,6 +5,7 @@ only read files (``gmc figures``, ``gmc mlflow-sync``) never load torch."""
 
 import ast
 import importlib
+import importlib.util
 import inspect
 import json
 import re
@@ -86,8 +87,12 @@ def test_find_cycle_detects_a_cycle():
     assert "gmc.rollouts.ray.worker" in imported_gmc_modules(PACKAGE / "rollouts" / "ray" / "pool.py")
 
 
-ROOMS = ("tasks", "estimators", "policy", "rollouts", "run", "sweep", "results", "theory")
-"""The subpackages in the order data flows; a module imports from its own room and those before it."""
+ROOMS = ("tasks", "estimators", "policy", "rollouts", "run", "sweep", "results", "theory", "integrations")
+"""The subpackages in the order data flows, then gmc's corrections inside other trainers; a module
+imports from its own room and those before it."""
+OPTIONAL = {"gmc.integrations.trl": ("trl", 'pip install "gmc[trl]"')}
+"""Modules that need an optional package at import, with what their one-line error says to run
+where the package is absent."""
 GROUND = ("gmc.settings", "gmc.io", "gmc.stop")
 """Top-level modules every room may import; they import none of the rooms."""
 ROOF = ("gmc.cli", "gmc.__main__", "gmc.workflow")
@@ -172,7 +177,12 @@ def test_the_delay_modes_registry_imports_no_source():
 
 @pytest.mark.parametrize("module", MODULES)
 def test_each_module_imports_in_a_fresh_interpreter(module):
-    subprocess.run([sys.executable, "-c", f"import {module}"], check=True, timeout=300)
+    done = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True, timeout=300)
+    package, install = OPTIONAL.get(module, (None, None))
+    if package is not None and importlib.util.find_spec(package) is None:
+        assert done.returncode != 0 and install in done.stderr.strip().splitlines()[-1], done.stderr
+    else:
+        assert done.returncode == 0, done.stderr
 
 
 def _loads_torch(argv: list[str], cwd: Path) -> dict:
