@@ -86,6 +86,17 @@ def test_trains_the_tiny_model_on_stale_samples(algorithm, tiny_model_dir, token
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
 
+def test_evaluation_reports_the_estimators_loss(tiny_model_dir, tokenizer, tmp_path):
+    """TRL's evaluation generates whole groups and computes the estimator's loss, on-policy."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    data = Dataset.from_list([{"prompt": f"{i} + {i} ="} for i in range(4)])
+    args = gmc_config(tmp_path, per_device_eval_batch_size=2 * G)
+    trainer = GMCGRPOTrainer(model, length_reward, args=args, train_dataset=data, processing_class=tokenizer)
+    metrics = trainer.evaluate(data)
+    assert math.isfinite(metrics["eval_loss"])
+    assert metrics["eval_ratio/log_ratio_mean"] == 0 and "eval_ratio/frac_groups_capped" in metrics
+
+
 def test_the_worked_example_of_the_docs_runs(tiny_model_dir, tmp_path, monkeypatch, capsys):
     """docs/integrations.md's example, as written but for the model's folder."""
     page = (REPO / "docs" / "integrations.md").read_text()
