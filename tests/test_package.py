@@ -88,8 +88,11 @@ def test_find_cycle_detects_a_cycle():
 
 
 ROOMS = ("tasks", "estimators", "policy", "rollouts", "run", "sweep", "results", "theory", "integrations")
-"""The subpackages in the order data flows (then gmc's corrections inside other trainers); a module
+"""The subpackages in the order data flows, then gmc's corrections inside other trainers; a module
 imports from its own room and those before it."""
+OPTIONAL = {"gmc.integrations.trl": ("trl", 'pip install "gmc[trl]"')}
+"""Modules that need an optional package at import, with what their one-line error says to run
+where the package is absent."""
 GROUND = ("gmc.settings", "gmc.io", "gmc.stop")
 """Top-level modules every room may import; they import none of the rooms."""
 ROOF = ("gmc.cli", "gmc.__main__", "gmc.workflow")
@@ -180,7 +183,12 @@ PEERS = {"gmc.integrations.verl": "verl", "gmc.integrations.verl_trainer": "tran
 def test_each_module_imports_in_a_fresh_interpreter(module):
     if module in PEERS and importlib.util.find_spec(PEERS[module]) is None:
         pytest.skip(f"{module} needs {PEERS[module]} (make test-peers)")
-    subprocess.run([sys.executable, "-c", f"import {module}"], check=True, timeout=300)
+    done = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True, timeout=300)
+    package, install = OPTIONAL.get(module, (None, None))
+    if package is not None and importlib.util.find_spec(package) is None:
+        assert done.returncode != 0 and install in done.stderr.strip().splitlines()[-1], done.stderr
+    else:
+        assert done.returncode == 0, done.stderr
 
 
 def _loads_torch(argv: list[str], cwd: Path) -> dict:
