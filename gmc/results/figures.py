@@ -173,8 +173,10 @@ def _apart(frame: pd.DataFrame, log_x: bool, width: float = 0.3) -> pd.Series:
     logarithmic one (where ``x`` is 0: in units)."""
     algorithms = [a for a in REGISTRY if a in set(frame["algorithm"])]
     algorithms += sorted(set(frame["algorithm"]) - set(algorithms))
-    offset = frame["algorithm"].map(
-        {a: width * (i / max(len(algorithms) - 1, 1) - 0.5) for i, a in enumerate(algorithms)}
+    offset = (
+        frame["algorithm"]
+        .map({a: width * (i / max(len(algorithms) - 1, 1) - 0.5) for i, a in enumerate(algorithms)})
+        .astype(float)
     )
     if not log_x:
         return frame["x"] + offset
@@ -368,7 +370,7 @@ def score_vs_delay(frame: pd.DataFrame, out: Path) -> list[Path]:
     named = frame[~frame["delay"].map(is_fixed)].copy()
     modes = sorted(named["delay"].unique(), key=delay_order)
     staleness = {d: consumed_staleness(named.loc[named["delay"] == d, "run_dir"].unique()).mean() for d in modes}
-    named["x"] = named["delay"].map(staleness)
+    named["x"] = named["delay"].map(staleness).astype(float)
     named["x"] = _apart(named, log_x=True)
     groups = sorted(frame["group"].unique())
     fig, axes = panel_row(len(groups), 4.4, sharey=True)

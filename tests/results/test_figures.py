@@ -93,3 +93,23 @@ def test_a_variant_is_drawn_in_its_estimators_colour_and_marker_dashed_and_open(
     assert to_hex(variant.get_color()) == to_hex(base.get_color()) == to_hex(gmc.color)
     assert variant.get_marker() == base.get_marker() and variant.get_linestyle() == "--"
     assert variant.get_markerfacecolor() == "white" and base.get_markerfacecolor() != "white"
+
+
+def test_coinciding_points_are_apart_intervals_cut_at_0_and_1_and_league_styles_distinct():
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from gmc.estimators import REGISTRY
+    from gmc.results.figures import _apart, _line_by_algorithm, league_styles
+
+    same = pd.DataFrame({"algorithm": ["tic", "gmc", "grpo"], "x": [0.0, 0.0, 0.0]})
+    assert _apart(same, log_x=False).nunique() == 3 and _apart(same, log_x=True).nunique() == 3
+    fig, ax = plt.subplots()
+    wide = pd.DataFrame({"algorithm": "tic", "delay": "0", "seed": [0, 1], "x": 0.0, "score": [0.0, 0.95]})
+    _line_by_algorithm(ax, wide, "x", "score")
+    ys = [y for c in ax.collections for seg in c.get_segments() for _, y in seg]
+    assert min(ys) == 0.0 and max(ys) == 1.0  # the t-interval of two seeds reaches far past both
+    plt.close(fig)
+    styles = league_styles(pd.DataFrame({"algorithm": list(REGISTRY)}))
+    assert len({(s["color"], s["marker"], str(s["ls"])) for s in styles.values()}) == len(REGISTRY)
+    assert len({s["color"] for s in styles.values()}) == min(len(REGISTRY), 18)
