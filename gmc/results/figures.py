@@ -31,11 +31,23 @@ ALGORITHM_MARKERS = {name: "osD^vP*Xph"[i % 10] for i, name in enumerate(REGISTR
 """Each estimator's marker, so that a league's lines of similar colour stay apart."""
 
 
+LEAGUE_COLORS = (
+    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
+    "#17becf", "#000000", "#f3c300", "#875692", "#a1caf1", "#008856", "#e68fac", "#604e97", "#882d17",
+)  # fmt: skip
+"""A league's colours, one per estimator where it has up to 18: tab10, then Kelly's colours of
+maximal contrast without those close to tab10's (the registry's colours repeat similar hues)."""
+LEAGUE_MARKERS = "osD^vP*Xph<>8dH"
+"""A league's markers, one per estimator up to 15."""
+
+
 def algorithm_styles(frame: pd.DataFrame) -> dict[str, dict]:
     """Each algorithm of ``frame`` as its lines draw it (``color``, ``marker``, ``ls``, ``mfc``): a
     registered estimator in its colour and marker, solid; a variant
     (:func:`gmc.results.collect.variant_estimators`) in its estimator's colour and marker, dashed
-    and open, so that it reads as its estimator's kin and apart from every other line."""
+    and open, so that it reads as its estimator's kin and apart from every other line. A league
+    (more algorithms than :data:`LEGEND_INSIDE`) takes :func:`league_styles` instead. Computed on
+    a figure's whole frame, so that every panel draws an algorithm alike."""
     from gmc.results.collect import variant_estimators
 
     bases = variant_estimators(frame)
@@ -56,7 +68,23 @@ def algorithm_styles(frame: pd.DataFrame) -> dict[str, dict]:
                 "ls": "-",
                 "mfc": None,
             }
-    return styles
+    return league_styles(styles) if len(styles) > LEGEND_INSIDE else styles
+
+
+def league_styles(styles: dict[str, dict]) -> dict[str, dict]:
+    """``styles`` (:func:`algorithm_styles`) recoloured for a league, registry order first, then the
+    rest by name: a colour, marker and line style no other algorithm shares while there are at most
+    18 (colours repeat beyond, with another marker and line style); a variant stays dashed and open."""
+    algorithms = [a for a in REGISTRY if a in styles] + sorted(set(styles) - set(REGISTRY))
+    return {
+        a: {
+            **styles[a],
+            "color": LEAGUE_COLORS[i % len(LEAGUE_COLORS)],
+            "marker": LEAGUE_MARKERS[i % len(LEAGUE_MARKERS)],
+            "ls": styles[a]["ls"] if styles[a]["ls"] != "-" else ("-", "--", ":")[i // len(LEAGUE_COLORS) % 3],
+        }
+        for i, a in enumerate(algorithms)
+    }
 
 
 def algorithm_label(name: str) -> str:
@@ -175,7 +203,9 @@ def _apart(frame: pd.DataFrame, log_x: bool, width: float = 0.3) -> pd.Series:
     algorithms += sorted(set(frame["algorithm"]) - set(algorithms))
     offset = (
         frame["algorithm"]
-        .map({a: width * (i / max(len(algorithms) - 1, 1) - 0.5) for i, a in enumerate(algorithms)})
+        .map(
+            {a: width * (i - (len(algorithms) - 1) / 2) / max(len(algorithms) - 1, 1) for i, a in enumerate(algorithms)}
+        )
         .astype(float)
     )
     if not log_x:
@@ -202,13 +232,12 @@ def shared_note(frame: pd.DataFrame, where: str = "") -> str:
     return f" ({', '.join(algorithm_label(o) for o in owners)}'s run{where})" if owners else ""
 
 
-def _line_by_algorithm(ax, frame, x, y, se=None, seeds_in_label=True, styles=None):
+def _line_by_algorithm(ax, frame, x, y, styles, se=None, seeds_in_label=True):
     """Mean over seeds per ``x``, one line per algorithm, error bars = 95% interval
     (:func:`gmc.results.stats.mean_interval`, evaluation noise ``se`` folded in; none with one seed)
     cut to :data:`BOUNDS`; each label carries its seed count unless ``seeds_in_label`` is false (a
     title gives it), and names the estimator whose run a shared point is (drawn open, on top).
-    ``styles``: each algorithm's (:func:`algorithm_styles` by default)."""
-    styles = styles or algorithm_styles(frame)
+    ``styles``: each algorithm's, :func:`algorithm_styles` of the figure's whole frame."""
     for algo, grp in frame.groupby("algorithm"):
         points = []
         for xv, g in grp.groupby(x):
@@ -253,11 +282,11 @@ def league_figure(regimes: dict[str, str | Path], out: Path) -> list[Path]:
 
     fig, axes = panel_row(len(regimes), 5.5)
     frames = {name: _largest_group(collect(results)) for name, results in regimes.items()}
-    styles = league_styles(pd.concat([frame for _, frame in frames.values()]))
+    styles = algorithm_styles(pd.concat([frame for _, frame in frames.values()]))
     for ax, (name, (G, frame)) in zip(axes, frames.items()):
         score, score_label = _score_column(frame)
         numeric = _delay_axis(ax, _numeric_delays(frame))
-        _line_by_algorithm(ax, numeric, "x", score, "score_se", seeds_in_label=False, styles=styles)
+        _line_by_algorithm(ax, numeric, "x", score, styles, "score_se", seeds_in_label=False)
         seeds = _seed_count(numeric.groupby(["algorithm", "delay"])["seed"].nunique())
         ax.set_title(f"{name}: G = {G}, {seeds} seeds")
         ax.set_ylabel(score_label)
@@ -265,33 +294,6 @@ def league_figure(regimes: dict[str, str | Path], out: Path) -> list[Path]:
     legend(fig, axes)
     fig.suptitle("Final score vs delay per estimator; bars: 95% interval over seeds, cut at 0 and 1")
     return save_both(fig, Path(out), "league")
-
-
-LEAGUE_COLORS = (
-    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
-    "#17becf", "#000000", "#f3c300", "#875692", "#a1caf1", "#008856", "#e68fac", "#604e97", "#882d17",
-)  # fmt: skip
-"""The league's colours, one per estimator where it has up to 18: tab10, then Kelly's colours of
-maximal contrast without those close to tab10's."""
-LEAGUE_MARKERS = "osD^vP*Xph<>8dH"
-
-
-def league_styles(frame: pd.DataFrame) -> dict[str, dict]:
-    """Each algorithm of a league (registry order, then the rest by name) in a colour, marker and
-    line style no other shares while there are at most 18 (colours repeat beyond, with another
-    marker and line style), solid first; a variant dashed and open as :func:`algorithm_styles`."""
-    found = set(frame["algorithm"])
-    algorithms = [a for a in REGISTRY if a in found] + sorted(found - set(REGISTRY))
-    base = algorithm_styles(frame)
-    return {
-        a: {
-            **base[a],
-            "color": LEAGUE_COLORS[i % len(LEAGUE_COLORS)],
-            "marker": LEAGUE_MARKERS[i % len(LEAGUE_MARKERS)],
-            "ls": base[a]["ls"] if base[a]["ls"] != "-" else ("-", "--", ":")[i // len(LEAGUE_COLORS) % 3],
-        }
-        for i, a in enumerate(algorithms)
-    }
 
 
 def _largest_group(frame: pd.DataFrame) -> tuple[int, pd.DataFrame]:
@@ -377,7 +379,12 @@ def score_vs_delay(frame: pd.DataFrame, out: Path) -> list[Path]:
     styles = algorithm_styles(frame)
     for ax, g in zip(axes, groups):
         _line_by_algorithm(
-            ax, _delay_axis(ax, numeric[numeric["group"] == g], also=list(staleness.values())), "x", score, "score_se"
+            ax,
+            _delay_axis(ax, numeric[numeric["group"] == g], also=list(staleness.values())),
+            "x",
+            score,
+            styles,
+            "score_se",
         )
         for (algo, delay), grp in named[named["group"] == g].groupby(["algorithm", "delay"]):
             iv = mean_interval(grp[score], grp["score_se"])
@@ -410,8 +417,9 @@ def score_vs_group(frame: pd.DataFrame, out: Path) -> list[Path]:
     groups = sorted(frame["group"].unique())
     delays = sorted(frame["delay"].unique(), key=delay_order)
     fig, axes = panel_row(len(delays), 4, sharey=True)
+    styles = algorithm_styles(frame)
     for ax, delay in zip(axes, delays):
-        _line_by_algorithm(ax, frame[frame["delay"] == delay], "x", score, "score_se")
+        _line_by_algorithm(ax, frame[frame["delay"] == delay], "x", score, styles, "score_se")
         ax.set_xticks(np.log2(groups), [str(g) for g in groups])
         ax.set_xlim(np.log2(groups[0]) - 0.5, np.log2(groups[-1]) + 0.5)
         ax.set_xlabel("group size G")
@@ -445,10 +453,11 @@ def ratio_diagnostics(frame: pd.DataFrame, out: Path) -> list[Path]:
     capped_cols = [c for c in own if c in numeric.columns]
     numeric["capped"] = numeric[capped_cols].bfill(axis=1).iloc[:, 0] if capped_cols else np.nan
     fig, axes = panel_row(3)
+    styles = algorithm_styles(numeric)
     for ax, (col, label) in zip(axes, panels):
         at = _delay_axis(ax, numeric[numeric["group"] == G])
         if col in numeric.columns:
-            _line_by_algorithm(ax, at, "x", col)
+            _line_by_algorithm(ax, at, "x", col, styles)
         ax.set_ylabel(label)
     legend(fig, axes[:1], fontsize=8)
     fig.suptitle(
