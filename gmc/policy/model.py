@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from gmc.policy.preflight import check_model_dir, hub_reachable, looks_local
+from gmc.policy.preflight import MODEL_KEY, check_model_dir, hub_reachable, looks_local
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +48,8 @@ def load_policy(
     except OSError as e:
         why = "not a local folder, not in the Hugging Face cache, and the hub cannot be reached" if cache_only else e
         raise OSError(
-            f"cannot load model {name_or_path!r}: {why}. Set the key model to a local folder "
-            "(--set model=FOLDER; `gmc build-tiny-model --out FOLDER` makes one)."
+            f"cannot load model {name_or_path!r}: {why}. Name a local folder instead ({MODEL_KEY}; "
+            "`gmc build-tiny-model --out FOLDER` makes one)."
         ) from e
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:

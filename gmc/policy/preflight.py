@@ -34,6 +34,10 @@ def looks_local(name_or_path: str) -> bool:
     )
 
 
+MODEL_KEY = "the key model, --set model=FOLDER (gmc evaluate: --model FOLDER)"
+"""Where a command takes its model, as the errors of a model that cannot be loaded say."""
+
+
 def hub_reachable(timeout: float = 3.0) -> bool:
     """Whether the Hugging Face hub's host (``HF_ENDPOINT``) takes a connection within ``timeout``
     seconds: where it does not, a model is looked up in the local cache only, at once, instead of
@@ -56,7 +60,7 @@ def check_model_dir(name_or_path: str) -> None:
     if not folder.is_dir():
         raise ModelFolderError(
             f"model folder {folder} not found (make one with `gmc build-tiny-model --out {folder}` or "
-            "`gmc fetch-model`, or set the key model to another folder: --set model=FOLDER)"
+            f"`gmc fetch-model`, or name another: {MODEL_KEY})"
         )
     missing = []
     if not (folder / "config.json").exists():
