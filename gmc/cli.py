@@ -302,8 +302,10 @@ def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.N
     if extra:
         hint = ""
         if "overrides" in args and extra[0].startswith("--"):  # a setting given as an option
-            value = extra[1] if len(extra) > 1 and not extra[1].startswith("-") else "VALUE"
-            hint = f" (a setting goes in --set KEY=VALUE: --set {extra[0][2:].replace('-', '_')}={value})"
+            key, sep, value = extra[0][2:].partition("=")
+            if not sep:
+                value = extra[1] if len(extra) > 1 and not extra[1].startswith("-") else "VALUE"
+            hint = f" (a setting goes in --set KEY=VALUE: --set {key.replace('-', '_')}={value})"
         args.subparser.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
     return args
 

@@ -82,6 +82,9 @@ def test_an_option_a_subcommand_lacks_gets_its_usage_and_the_set_it_means(capsys
     assert err.strip().splitlines()[-1] == (
         "gmc train: error: unrecognized arguments: --steps 3 (a setting goes in --set KEY=VALUE: --set steps=3)"
     )
+    with pytest.raises(SystemExit):
+        main(["train", "--out", "r", "--group-size=4"])
+    assert capsys.readouterr().err.strip().endswith("(a setting goes in --set KEY=VALUE: --set group_size=4)")
 
 
 def test_an_unknown_key_far_from_every_key_lists_them():
