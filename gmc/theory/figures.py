@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from gmc.io import write_text
-from gmc.results.figures import ALGORITHM_COLORS, LEGEND_INSIDE, panel_row, save_both, spread
+from gmc.results.figures import ALGORITHM_COLORS, LEGEND_INSIDE, algorithm_styles, panel_row, save_both, spread
 from gmc.results.outputs import GRADIENT_LAB_TABLES
 from gmc.results.stats import MIN_FIT_POINTS
 
@@ -199,6 +199,7 @@ def lab_figures(tables: dict[str, pd.DataFrame], out: Path) -> list[Path]:
     main = rows[~rows["eps_row"]]
     written = []
     delays = sorted(main["delay"].unique())
+    styles = algorithm_styles(main)  # a league's estimators in colours and line styles of their own
     fig, axes = panel_row(len(delays), 3.8, sharey=True)
     for ax, d in zip(axes, delays):
         for algorithm, grp in main[main["delay"] == d].groupby("algorithm", sort=False):
@@ -207,7 +208,8 @@ def lab_figures(tables: dict[str, pd.DataFrame], out: Path) -> list[Path]:
                 grp.sort_values("G"),
                 "G",
                 "bias",
-                color=ALGORITHM_COLORS[algorithm],
+                color=styles[algorithm]["color"],
+                ls=styles[algorithm]["ls"],
                 label=algorithm,
                 lw=2 if algorithm in ("tic", "gmc") else 0.8,
             )
