@@ -237,6 +237,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("export-results", help="the bundle of gmc publish (no checkpoints) packed into one .tar.gz")
     p.add_argument("--results", default="results", help="the sweep's results folder (default: results)")
     p.add_argument("--out", required=True, help="the archive to write (.tar.gz)")
+    p.add_argument(
+        "--log",
+        action="append",
+        default=[],
+        metavar="SNAKEMAKE_LOG",
+        help="as for gmc publish: the sweep's time per stage (default: what the results folder records, if any)",
+    )
     p.set_defaults(func=_export)
 
     p = sub.add_parser(
@@ -284,7 +291,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_import)
     for p in sub.choices.values():  # --debug also after the subcommand
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        p.set_defaults(subparser=p)
     return parser
+
+
+def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """``parser``'s arguments, where an argument the subcommand does not take is refused with the
+    subcommand's usage (``gmc train --steps 3``: ``gmc train``'s), not the list of every command."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        hint = ""
+        if "overrides" in args and extra[0].startswith("--"):  # a setting given as an option
+            key, sep, value = extra[0][2:].partition("=")
+            if not sep:
+                value = extra[1] if len(extra) > 1 and not extra[1].startswith("-") else "VALUE"
+            hint = f" (a setting goes in --set KEY=VALUE: --set {key.replace('-', '_')}={value})"
+        args.subparser.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
+    return args
 
 
 def _settings_arguments(p: argparse.ArgumentParser, what: str, example: str) -> None:
@@ -410,7 +433,7 @@ def _report(args: argparse.Namespace) -> None:
 def _export(args: argparse.Namespace) -> None:
     from gmc.results.bundles import export_results
 
-    print(f"{export_results(args.results, args.out)} files -> {args.out}")
+    print(f"{export_results(args.results, args.out, args.log)} files -> {args.out}")
 
 
 def _publish(args: argparse.Namespace) -> None:
@@ -527,10 +550,7 @@ def _mlflow_sync(args: argparse.Namespace) -> None:
     out: dict = {"tracking_uri": uri, "experiment": experiment}
     if args.sweep:
         out["sweep"] = sync_sweep(args.sweep, uri, experiment, finish=bool(args.run_dirs))
-    synced = {}
-    for run_dir in args.run_dirs:
-        synced[run_dir] = sync_run(run_dir, uri, experiment)
-        print(f"{run_dir} -> MLflow run {synced[run_dir]}")
+    synced = {run_dir: sync_run(run_dir, uri, experiment) for run_dir in args.run_dirs}  # each logs its line
     if args.out:
         write_json(args.out, {**out, "runs": synced})
 
@@ -591,8 +611,7 @@ def error_line(e: BaseException) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse(build_parser(), argv)
     _configure_logging(args.debug)
     try:
         status = args.func(args)

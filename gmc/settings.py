@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import difflib
 import functools
 import importlib
 import inspect
@@ -45,6 +46,7 @@ __all__ = [
     "to_dict",
     "load_config",
     "load_yaml",
+    "read_config_file",
     "apply_overrides",
     "json_schema",
 ]
@@ -151,6 +153,16 @@ def _fields_at(cls, loc: tuple) -> list[str]:
     return [f.name for f in dataclasses.fields(cls)] if dataclasses.is_dataclass(cls) else []
 
 
+def _unknown_key(key: str, known: Iterable[str], where: str) -> str:
+    """Why ``key`` is refused: "unknown key", with the known keys of ``where`` closest to it
+    (:func:`difflib.get_close_matches`) as a suggestion, or all of them where none is close."""
+    known = sorted(known)
+    close = difflib.get_close_matches(key, known, n=3, cutoff=0.6)
+    if close:
+        return f"unknown key; did you mean {' or '.join(repr(k) for k in close)}?"
+    return f"unknown key; none of the {len(known)} keys of {where} is close to it: {known}"
+
+
 def _join(*parts: str) -> str:
     return ".".join(p.strip(".") for p in parts if p)
 
@@ -180,7 +192,7 @@ def _problem(err: dict, cls, prefix: str) -> tuple[str | None, str]:
     key = _join(prefix, *loc) or None
     if err["type"] in ("unexpected_keyword_argument", "extra_forbidden"):
         where = ".".join(loc[:-1]) or "the config"
-        return key, f"unknown key; known keys of {where}: {sorted(_fields_at(cls, tuple(loc[:-1])))}"
+        return key, _unknown_key(loc[-1], _fields_at(cls, tuple(loc[:-1])), where)
     reason = re.sub(r"^(Value error, |Input should be )", "", err["msg"])
     if err["type"] != "value_error":
         reason = f"must be {reason}" if err["msg"].startswith("Input should be") else reason
@@ -288,23 +300,31 @@ def _blame(key: str | None, path, overrides: list[str]) -> str:
     return f"{path}: " if path else ""
 
 
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """The mapping a YAML config file holds (an empty file: none); a missing file, a folder, a
+    file that is not UTF-8 text (an image, an archive), invalid YAML or a top level that is not a
+    mapping raises :class:`ConfigError` naming the file."""
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(f"{p}: config file not found")
+    if p.is_dir():
+        raise ConfigError(f"{p}: a folder, not a config file")
+    try:
+        data = load_yaml(p.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{p}: not a YAML config file (byte {e.start} is not UTF-8 text)") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p}: invalid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: expected a mapping at the top level")
+    return data
+
+
 def load_config(cls, path: str | Path | None = None, overrides: list[str] | None = None):
     """Read a YAML file (a missing file is an error), apply ``key=value`` overrides, and build
     ``cls`` with :func:`from_dict`. An error names the ``--set`` item that gave the bad value,
     or else the file."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        p = Path(path)
-        if not p.exists():
-            raise ConfigError(f"{p}: config file not found")
-        if p.is_dir():
-            raise ConfigError(f"{p}: a folder, not a config file")
-        try:
-            data = load_yaml(p.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{p}: invalid YAML: {e}") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"{p}: expected a mapping at the top level")
+    data = read_config_file(path) if path is not None else {}
     data = apply_overrides(data, overrides or [])
     try:
         return from_dict(cls, data)

@@ -47,6 +47,7 @@ from gmc.settings import (
     json_schema,
     keys_of,
     load_yaml,
+    read_config_file,
     settings,
     to_dict,
 )
@@ -462,13 +463,4 @@ def plain_config(sweep: Sweep) -> dict[str, Any]:
 
 def load_file(path: str | Path) -> Sweep:
     """:func:`load` of a YAML file (``config.yaml`` or a preset); a missing or unreadable file is named."""
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"{p}: no such config file")
-    try:
-        data = load_yaml(p.read_text())
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{p}: invalid YAML: {e}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{p}: expected a mapping at the top level")
-    return load(data, str(p))
+    return load(read_config_file(path), str(path))

@@ -71,6 +71,30 @@ def test_logging_is_configured(tmp_path, make_run_dir):
     )
     assert done.returncode == 0, done.stderr
     assert re.search(r"INFO gmc\.run\.tracking: .*seed~0 -> MLflow run \w+ \(3 new steps\)", done.stderr)
+    assert len(re.findall("MLflow run", done.stdout + done.stderr)) == 1  # once, not echoed by a second handler
+
+
+def test_an_option_a_subcommand_lacks_gets_its_usage_and_the_set_it_means(capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["train", "--steps", "3", "--out", "r"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.startswith("usage: gmc train ") and "{theory," not in err
+    assert err.strip().splitlines()[-1] == (
+        "gmc train: error: unrecognized arguments: --steps 3 (a setting goes in --set KEY=VALUE: --set steps=3)"
+    )
+    with pytest.raises(SystemExit):
+        main(["train", "--out", "r", "--group-size=4"])
+    assert capsys.readouterr().err.strip().endswith("(a setting goes in --set KEY=VALUE: --set group_size=4)")
+
+
+def test_an_unknown_key_far_from_every_key_lists_them():
+    from gmc.run.config import TrainConfig
+    from gmc.settings import ConfigError, from_dict
+
+    with pytest.raises(ConfigError, match=r"^zzz: unknown key; none of the \d+ keys of the config is close to it: \["):
+        from_dict(TrainConfig, {"zzz": 1})
+    with pytest.raises(ConfigError, match=r"^sampling.max_new_token: unknown key; did you mean 'max_new_tokens'\?$"):
+        from_dict(TrainConfig, {"sampling": {"max_new_token": 1}})
 
 
 @pytest.mark.parametrize(
@@ -164,7 +188,15 @@ def _bad_inputs(tmp_path):
     with tarfile.open(stray, "w:gz") as tar:
         tar.add(tmp_path / "a.yaml", arcname="a.yaml")
     missing = tmp_path / "missing"
+    picture = tmp_path / "pic.png"
+    picture.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00")
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "provenance.json").write_text("{}")
     return [
+        (["train", "--config", str(picture), "--out", str(tmp_path / "r5")], f"{picture}: not a YAML config file"),
+        (["train", "--set", "stpes=3", "--out", str(tmp_path / "r6")], "stpes: unknown key; did you mean 'steps'?"),
+        (["import-results", str(missing), "--results", str(full)], f"{full}: not empty; unpack the archive into a new"),
         (["train", "--out", str(a_file)], f"{a_file}: a file, not a run directory"),
         (["train", "--config", str(folder), "--out", str(tmp_path / "r1")], f"{folder}: a folder, not a config file"),
         (["train", "--config", str(missing), "--out", str(tmp_path / "r2")], f"{missing}: config file not found"),

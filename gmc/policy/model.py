@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from gmc.policy.preflight import check_model_dir
+from gmc.policy.preflight import MODEL_KEY, check_model_dir, hub_reachable, looks_local
 
 log = logging.getLogger(__name__)
 
@@ -41,13 +41,15 @@ def load_policy(
     if dtype not in DTYPES:
         raise ValueError(f"model dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     check_model_dir(name_or_path)  # a local folder lacking weights or tokenizer is named before loading
+    cache_only = not looks_local(name_or_path) and not hub_reachable()
     try:
-        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
-        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=DTYPES[dtype])
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path, local_files_only=cache_only)
+        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=DTYPES[dtype], local_files_only=cache_only)
     except OSError as e:
+        why = "not a local folder, not in the Hugging Face cache, and the hub cannot be reached" if cache_only else e
         raise OSError(
-            f"cannot load model {name_or_path!r}: {e}. Offline? Point model at a local folder "
-            "(for example one made by `gmc build-tiny-model`)."
+            f"cannot load model {name_or_path!r}: {why}. Name a local folder instead ({MODEL_KEY}; "
+            "`gmc build-tiny-model --out FOLDER` makes one)."
         ) from e
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:

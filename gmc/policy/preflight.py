@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from pathlib import Path
+from urllib.parse import urlparse
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spiece.model", "vocab.txt")
 """Any one of these holds a tokenizer's vocabulary."""
@@ -32,6 +34,24 @@ def looks_local(name_or_path: str) -> bool:
     )
 
 
+MODEL_KEY = "the key model, --set model=FOLDER (gmc evaluate: --model FOLDER)"
+"""Where a command takes its model, as the errors of a model that cannot be loaded say."""
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the Hugging Face hub's host (``HF_ENDPOINT``) takes a connection within ``timeout``
+    seconds: where it does not, a model is looked up in the local cache only, at once, instead of
+    after the hub client's retries."""
+    from huggingface_hub import constants
+
+    url = urlparse(constants.ENDPOINT)
+    try:
+        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout).close()
+    except OSError:
+        return False
+    return True
+
+
 def check_model_dir(name_or_path: str) -> None:
     """Raise :class:`ModelFolderError` naming what a local model folder lacks; hub ids pass."""
     if not looks_local(name_or_path):
@@ -39,8 +59,8 @@ def check_model_dir(name_or_path: str) -> None:
     folder = Path(name_or_path)
     if not folder.is_dir():
         raise ModelFolderError(
-            f"model folder {folder} not found (make one with `gmc build-tiny-model --out {folder}` "
-            "or `gmc fetch-model`)"
+            f"model folder {folder} not found (make one with `gmc build-tiny-model --out {folder}` or "
+            f"`gmc fetch-model`, or name another: {MODEL_KEY})"
         )
     missing = []
     if not (folder / "config.json").exists():

@@ -97,20 +97,27 @@ STAGES = "stages.md"
 
 def write_stages(bundle: str | Path) -> None:
     """Write :data:`STAGES` from the bundle's provenance, where it records its stages."""
-    provenance = Path(bundle) / PROVENANCE
-    stages = json.loads(provenance.read_text()).get("stages") if provenance.exists() else None
+    stages = recorded_stages(bundle)
     if stages:
         write_text(Path(bundle) / STAGES, stages_markdown(stages))
+
+
+def recorded_stages(results: str | Path) -> list | None:
+    """The time per stage a results folder records in its own :data:`PROVENANCE` (one unpacked from
+    a bundle by :func:`import_results`), else None."""
+    provenance = Path(results) / PROVENANCE
+    return json.loads(provenance.read_text()).get("stages") if provenance.exists() else None
 
 
 def publish(results: str | Path, bundle: str | Path, logs: list[str | Path] = ()) -> int:
     """Write the bundle of the finished sweep in ``results`` to ``bundle`` (replaced whole, atomically)
     with its tables and, given Snakemake's ``logs`` of its run, its time per stage
-    (:func:`stage_times`); returns the number of files. Figures are drawn into it by ``gmc report``."""
+    (:func:`stage_times`), else the stages ``results`` itself records (a folder unpacked from a
+    bundle); returns the number of files. Figures are drawn into it by ``gmc report``."""
     results = Path(results)
     if not (results / "train").is_dir():
         raise FileNotFoundError(f"{results}/train: not a results folder of a finished sweep")
-    stages = stage_times(list(logs)) if logs else None
+    stages = stage_times(list(logs)) if logs else recorded_stages(results)
     with atomic_dir(bundle) as tmp:
         for run in sorted((results / "train").glob("**/seed~*")):
             if Point.find(run) is None or not ((run / SUMMARY).exists() or (run / SHARED).exists()):
@@ -160,12 +167,12 @@ def publish(results: str | Path, bundle: str | Path, logs: list[str | Path] = ()
     return count
 
 
-def export_results(results: str | Path, archive: str | Path) -> int:
-    """The bundle of ``results`` (:func:`publish`) packed into the ``.tar.gz`` ``archive`` (written
-    atomically); returns the number of files."""
+def export_results(results: str | Path, archive: str | Path, logs: list[str | Path] = ()) -> int:
+    """The bundle of ``results`` (:func:`publish`, its time per stage from Snakemake's ``logs``)
+    packed into the ``.tar.gz`` ``archive`` (written atomically); returns the number of files."""
     with tempfile.TemporaryDirectory() as tmp:
         bundle = Path(tmp) / "bundle"
-        count = publish(results, bundle)
+        count = publish(results, bundle, logs)
         with atomic_path(archive) as out, tarfile.open(out, "w:gz") as tar:
             for path in sorted(bundle.rglob("*")):
                 if path.is_file():
@@ -177,7 +184,13 @@ def import_results(archive: str | Path, results: str | Path) -> int:
     """Unpack an archive made by :func:`export_results` under ``results``; returns the number of
     files. An archive that is not a bundle (not a gzip-compressed tar, or without the bundle's
     provenance, runs or tables) is refused before anything is written, naming it and what it
-    lacks; so is a member path outside the folder."""
+    lacks; so is a member path outside the folder, and a folder that already holds files (a
+    second import would overwrite the first's files and mix the two)."""
+    results = Path(results)
+    if results.exists() and any(results.iterdir()):
+        raise FileExistsError(
+            f"{results}: not empty; unpack the archive into a new folder (--results NEW) or remove this one first"
+        )
     try:
         tar = tarfile.open(archive, "r:gz")
     except (tarfile.ReadError, EOFError, OSError) as e:

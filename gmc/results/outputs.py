@@ -101,8 +101,8 @@ FIGURES: dict[str, Output] = {
     "score_vs_delay": Output(
         "gmc.results.figures:score_vs_delay",
         "final score against delay",
-        "Final score against the fixed delay, one panel per group size; horizontal lines: "
-        "the named delay modes, one line style each.",
+        "Final score against the fixed delay, one panel per group size; each named delay mode "
+        "a point of its own marker at its mean consumed staleness.",
     ),
     "reward_vs_step": Output(
         "gmc.results.figures:reward_vs_step",
@@ -113,7 +113,8 @@ FIGURES: dict[str, Output] = {
     "score_vs_group": Output(
         "gmc.results.figures:score_vs_group",
         "final score against group size",
-        "Final score against the group size G, one panel per delay.",
+        "Final score against the group size G, one panel per delay (a sweep of one G: the "
+        "scores at that G, titled as such).",
     ),
     "ratio_diagnostics": Output(
         "gmc.results.figures:ratio_diagnostics",

@@ -76,6 +76,15 @@ def league_display(table: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def league_note(margin: float) -> str:
+    """The league's legend: its cells and what the marks beside an interval say."""
+    return (
+        f"Mean ± half-width [95% interval] over seeds; differences: mean ± half-width (seeds with the "
+        f"mean's sign / seeds paired), * resolved (Holm-adjusted p < {ALPHA} over the league's differences), "
+        f"≈ equivalent within ±{margin} (adjusted likewise). {UNADJUSTED.replace('printed beside it', 'in tables/conclusions.md')}"
+    )
+
+
 def judged_differences(paired: pd.DataFrame, which: str) -> list[str]:
     """One sentence per paired difference of verdict ``which`` (``resolved``, ``equivalent``)."""
     return [
@@ -112,7 +121,7 @@ def conclusions_markdown(table: pd.DataFrame, margin: float) -> str:
         f"differences in one outcome, each test counted once): **resolved** where Holm's adjusted p < {ALPHA}, **equivalent "
         f"within ±{margin}** where two one-sided tests, adjusted likewise, place it inside the margin, "
         "**inconclusive** otherwise. Intervals: 95% over seeds, evaluation noise folded in, "
-        "evaluated scores paired per problem.",
+        f"evaluated scores paired per problem. {UNADJUSTED}",
         "",
     ]
     for (role, outcome, name), fam in table.groupby(["role", "outcome", "table"], sort=False):
@@ -120,7 +129,7 @@ def conclusions_markdown(table: pd.DataFrame, margin: float) -> str:
             f"## {outcome}, {role}: {name} table",
             "",
             f"{fam['family_size'].iloc[0]} tests; the smallest detectable at {POWER:.0%} power after "
-            f"adjustment: ±{fam['detectable'].iloc[0]:.3f}.",
+            f"adjustment: {detectable_text(fam['detectable'].iloc[0])}.",
             "",
         ]
         for r in fam.itertuples():
@@ -277,6 +286,19 @@ def to_latex(table: pd.DataFrame) -> str:
     return latex_table(_display(table))
 
 
+UNADJUSTED = (
+    "An interval is the difference's own, not adjusted for its family; its verdict follows the "
+    "Holm-adjusted p printed beside it, so an interval that excludes 0 can still be inconclusive."
+)
+"""What every table that prints a verdict beside an interval says of the pair."""
+
+
+def detectable_text(mde: float) -> str:
+    """The smallest detectable difference as printed: ``±0.123``, or why there is none (no
+    difference with two seeds has an interval)."""
+    return "none (fewer than two seeds: no interval)" if pd.isna(mde) else f"±{mde:.3f}"
+
+
 PAIRED_NOTE = (
     f"Paired differences at equal (delay, G, seed), and each estimator's cost of staleness "
     "(A: stale − on-policy, the estimator at the row's delay minus itself at delay 0, equal G "
@@ -284,7 +306,7 @@ PAIRED_NOTE = (
     "folded in, evaluated scores paired per problem), (seeds with the mean's sign / seeds paired). "
     "The table's differences in one outcome are a family, each test counted once (a difference "
     "of one shared run is none, two of the same runs are one): * resolved (Holm-adjusted p < "
-    f"{ALPHA}), ≈ equivalent within ±{{margin}} (two one-sided tests, adjusted likewise)."
+    f"{ALPHA}), ≈ equivalent within ±{{margin}} (two one-sided tests, adjusted likewise). {UNADJUSTED}"
 )
 
 
@@ -299,6 +321,6 @@ def paired_markdown(paired: pd.DataFrame, margin: float = AnalysisConfig().equiv
         lines += [f"Smallest difference each family detects at {POWER:.0%} power (after adjustment):", ""]
         for metric, grp in paired.groupby("metric", sort=False):
             m, n, mde = family_detectable(grp)
-            lines.append(f"- {pretty(metric)}: {m} tests, {n} seeds: ±{mde:.3f}")
+            lines.append(f"- {pretty(metric)}: {m} tests, {n} seeds: {detectable_text(mde)}")
         lines.append("")
     return "\n".join(lines) + "\n" + (markdown_table(paired_display(paired)) if len(paired) else "")

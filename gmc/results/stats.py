@@ -214,6 +214,10 @@ class PowerLaw:
         return bool(self.lo <= value <= self.hi)
 
 
+MIN_FIT_POINTS = 3
+"""Points a power law's fit needs (:func:`fit_power_law`: an interval needs a residual degree of freedom)."""
+
+
 def fit_power_law(x, y, y_se=None, level: float = LEVEL) -> PowerLaw:
     """Exponent of ``y ~ x**k`` over the points with ``x, y > 0``: weighted least squares of
     ``log y`` on ``log x`` with weights ``1 / se(log y)²`` (delta method: ``se(y) / y``); the
@@ -231,7 +235,7 @@ def fit_power_law(x, y, y_se=None, level: float = LEVEL) -> PowerLaw:
         keep &= np.isfinite(se) & (se > 0)
     lx, ly = np.log(x[keep]), np.log(y[keep])
     n = len(lx)
-    if n < 3 or np.ptp(lx) == 0:
+    if n < MIN_FIT_POINTS or np.ptp(lx) == 0:
         return PowerLaw(*(math.nan,) * 5, n, math.nan)
     w = np.ones(n) if y_se is None else (y[keep] / se[keep]) ** 2  # 1 / se(log y)^2
     X = np.stack([np.ones(n), lx], axis=1)

@@ -13,6 +13,7 @@ is retrained.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pandas as pd
@@ -28,6 +29,7 @@ from gmc.results.render import (
     conclusions_markdown,
     latex_table,
     league_display,
+    league_note,
     markdown_table,
     paired_display,
     paired_markdown,
@@ -39,6 +41,9 @@ from gmc.results.render import (
 DIAGNOSTICS = ["async/staleness_mean", "ratio/ess_frac", "ratio/shortfall", "time/step_seconds"]
 """Diagnostics table columns; each estimator's own clip statistics (``ratio/frac_*``, named in its
 registry entry and kept in ``summary.json``) go after the staleness."""
+
+
+log = logging.getLogger(__name__)
 
 
 def main_table(runs: pd.DataFrame, base: pd.DataFrame, analysis: AnalysisConfig) -> Rendered:
@@ -88,7 +93,9 @@ def league_table(runs: pd.DataFrame, base: pd.DataFrame, analysis: AnalysisConfi
     if table.empty:
         return Rendered(table, "", "")
     shown = league_display(table)
-    return Rendered(table, markdown_table(shown), latex_table(shown))
+    return Rendered(
+        table, league_note(analysis.equivalence_margin) + "\n\n" + markdown_table(shown), latex_table(shown)
+    )
 
 
 def conclusions_table(runs: pd.DataFrame, base: pd.DataFrame, analysis: AnalysisConfig) -> Rendered:
@@ -104,6 +111,15 @@ def make_tables(results: str | Path) -> dict[str, Rendered]:
     """Every table of :data:`gmc.results.outputs.TABLES` from the runs and evaluations under
     ``results``, with its analysis settings (:func:`gmc.results.outputs.analysis_config`)."""
     runs, base, analysis = collect(results), base_scores(results), analysis_config(results)
+    seeds = runs.groupby(["algorithm", "delay", "group"])["seed"].nunique()
+    if (seeds < 2).any():
+        log.warning(
+            "%s: %d of %d points have fewer than two seeds: their cells have no interval (the mean alone) "
+            "and none of their differences can be resolved; run more seeds (sweep.seed)",
+            results,
+            int((seeds < 2).sum()),
+            len(seeds),
+        )
     return {name: entry.resolve()(runs, base, analysis) for name, entry in TABLES.items()}
 
 

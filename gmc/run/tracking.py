@@ -103,9 +103,22 @@ def _artifact_location(uri: str) -> str | None:
     return None
 
 
+KIND_TAG = "mlflow.experimentKind"
+"""MLflow 3's tag of an experiment's type: its UI opens an experiment without one in the GenAI
+view (traces; "No data" for training runs)."""
+KIND = "custom_model_development"
+"""The type of gmc's experiments, shown as model training: the runs' table, metrics and charts."""
+
+
 def _experiment_id(client, uri: str, name: str) -> str:
+    """The experiment ``name`` (created with its artifacts beside a local store), typed
+    :data:`KIND` unless it already has a type."""
     exp = client.get_experiment_by_name(name)
-    return exp.experiment_id if exp else client.create_experiment(name, artifact_location=_artifact_location(uri))
+    if exp is None:
+        return client.create_experiment(name, artifact_location=_artifact_location(uri), tags={KIND_TAG: KIND})
+    if KIND_TAG not in exp.tags:
+        client.set_experiment_tag(exp.experiment_id, KIND_TAG, KIND)
+    return exp.experiment_id
 
 
 def _find_run(client, experiment_id: str, tag: str, value: str):
@@ -120,7 +133,10 @@ def _sweep_parent(client, experiment_id: str, root: Path, create: bool) -> str |
         return found.info.run_id
     if not create:
         return None
-    return client.create_run(experiment_id, run_name=f"sweep {root.name}", tags={SWEEP_TAG: str(root)}).info.run_id
+    start, _ = sweep_span_ms(root)  # the first run's start where runs exist (an import), else now
+    return client.create_run(
+        experiment_id, start_time=start, run_name=f"sweep {root.name}", tags={SWEEP_TAG: str(root)}
+    ).info.run_id
 
 
 def _run_for(
@@ -249,6 +265,15 @@ def training_span_ms(records: list[dict[str, Any]]) -> tuple[int | None, int | N
     return int((first["time"] - float(first.get("time/step_seconds", 0.0))) * 1000), int(timed[-1]["time"] * 1000)
 
 
+def sweep_span_ms(results: str | Path) -> tuple[int | None, int | None]:
+    """When the sweep in ``results`` trained: the earliest start and the latest end of its runs
+    (:func:`training_span_ms` of every ``train/**/metrics.jsonl``); ``(None, None)`` without
+    timed lines."""
+    spans = [training_span_ms(read_jsonl(path)) for path in sorted(Path(results).glob(f"train/**/{METRICS}"))]
+    starts, ends = [a for a, _ in spans if a is not None], [b for _, b in spans if b is not None]
+    return (min(starts) if starts else None), (max(ends) if ends else None)
+
+
 def _shared_source(run_dir: Path) -> tuple[Path, Path, str]:
     """For a sweep's point that shares another point's run: the run directory that trained it,
     the point's own resolved config (``<results>/configs/train/<point>.yaml``) and the trained
@@ -263,12 +288,28 @@ def _shared_source(run_dir: Path) -> tuple[Path, Path, str]:
     return root / "train" / trained, root / "configs" / "train" / f"{point}.yaml", trained
 
 
+def _refuse_bundle(results: Path | None) -> None:
+    """A published bundle, or a results folder unpacked from one (``gmc import-results``), keeps of
+    each run its reward curve without timestamps, its config and its scores: in MLflow its runs
+    would be a curve and two scores each, a few milliseconds long. It is refused, naming what to
+    read instead."""
+    from gmc.results.bundles import PROVENANCE
+
+    if results is not None and (results / PROVENANCE).exists():
+        raise ValueError(
+            f"{results}: a published bundle ({PROVENANCE}), which keeps of each run only its reward curve, "
+            "without timestamps, and its scores: not an MLflow record; read its tables and figures "
+            f"(gmc report --results {results}), or import the sweep's own results folder"
+        )
+
+
 def sync_run(run_dir: str | Path, uri: str | None = None, experiment: str | None = None) -> str:
     """Import a run directory into MLflow, or bring its earlier import up to date (new steps,
     evaluation scores, files, status); a sweep's point that shares another's run
     (``shared.json``) is imported as a run of its own (its config, the shared run's metrics and
     scores, tag ``gmc.shared_with``). Returns the MLflow run id."""
     run_dir = Path(run_dir)
+    _refuse_bundle(sweep_root(run_dir))
     source, cfg_path, tags = run_dir, run_dir / CONFIG, {}
     if (run_dir / SHARED).exists():
         source, cfg_path, trained = _shared_source(run_dir)
@@ -312,6 +353,7 @@ def sync_sweep(results: str | Path, uri: str | None = None, experiment: str | No
     seed has its own base model, ``eval/base/seed~<s>`` as ``seed-<s>/eval/...``, since MLflow
     refuses ``~``) and it is marked finished."""
     results = Path(results).resolve()
+    _refuse_bundle(results)
     uri = resolve_uri(uri)
     client = _client(uri)
     exp_id = _experiment_id(client, uri, resolve_experiment(experiment))
@@ -321,5 +363,5 @@ def sync_sweep(results: str | Path, uri: str | None = None, experiment: str | No
         _log_new_scores(client, client.get_run(parent), base, 0)
         for seed_dir in sorted(base.glob("seed~*")):
             _log_new_scores(client, client.get_run(parent), seed_dir, 0, prefix=seed_dir.name.replace("~", "-") + "/")
-        client.set_terminated(parent, "FINISHED")
+        client.set_terminated(parent, "FINISHED", end_time=sweep_span_ms(results)[1])
     return parent

@@ -498,15 +498,8 @@ class Trainer:
                         self.save_checkpoint()
                         last_checkpoint = self.clock()
                     if STOP.received and self.step < cfg.steps:
-                        name = STOP.name
-                        log.warning(
-                            "%s: stopped by %s after step %d; checkpoint written; resume with --resume",
-                            self.out,
-                            name,
-                            self.step,
-                        )
-                        raise Preempted(
-                            f"stopped by {name} after step {self.step} of {cfg.steps}; the checkpoint "
+                        raise Preempted(  # the command prints it: one line, not a log line beside it
+                            f"stopped by {STOP.name} after step {self.step} of {cfg.steps}; the checkpoint "
                             f"is written: continue with gmc train --resume --out {self.out}"
                         )
             with atomic_dir(self.out / "model") as tmp:

@@ -13,8 +13,14 @@ import numpy as np
 import pandas as pd
 
 from gmc.io import write_text
-from gmc.results.figures import ALGORITHM_COLORS, LEGEND_INSIDE, panel_row, save_both, spread
+from gmc.results.figures import ALGORITHM_COLORS, LEGEND_INSIDE, algorithm_styles, panel_row, save_both, spread
 from gmc.results.outputs import GRADIENT_LAB_TABLES
+from gmc.results.stats import MIN_FIT_POINTS
+
+MARKERS = (
+    "dots and bars: the estimate and its 95% interval over batches where it excludes 0; ▼: its upper bound where not"
+)
+"""How the figures of :func:`_errorbar` draw a value, said on each of them."""
 
 
 def _errorbar(ax, grp, x: str, y: str, **kwargs) -> None:
@@ -193,6 +199,7 @@ def lab_figures(tables: dict[str, pd.DataFrame], out: Path) -> list[Path]:
     main = rows[~rows["eps_row"]]
     written = []
     delays = sorted(main["delay"].unique())
+    styles = algorithm_styles(main)  # a league's estimators in colours and line styles of their own
     fig, axes = panel_row(len(delays), 3.8, sharey=True)
     for ax, d in zip(axes, delays):
         for algorithm, grp in main[main["delay"] == d].groupby("algorithm", sort=False):
@@ -201,7 +208,8 @@ def lab_figures(tables: dict[str, pd.DataFrame], out: Path) -> list[Path]:
                 grp.sort_values("G"),
                 "G",
                 "bias",
-                color=ALGORITHM_COLORS[algorithm],
+                color=styles[algorithm]["color"],
+                ls=styles[algorithm]["ls"],
                 label=algorithm,
                 lw=2 if algorithm in ("tic", "gmc") else 0.8,
             )
@@ -212,8 +220,7 @@ def lab_figures(tables: dict[str, pd.DataFrame], out: Path) -> list[Path]:
     many = main["algorithm"].nunique() > LEGEND_INSIDE
     axes[-1].legend(fontsize=6, **({"loc": "center left", "bbox_to_anchor": (1.02, 0.5)} if many else {}))
     fig.suptitle(
-        "Bias of each estimator against its on-policy target, tiny model; bars: 95% intervals over "
-        "batches, triangles: upper bounds where unresolved",
+        f"Bias of each estimator against its on-policy target, tiny model\n{MARKERS}",
         fontsize=9,
     )
     written += save_both(fig, out, "gradient_bias_vs_G")
@@ -225,11 +232,11 @@ def lab_figures(tables: dict[str, pd.DataFrame], out: Path) -> list[Path]:
             & (claims["algorithm"] == algorithm)
             & (claims["at"] == at)
         ]
-        return (
-            f": {k.iloc[0].exponent:.2f} [{k.iloc[0].lo:.2f}, {k.iloc[0].hi:.2f}]"
-            if len(k) and pd.notna(k.iloc[0].exponent)
-            else ""
-        )
+        if not len(k):
+            return ""
+        if pd.notna(k.iloc[0].exponent):
+            return f": exponent {k.iloc[0].exponent:.2f} [{k.iloc[0].lo:.2f}, {k.iloc[0].hi:.2f}]"
+        return f": no exponent (resolved points: {k.iloc[0].n_points}; a fit needs {MIN_FIT_POINTS})"
 
     fig, axes = panel_row(len(delays), 3.8, sharey=True)
     for ax, d in zip(axes, delays):
@@ -251,7 +258,8 @@ def lab_figures(tables: dict[str, pd.DataFrame], out: Path) -> list[Path]:
         ax.legend(fontsize=6)
     axes[0].set_ylabel("excess over IS ||E (g - g_is)||")
     fig.suptitle(
-        "Claims 2-3: the cap's bias over uncapped IS against G (paired batches); legend: fitted exponent, 95% interval",
+        f"Claims 2-3: the cap's bias over uncapped IS against G (paired batches); legend: fitted exponent "
+        f"[95% interval]\n{MARKERS}",
         fontsize=9,
     )
     written += save_both(fig, out, "gradient_excess_vs_G")
@@ -275,7 +283,7 @@ def lab_figures(tables: dict[str, pd.DataFrame], out: Path) -> list[Path]:
     axes[0].set_xlabel("eps (cap 1+eps)")
     axes[0].set_ylabel("excess over IS ||E (g - g_is)||")
     axes[0].legend(fontsize=7)
-    fig.suptitle("Claim 1: the cap's bias against eps", fontsize=9)
+    fig.suptitle(f"Claim 1: the cap's bias against eps; legend: fitted exponent [95% interval]\n{MARKERS}", fontsize=8)
     written += save_both(fig, out, "gradient_excess_vs_eps")
     return written
 

@@ -30,5 +30,23 @@ def test_model_folders_are_checked_before_loading(tmp_path, tiny_model_dir):
         load_policy(
             broken("empty", lambda f: [p.unlink() for p in f.iterdir() if not p.name.startswith("tok")]), device="cpu"
         )
-    with pytest.raises(ModelFolderError, match="not found"):
+    with pytest.raises(ModelFolderError, match=r"not found .* name another: the key model, --set model=FOLDER"):
         load_policy(str(tmp_path / "nowhere" / "tiny"), device="cpu")
+
+
+def test_a_hub_name_offline_fails_at_once_naming_the_key(monkeypatch, tmp_path):
+    """Where the hub cannot be reached, a name that is no local folder is looked up in the cache
+    only: the error comes at once (no retries) and names the key ``model``."""
+    import time
+
+    import gmc.policy.model as model
+
+    monkeypatch.setattr(model, "hub_reachable", lambda: False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path))  # an empty cache
+    start = time.monotonic()
+    with pytest.raises(
+        OSError,
+        match=r"'models/tiny': not a local folder, .* Name a local folder instead \(the key model, --set model=FOLDER",
+    ):
+        model.load_policy("models/tiny", device="cpu")
+    assert time.monotonic() - start < 20

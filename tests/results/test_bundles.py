@@ -41,6 +41,15 @@ def test_an_exported_archive_is_the_bundle_and_imports_back(bundle, tmp_path):
     assert {p.relative_to(tmp_path / "elsewhere") for p in (tmp_path / "elsewhere").rglob("*") if p.is_file()} == files
     for path in files - {Path(PROVENANCE)}:  # its date is the export's
         assert (tmp_path / "elsewhere" / path).read_bytes() == (bundle / path).read_bytes(), path
+    # a folder unpacked from a bundle exports again with its time per stage, and takes no second import
+    stages = json.loads((REPO / "published" / "default" / PROVENANCE).read_text())["stages"]
+    provenance = json.loads((tmp_path / "elsewhere" / PROVENANCE).read_text())
+    (tmp_path / "elsewhere" / PROVENANCE).write_text(json.dumps({**provenance, "stages": stages}))
+    export_results(tmp_path / "elsewhere", tmp_path / "again.tar.gz")
+    with tarfile.open(tmp_path / "again.tar.gz") as tar:
+        assert tar.extractfile("stages.md").read().decode() == (REPO / "published/default/stages.md").read_text()
+    with pytest.raises(FileExistsError, match="elsewhere: not empty"):
+        import_results(archive, tmp_path / "elsewhere")
     unsafe = tmp_path / "unsafe.tar.gz"
     with tarfile.open(unsafe, "w:gz") as tar:
         tar.add(archive, arcname="../outside.tar.gz")

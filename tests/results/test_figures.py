@@ -23,7 +23,7 @@ def test_figures_show_intervals_over_seeds(tmp_path):
     figures._score_column(frame)
     fig, ax = plt.subplots()
     gmc = figures._numeric_delays(frame[frame.algorithm == "gmc"])
-    figures._line_by_algorithm(ax, gmc, "delay", "score", "score_se")
+    figures._line_by_algorithm(ax, gmc, "delay", "score", figures.algorithm_styles(gmc), "score_se")
     bars = ax.containers[0]  # errorbar container: (line, caps, bar collections)
     segs = bars.lines[2][0].get_segments()
     half = {int(float(seg[0][0])): (seg[1][1] - seg[0][1]) / 2 for seg in segs}
@@ -93,3 +93,50 @@ def test_a_variant_is_drawn_in_its_estimators_colour_and_marker_dashed_and_open(
     assert to_hex(variant.get_color()) == to_hex(base.get_color()) == to_hex(gmc.color)
     assert variant.get_marker() == base.get_marker() and variant.get_linestyle() == "--"
     assert variant.get_markerfacecolor() == "white" and base.get_markerfacecolor() != "white"
+
+
+def test_coinciding_points_are_apart_intervals_cut_at_0_and_1_and_league_styles_distinct():
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from gmc.estimators import REGISTRY
+    from gmc.results.figures import _apart, _line_by_algorithm, algorithm_styles
+
+    same = pd.DataFrame({"algorithm": ["tic", "gmc", "grpo"], "x": [0.0, 0.0, 0.0]})
+    assert _apart(same, log_x=False).nunique() == 3 and _apart(same, log_x=True).nunique() == 3
+    fig, ax = plt.subplots()
+    wide = pd.DataFrame({"algorithm": "tic", "delay": "0", "seed": [0, 1], "x": 0.0, "score": [0.0, 0.95]})
+    _line_by_algorithm(ax, wide, "x", "score", algorithm_styles(wide))
+    ys = [y for c in ax.collections for seg in c.get_segments() for _, y in seg]
+    assert min(ys) == 0.0 and max(ys) == 1.0  # the t-interval of two seeds reaches far past both
+    plt.close(fig)
+    styles = algorithm_styles(pd.DataFrame({"algorithm": list(REGISTRY)}))  # a league: distinct styles
+    assert len({(s["color"], s["marker"], str(s["ls"])) for s in styles.values()}) == len(REGISTRY)
+    assert len({s["color"] for s in styles.values()}) == min(len(REGISTRY), 18)
+
+
+def test_score_vs_delay_puts_a_named_mode_at_its_mean_staleness_and_names_a_shared_run(tmp_path, monkeypatch):
+    """On the default bundle: the latency model is one point at its mean consumed staleness (not a
+    line across every delay), and gmc at delay 0, tic's run, is labelled so and drawn beside it."""
+    import matplotlib.pyplot as plt
+    from helpers import REPO
+
+    from gmc.results import figures
+    from gmc.results.collect import collect
+
+    bundle = REPO / "published" / "default"
+    frame = collect(bundle)
+    latency = frame[frame["delay"] == "latency"]["run_dir"]
+    mean = figures.consumed_staleness(latency).mean()
+    drawn = {}
+    monkeypatch.setattr(figures, "save_both", lambda fig, out, stem: drawn.setdefault(stem, fig) and [])
+    figures.score_vs_delay(frame, tmp_path)
+    (ax,) = drawn["score_vs_delay"].axes
+    labels = [c.get_label() for c in ax.containers]
+    assert "GMC-GRPO (n = 5) (TIC-GRPO's run at d = 0)" in labels
+    (point,) = [c for c in ax.containers if "latency model at its mean staleness" in c.get_label()]
+    assert abs(point.lines[0].get_xdata()[0] - mean) < 0.1 * mean and f"{mean:.1f}" in point.get_label()
+    assert not [line for line in ax.get_lines() if len(set(line.get_ydata())) == 1 and len(line.get_xdata()) == 2]
+    at_zero = {c.get_label().split(" (")[0]: c.lines[0].get_xdata()[0] for c in ax.containers[:3]}
+    assert at_zero["GMC-GRPO"] != at_zero["TIC-GRPO"]
+    plt.close("all")

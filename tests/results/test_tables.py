@@ -254,3 +254,18 @@ def test_a_variant_is_compared_with_its_estimator(tmp_path):
     paired = write_tables(r)["paired"]
     row = paired[(paired.comparison == "gmc_tis − gmc") & (paired.metric == "eval/synthetic/greedy")].iloc[0]
     assert row["diff"] == pytest.approx(((0.60 - 0.50) + (0.66 - 0.52) + (0.62 - 0.48)) / 3)
+
+
+def test_a_point_of_one_seed_warns_and_prints_no_nan(caplog):
+    """The gradient lab's bundle trains one point on one seed: the tables say it has no interval."""
+    from helpers import REPO
+
+    from gmc.results.render import detectable_text
+    from gmc.results.tables import make_tables
+
+    with caplog.at_level("WARNING", logger="gmc.results.tables"):
+        tables = make_tables(REPO / "published" / "gradient_lab")
+    assert "1 of 1 points have fewer than two seeds: their cells have no interval" in caplog.text
+    assert not any("nan" in t.markdown for t in tables.values())
+    assert detectable_text(float("nan")) == "none (fewer than two seeds: no interval)"
+    assert detectable_text(0.1234) == "±0.123"

@@ -371,3 +371,32 @@ def test_workflow_logs_live_only_when_a_tracking_uri_is_set(tmp_path):
     assert _run_tracking(tmp_path, env=env) == ("http://127.0.0.1:5001", "mine")
     # the config wins over the environment
     assert _run_tracking(tmp_path, "tracking_uri=http://h:1", "experiment=x", env=env) == ("http://h:1", "x")
+
+
+def test_the_sweep_parent_spans_its_runs_and_the_experiment_is_typed_for_training(tmp_path, make_run_dir):
+    """Imported after the sweep, the parent run starts with the first run's first step and ends
+    with the last run's last step; the experiment carries MLflow 3's type of model training."""
+    from gmc.run.tracking import KIND, KIND_TAG
+
+    results = tmp_path / "results"
+    early = make_run_dir(results, algo="tic", steps=3, start=1.7e9)
+    late = make_run_dir(results, algo="grpo", steps=5, start=1.7e9 + 600)
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    parent = sync_sweep(results, uri)
+    for run_dir in (early, late):
+        sync_run(run_dir, uri)
+    sync_sweep(results, uri, finish=True)
+    client = MlflowClient(tracking_uri=uri)
+    info = client.get_run(parent).info
+    assert (info.start_time, info.end_time) == (int(1.7e9 * 1000), int((1.7e9 + 604) * 1000))
+    assert client.get_experiment_by_name("gmc").tags[KIND_TAG] == KIND
+
+
+def test_a_published_bundle_is_refused_naming_what_to_read(tmp_path, make_run_dir):
+    results = tmp_path / "bundle"
+    run_dir = make_run_dir(results)
+    (results / "provenance.json").write_text("{}")
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    for sync in (lambda: sync_run(run_dir, uri), lambda: sync_sweep(results, uri)):
+        with pytest.raises(ValueError, match=r"bundle: a published bundle .*\(gmc report --results "):
+            sync()

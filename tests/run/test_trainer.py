@@ -150,6 +150,7 @@ def test_a_stop_signal_checkpoints_at_the_step_boundary_and_the_resume_equals_th
     step = torch.load(stopped / "checkpoint.pt", weights_only=False)["step"]
     assert 2 <= step < 8 and len(read_jsonl(stopped / "metrics.jsonl")) == step
     assert f"stopped by {signal.Signals(signum).name} after step {step} of 8" in err
+    assert err.count("stopped by") == 1, err  # one line, not a log line beside the command's
     assert f"continue with gmc train --resume --out {stopped}" in err
     resume = [sys.executable, "-m", "gmc", "train", "--resume", "--out", str(stopped)]  # the folder's own config
     subprocess.run(resume, check=True, env=env, capture_output=True)
