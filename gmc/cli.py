@@ -327,7 +327,7 @@ MASTERS = {True: " over float32 masters", "optimizer": " live, float32 masters i
 
 
 def _quickstart(args: argparse.Namespace) -> None:
-    from gmc.run.quickstart import quickstart
+    from gmc.quickstart import quickstart
 
     quickstart(args.out, args.published, args.data_root)
 

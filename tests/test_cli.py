@@ -165,6 +165,7 @@ def _bad_inputs(tmp_path):
         tar.add(tmp_path / "a.yaml", arcname="a.yaml")
     missing = tmp_path / "missing"
     return [
+        (["quickstart", "--out", str(tmp_path)], f"{tmp_path}: holds files already"),
         (["train", "--out", str(a_file)], f"{a_file}: a file, not a run directory"),
         (["train", "--config", str(folder), "--out", str(tmp_path / "r1")], f"{folder}: a folder, not a config file"),
         (["train", "--config", str(missing), "--out", str(tmp_path / "r2")], f"{missing}: config file not found"),

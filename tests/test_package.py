@@ -90,8 +90,8 @@ ROOMS = ("tasks", "estimators", "policy", "rollouts", "run", "sweep", "results",
 """The subpackages in the order data flows; a module imports from its own room and those before it."""
 GROUND = ("gmc.settings", "gmc.io", "gmc.stop")
 """Top-level modules every room may import; they import none of the rooms."""
-ROOF = ("gmc.cli", "gmc.__main__", "gmc.workflow")
-"""The entry points above every room: the command line and what the Snakemake workflow reads."""
+ROOF = ("gmc.cli", "gmc.__main__", "gmc.workflow", "gmc.quickstart")
+"""The entry points above every room: the command line, its quick start and what the Snakemake workflow reads."""
 
 
 def room(module: str) -> int:
