@@ -34,6 +34,11 @@ if [ -n "$left" ]; then
     echo "test-install: pip install . left $left in the tree" >&2
     exit 1
 fi
+installed=$(cd / && "$DIR/venv/bin/python" -c "import gmc; print(gmc.__file__)")
+case "$installed" in
+    "$DIR/venv/"*) ;;
+    *) echo "test-install: gmc imports from $installed, not the environment" >&2; exit 1 ;;
+esac
 cd "$DIR/src"
 "$DIR/venv/bin/gmc" plan-memory --preset workflow/presets/paper.yaml
 start=$(date +%s)

@@ -400,6 +400,20 @@ def test_a_documented_sweep_runs_as_printed_without_an_activated_environment(tmp
 
 
 @pytest.mark.slow
+def test_the_python_page_runs_as_written(tmp_path):
+    """docs/python.md's examples, one after another as one script in a fresh folder, as the page
+    says: each prints what it says and the tables hold both runs."""
+    code = "\n".join(re.findall(r"^```python\n(.*?)^```", (DOCS / "python.md").read_text(), re.S | re.M))
+    assert code.count("\n") > 40
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "group_size: must be greater than or equal to 2, got 1" in done.stdout
+    assert "algo~gmc/delay~2/group~4/seed~0 mean staleness" in done.stdout
+    main = (tmp_path / "results" / "python" / "tables" / "main.md").read_text()
+    assert "| gmc | 2 | 4 |" in main and "| grpo | 2 | 4 |" in main, main
+
+
+@pytest.mark.slow
 def test_the_cheap_examples_of_the_docs_run_as_written(tmp_path):
     """In a folder holding what a fresh clone holds (:func:`fresh_clone`), with gmc and snakemake
     on the PATH."""
