@@ -23,7 +23,6 @@ def small(monkeypatch):
     monkeypatch.setattr(qs, "WINDOW", 1)
 
 
-@pytest.mark.slow
 def test_the_quick_start_makes_what_it_prints(tmp_path, small, capsys):
     out = tmp_path / "qs"
     qs.quickstart(out, REPO / "published" / "default", data_root=tmp_path / "nodata")
