@@ -10,11 +10,16 @@ import gmc.workflow
 
 min_version("9.0")
 
+
 # the jobs run `python -m gmc`: the folder of the interpreter that runs Snakemake (and imported gmc
 # above) goes first on their PATH, so `.venv/bin/snakemake` needs no activated environment; a job's
-# conda environment (--sdm conda) still comes before it, and a SLURM job inherits it (sbatch's --export=ALL)
+# conda environment (--sdm conda) still comes before it, and a SLURM job is handed it (envvars)
+envvars:
+    "PATH",
+
+
 os.environ["PATH"] = os.pathsep.join(
-    [str(Path(sys.executable).parent), os.environ.get("PATH", "")]
+    [str(Path(sys.executable).parent), os.environ["PATH"]]
 )
 
 
