@@ -365,6 +365,17 @@ def test_every_documented_sweep_names_its_interpreter_and_real_files():
             assert (REPO / path).exists(), f"{where}: {command!r} names {path}, which does not exist"
 
 
+def test_getting_started_quotes_the_paper_plans_peak(capsys):
+    """The peak getting started gives for the paper preset is the one ``gmc plan-memory`` prints."""
+    from gmc.cli import build_parser
+
+    preset = str(REPO / "workflow/presets/paper.yaml")
+    args = build_parser().parse_args(["plan-memory", "--preset", preset, "--gpu-gib", "79.6"])
+    assert args.func(args) == 0
+    peak = re.search(r"fits \(peak ([\d.]+) GiB", capsys.readouterr().out)[1]
+    assert f"the plan's peak is {peak} GiB" in (DOCS / "getting-started.md").read_text()
+
+
 def fresh_clone(folder: Path) -> Path:
     """``folder`` holding what a fresh clone holds, the published bundles copied (a command may
     redraw one), the rest linked."""
