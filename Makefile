@@ -4,12 +4,12 @@ PYTHON ?= python3
 VENV ?= .venv
 # CPU torch first, so that nothing pulls a multi-GB CUDA build; GPU machines: make TORCH=torch==2.14.0 EXTRAS=dev,ray,gpu
 TORCH ?= torch==2.13.0
-EXTRAS ?= dev,ray
+EXTRAS ?= dev,ray,docs
 CORES ?= all
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run unlock report html-report publish check-reproduction test test-fast test-slurm test-vllm test-peers test-paper-smoke lint docs clean
+.PHONY: install run unlock report html-report publish check-reproduction test test-fast test-slurm test-vllm test-peers test-paper-smoke test-install lint docs clean
 
 install: $(STAMP)
 
@@ -102,6 +102,13 @@ test-paper-smoke: $(STAMP)
 	GMC_PAPER_SMOKE_RESULTS=$$dir/results/paper_smoke $(BIN)/python -m pytest -q tests/e2e/test_paper_smoke.py && \
 	rm -rf $$dir
 
+# gmc as a user installs it without this Makefile (.ci/install.sh): a copy of the clone's files, a fresh
+# virtual environment in a temporary folder, CPU torch, then `pip install .`; there the paper preset's
+# memory plan and `gmc quickstart`, which must finish within QUICKSTART_LIMIT seconds
+QUICKSTART_LIMIT ?= 300
+test-install:
+	GMC_DATA_ROOT="$(GMC_DATA_ROOT)" PYTHON=$(PYTHON) TORCH="$(TORCH)" QUICKSTART_LIMIT=$(QUICKSTART_LIMIT) .ci/install.sh
+
 # the sweep through profiles/slurm on a one-node SLURM started on this machine (needs
 # root; installs Debian's SLURM, munge and MariaDB first; every daemon is stopped at the end)
 SLURM_PACKAGES := slurm-wlm munge slurmdbd mariadb-server
@@ -119,10 +126,20 @@ lint: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" snakemake --lint
 
 # the documentation site (mkdocs.yml, docs/) into site/; a warning (a broken link, a page missing
-# from the navigation) fails the build
-docs: $(STAMP)
-	$(BIN)/python -c "import mkdocs, material, mkdocstrings_handlers.python" 2>/dev/null || $(BIN)/python -m pip install -q -e ".[$(EXTRAS),docs]"
-	$(BIN)/mkdocs build --strict --site-dir site
+# from the navigation) fails the build. Its own small environment, $(DOCS_VENV), holds the docs
+# extra's packages alone: the build reads the code statically (no torch, no gmc installed)
+DOCS_VENV ?= .venv-docs
+DOCS_STAMP := $(DOCS_VENV)/.installed
+
+$(DOCS_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(DOCS_VENV)
+	$(DOCS_VENV)/bin/python -m pip install -q --upgrade pip
+	$(PYTHON) -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['docs'], sep='\n')" > $(DOCS_VENV)/requirements.txt
+	$(DOCS_VENV)/bin/python -m pip install -q -r $(DOCS_VENV)/requirements.txt
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	$(DOCS_VENV)/bin/mkdocs build --strict --site-dir site
 
 clean:
 	rm -rf results .snakemake site

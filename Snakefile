@@ -1,10 +1,26 @@
 # gmc: asynchronous RL post-training with group-mass capping.
 # data -> base model -> one training run per sweep point -> evaluation -> MLflow -> tables -> figures -> report
+import os
+import sys
+from pathlib import Path
+
 from snakemake.utils import min_version
 
 import gmc.workflow
 
 min_version("9.0")
+
+
+# the jobs run `python -m gmc`: the folder of the interpreter that runs Snakemake (and imported gmc
+# above) goes first on their PATH, so `.venv/bin/snakemake` needs no activated environment; a job's
+# conda environment (--sdm conda) still comes before it, and a SLURM job is handed it (envvars)
+envvars:
+    "PATH",
+
+
+os.environ["PATH"] = os.pathsep.join(
+    [str(Path(sys.executable).parent), os.environ["PATH"]]
+)
 
 
 # a preset given with --configfile is the whole science: config.yaml is read only without one

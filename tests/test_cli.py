@@ -197,6 +197,7 @@ def _bad_inputs(tmp_path):
         (["train", "--config", str(picture), "--out", str(tmp_path / "r5")], f"{picture}: not a YAML config file"),
         (["train", "--set", "stpes=3", "--out", str(tmp_path / "r6")], "stpes: unknown key; did you mean 'steps'?"),
         (["import-results", str(missing), "--results", str(full)], f"{full}: not empty; unpack the archive into a new"),
+        (["quickstart", "--out", str(tmp_path)], f"{tmp_path}: holds files already"),
         (["train", "--out", str(a_file)], f"{a_file}: a file, not a run directory"),
         (["train", "--config", str(folder), "--out", str(tmp_path / "r1")], f"{folder}: a folder, not a config file"),
         (["train", "--config", str(missing), "--out", str(tmp_path / "r2")], f"{missing}: config file not found"),

@@ -5,6 +5,7 @@ a published bundle is the bundle's, and the site shows the docstrings' reST role
 code, never as text."""
 
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -296,6 +297,7 @@ NOT_RUN = {
     r"^gmc theory --out results/theory$": "the full lab, minutes (its --quick form runs)",
     r"^gmc gradient-lab --history": "needs a finished history (tests/theory/test_gradients.py runs the lab on one)",
     r"^gmc train ": "needs the default model (make run builds it)",
+    r"^gmc quickstart$": "minutes (make test-install runs it as installed; tests/test_quickstart.py a shortened one)",
     r"^gmc prepare-data": "downloads, or reads a data root a test does not have",
     r"^gmc/ ": "not a command (a folder listing)",
 }
@@ -329,13 +331,104 @@ def test_every_example_of_the_docs_is_run_or_says_what_it_needs():
     assert RUN_AS_WRITTEN <= {command for _, command in examples}, "an example the test runs is gone from the docs"
 
 
+SWEEP_LINE = re.compile(r"^[#\s]*(?:Use with: )?((?:\S+/)?snakemake) (.*)$")
+"""A sweep command: a line of a code block, or of a preset's header, that runs Snakemake."""
+
+
+def documented_sweeps() -> list[tuple[str, str, bool]]:
+    """Each sweep command of README.md, the docs pages and the presets' headers, as printed:
+    (where, command, whether its code block activated the environment before it)."""
+    found = []
+    for page in [README, *doc_pages(), *sorted((REPO / "workflow" / "presets").glob("*.yaml"))]:
+        in_block, activated = page.suffix == ".yaml", False
+        for number, line in enumerate(page.read_text().splitlines(), 1):
+            if line.strip().startswith("```"):
+                in_block, activated = not in_block, False
+            elif in_block and "source .venv/bin/activate" in line:
+                activated = True
+            elif in_block and (m := SWEEP_LINE.match(line)):
+                found.append(
+                    (f"{page.relative_to(REPO)}:{number}", f"{m[1]} {m[2]}".split("  #")[0].strip(), activated)
+                )
+    return found
+
+
+def test_every_documented_sweep_names_its_interpreter_and_real_files():
+    """A sweep command runs as printed from a fresh clone: Snakemake from the environment that
+    holds gmc (.venv/bin/snakemake, or after activating it; the workflow then puts that
+    interpreter first on its jobs' PATH), every preset and profile it names there."""
+    sweeps = documented_sweeps()
+    assert len(sweeps) >= 10
+    for where, command, activated in sweeps:
+        assert command.startswith(".venv/bin/snakemake ") or activated, f"{where}: {command!r} names no environment"
+        for path in re.findall(r"--(?:configfile|workflow-profile)[= ](\S+)", command):
+            assert (REPO / path).exists(), f"{where}: {command!r} names {path}, which does not exist"
+
+
+def test_getting_started_quotes_the_paper_plans_peak(capsys):
+    """The peak getting started gives for the paper preset is the one ``gmc plan-memory`` prints."""
+    from gmc.cli import build_parser
+
+    preset = str(REPO / "workflow/presets/paper.yaml")
+    args = build_parser().parse_args(["plan-memory", "--preset", preset, "--gpu-gib", "79.6"])
+    assert args.func(args) == 0
+    peak = re.search(r"fits \(peak ([\d.]+) GiB", capsys.readouterr().out)[1]
+    assert f"the plan's peak is {peak} GiB" in (DOCS / "getting-started.md").read_text()
+
+
+def fresh_clone(folder: Path) -> Path:
+    """``folder`` holding what a fresh clone holds, the published bundles copied (a command may
+    redraw one), the rest linked."""
+    for name in ("Snakefile", "config.yaml", "workflow", "profiles", "README.md", "docs"):
+        (folder / name).symlink_to(REPO / name)
+    shutil.copytree(REPO / "published", folder / "published")
+    return folder
+
+
+def test_a_documented_sweep_runs_as_printed_without_an_activated_environment(tmp_path):
+    """Getting started's sweep of ten seeds, as printed, in a fresh clone whose .venv is this
+    interpreter's environment and whose PATH does not hold it, up to its first job (the data
+    check, ``python -m gmc prepare-data``): the job finds the interpreter that runs Snakemake."""
+    (command,) = [
+        c for w, c, _ in documented_sweeps() if w.startswith("docs/getting-started") and "seed: [0, 1, 2" in c
+    ]
+    fresh_clone(tmp_path)
+    (tmp_path / ".venv").symlink_to(sys.prefix)
+    bin_dir = str(Path(sys.executable).parent)
+    path = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if p != bin_dir)
+    done = subprocess.run(
+        f"{command} --until prepare_data",
+        shell=True,
+        cwd=tmp_path,
+        env={**os.environ, "PATH": path},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    manifest = tmp_path / "results10" / "data" / "manifest.json"
+    assert json.loads(manifest.read_text())["sets"] == {"synthetic": {"generated": True}}
+
+
+@pytest.mark.slow
+def test_the_python_page_runs_as_written(tmp_path):
+    """docs/python.md's examples, one after another as one script in a fresh folder, as the page
+    says: each prints what it says and the tables hold both runs."""
+    code = "\n".join(re.findall(r"^```python\n(.*?)^```", (DOCS / "python.md").read_text(), re.S | re.M))
+    assert code.count("\n") > 40
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "group_size: must be greater than or equal to 2, got 1" in done.stdout
+    assert "algo~gmc/delay~2/group~4/seed~0 mean staleness" in done.stdout
+    main = (tmp_path / "results" / "python" / "tables" / "main.md").read_text()
+    assert "| gmc | 2 | 4 |" in main and "| grpo | 2 | 4 |" in main, main
+
+
 @pytest.mark.slow
 def test_the_cheap_examples_of_the_docs_run_as_written(tmp_path):
-    """In a folder holding what a fresh clone holds (the published bundles copied, as a command
-    may redraw one), with gmc and snakemake on the PATH."""
-    for name in ("Snakefile", "config.yaml", "workflow", "profiles", "README.md", "docs"):
-        (tmp_path / name).symlink_to(REPO / name)
-    shutil.copytree(REPO / "published", tmp_path / "published")
+    """In a folder holding what a fresh clone holds (:func:`fresh_clone`), with gmc and snakemake
+    on the PATH."""
+    fresh_clone(tmp_path)
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     for command in sorted(RUN_AS_WRITTEN):
         done = subprocess.run(command, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)

@@ -95,8 +95,8 @@ OPTIONAL = {"gmc.integrations.trl": ("trl", 'pip install "gmc[trl]"')}
 where the package is absent."""
 GROUND = ("gmc.settings", "gmc.io", "gmc.stop")
 """Top-level modules every room may import; they import none of the rooms."""
-ROOF = ("gmc.cli", "gmc.__main__", "gmc.workflow")
-"""The entry points above every room: the command line and what the Snakemake workflow reads."""
+ROOF = ("gmc.cli", "gmc.__main__", "gmc.workflow", "gmc.quickstart")
+"""The entry points above every room: the command line, its quick start and what the Snakemake workflow reads."""
 
 
 def room(module: str) -> int:

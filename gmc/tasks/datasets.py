@@ -142,8 +142,11 @@ def benchmark_specs() -> dict[str, DatasetSpec]:
 # file loading
 
 
-DEFAULT_DATA_ROOT = Path(__file__).resolve().parents[2] / "data"
-"""``data/`` in the repository (git-ignored): where ``gmc prepare-data`` puts the files."""
+CHECKOUT = Path(__file__).resolve().parents[2]
+DEFAULT_DATA_ROOT = (CHECKOUT if (CHECKOUT / "Snakefile").is_file() else Path()) / "data"
+"""Where ``gmc prepare-data`` puts the files: ``data/`` in the repository (git-ignored) where gmc
+runs from its checkout (an editable install), else ``data/`` in the working directory (``pip
+install .``, run from a clone's folder)."""
 
 
 def data_root(root: str | os.PathLike | None = None) -> Path:
