@@ -50,7 +50,7 @@ from trl import GRPOConfig, GRPOTrainer
 from gmc.estimators import REGISTRY, EstimatorConfig, advantages_for
 from gmc.estimators.correction import RolloutCorrection
 from gmc.estimators.losses import TRAJECTORY_ALGORITHMS, as_floats
-from gmc.estimators.mismatch import correct, offpolicy_metrics
+from gmc.estimators.mismatch import correct, correct_bypass, offpolicy_metrics
 from gmc.settings import ConfigError, from_section
 
 __all__ = ["GMCGRPOConfig", "GMCGRPOTrainer", "UNREAD_TRL_KEYS"]
@@ -264,8 +264,10 @@ class GMCGRPOTrainer(GRPOTrainer):
         from_sampler = sampler is not None and trl_weights is None and (corr is None or bypass)
         behaviour = sampler if from_sampler else generating
         weights, keep, extra = trl_weights, mask, {}
-        if corr is not None:
-            weights, keep, extra = correct((current if bypass else generating) - sampler, mask, corr)
+        if bypass:
+            weights, keep, extra = correct_bypass(current - sampler, mask, corr, self.args.estimator_config.aggregation)
+        elif corr is not None:
+            weights, keep, extra = correct(generating - sampler, mask, corr)
         if sampler is not None:
             extra.update(offpolicy_metrics(current if from_sampler else generating, sampler, mask))
         if weights is not None:

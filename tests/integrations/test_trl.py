@@ -174,6 +174,12 @@ CASES = {
     "kpop, sampler behaviour, proximal": dict(algorithm="kpop", sampler=True),
     "tic, decoupled correction": dict(algorithm="tic", sampler=True, preset="decoupled_seq_is_rs"),
     "grpo, bypass correction": dict(algorithm="grpo", sampler=True, preset="bypass_pg_token_icepop"),
+    # rejection in bypass mode under token_mean: every weight carries the share of tokens kept; the
+    # preset's band moved to where it keeps some responses, not all (the perturbed policy's mean
+    # log-prob is 2 to 6 nats above the stand-in sampler's: k1 between -6 and -2)
+    "cispo (token_mean), bypass correction with rejection": dict(
+        algorithm="cispo", sampler=True, preset="bypass_ppo_clip_geo_rs", correction={"rollout_rs_threshold": "0.02_1"}
+    ),
     # TRL's own correction (vllm_importance_sampling_mode="sequence_mask" between 0.5 and 3) is gmc's
     # decoupled sequence weight zeroed outside that band
     "tic, TRL's vLLM correction": dict(
@@ -203,7 +209,7 @@ def test_fixed_batch_equals_gmcs_update(case, tiny_model_dir, tokenizer, tmp_pat
         num_iterations=2,  # TRL computes the policy's log-probs at generation (old_per_token_logps)
     )
     trainer = GMCGRPOTrainer(model, column_reward, args=args, train_dataset=Dataset.from_list([{"prompt": "x"}]))
-    correction = None if preset is None else RolloutCorrection(preset=preset).resolved()
+    correction = None if preset is None else RolloutCorrection(preset=preset, **spec.get("correction", {})).resolved()
     trainer.gmc_correction = correction  # the config refuses a correction without vLLM, which keeps the sampler's
     if spec.get("trl_correction"):  # what use_vllm would set; the stand-in generation replaces vLLM's
         trainer.use_vllm = trainer.vllm_importance_sampling_correction = True
@@ -264,6 +270,8 @@ def test_fixed_batch_equals_gmcs_update(case, tiny_model_dir, tokenizer, tmp_pat
     torch.testing.assert_close(ours, reference, rtol=1e-4, atol=1e-6 * float(reference.abs().max()))
     assert abs(stats["ratio/log_ratio_mean"]) > 1e-3
     assert trainer._metrics["train"]["ratio/log_ratio_mean"]
+    if correction is not None and correction["rollout_rs"]:
+        assert 0 < stats["rollout_corr/rollout_rs_masked_fraction"] < 1
 
 
 # ---------------------------------------------------------------------------------------------
