@@ -335,6 +335,21 @@ def test_on_policy_equals_trls_loss(aggregation, loss_type, tiny_model_dir, tmp_
         (dict(algorithm="cispo", gradient_accumulation_steps=2, steps_per_generation=3), "steps_per_generation"),
         (dict(rollout_correction={"preset": "decoupled_token_is"}), "rollout_correction"),
         (dict(rollout_correction={"preset": "bypass_ppo_clip"}, use_vllm=True), "vllm_importance_sampling_correction"),
+        # vLLM's log-probs under a sampling that TRL's training forward does not apply: as the
+        # behaviour, in rollout_correction, or in TRL's own correction
+        (dict(use_vllm=True, vllm_importance_sampling_correction=False, top_p=0.9), "top_p"),
+        (dict(use_vllm=True, top_k=20), "top_k"),
+        (
+            dict(
+                use_vllm=True,
+                vllm_importance_sampling_correction=False,
+                rollout_correction={"preset": "decoupled_token_is"},
+                min_p=0.05,
+            ),
+            "min_p",
+        ),
+        (dict(use_vllm=True, repetition_penalty=1.1), "repetition_penalty"),
+        (dict(use_vllm=True, generation_kwargs={"presence_penalty": 0.5}), "generation_kwargs.presence_penalty"),
         (
             dict(
                 algorithm="cispo",
@@ -388,7 +403,8 @@ def test_more_than_one_process_is_refused(tmp_path, monkeypatch):
 
 def test_accepted_settings(tmp_path):
     """What the refusals leave: gmc's and TIC's group-local weights and seq_* aggregations under
-    any accumulation, a correction with vLLM's log-probs and TRL's own correction off."""
+    any accumulation, a correction with vLLM's log-probs and TRL's own correction off, vLLM at
+    any temperature, truncated sampling without vLLM."""
     args = gmc_config(
         tmp_path,
         algorithm="gmc",
@@ -398,8 +414,10 @@ def test_accepted_settings(tmp_path):
         rollout_correction={"preset": "decoupled_geo_rs", "record_logprobs": False},
         use_vllm=True,
         vllm_importance_sampling_correction=False,
+        temperature=0.7,  # TRL's training forward divides by it, vLLM's processed log-probs are after it
     )
     assert args.estimator_config.eps == 0.1 and args.estimator_config.aggregation == "seq_sum_const"
+    assert gmc_config(tmp_path, top_p=0.9, top_k=20).top_p == 0.9  # without vLLM no sampler log-probs enter the loss
     assert args.beta == 0.01  # TRL computes the reference log-probs of gmc's KL term
     assert args.rollout_correction_config.resolved()["rollout_rs"] == "seq_mean_k1"
 
