@@ -49,6 +49,23 @@ def correct(log_ratio: Tensor, mask: Tensor, settings: dict) -> tuple[Tensor | N
     return weights, keep, {PREFIX + k: v for k, v in stats.items()}
 
 
+def correct_bypass(
+    log_ratio: Tensor, mask: Tensor, settings: dict, aggregation: str
+) -> tuple[Tensor | None, Tensor, dict[str, Tensor]]:
+    """:func:`correct` in bypass mode, where the sampler's log-probs are the loss's behaviour and
+    ``log_ratio`` is the current policy's over the sampler's. With rejection under ``token_mean``
+    (``aggregation``), every weight is also multiplied by the share of valid tokens rejection
+    keeps: the loss on the kept tokens, divided by their count and so weighted, is divided by every
+    valid token's count, as verl's bypass loss (``compute_policy_loss_bypass_mode``, whose
+    ``batch_num_tokens`` counts the unrejected ``response_mask``). The weights are then a 0-dim
+    tensor where ``settings`` set no importance weights."""
+    weights, keep, stats = correct(log_ratio, mask, settings)
+    if settings["rollout_rs"] is not None and aggregation == "token_mean":
+        kept_share = keep.sum() / mask.sum().clamp(min=1)
+        weights = kept_share if weights is None else weights * kept_share
+    return weights, keep, stats
+
+
 def importance_weights(
     lr: Tensor, mask: Tensor, level: str, threshold: float | str
 ) -> tuple[Tensor, dict[str, Tensor]]:

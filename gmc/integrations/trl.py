@@ -12,7 +12,8 @@ The trainer keeps TRL's generation, rewards, buffering and optimizer loop and re
 * **the loss** (``_compute_loss``): the estimator's loss of the registry
   (:data:`gmc.estimators.REGISTRY`) on the micro-batch's ``[B, G, T]`` log-probs, the call gmc's
   own update makes (:class:`gmc.policy.update.Update`), with gmc's mismatch correction
-  (:func:`gmc.estimators.mismatch.correct`) where ``rollout_correction`` is set, scaled by the
+  (:func:`gmc.estimators.mismatch.correct`, in bypass mode
+  :func:`gmc.estimators.mismatch.correct_bypass`) where ``rollout_correction`` is set, scaled by the
   micro-batch's share of the optimizer step: its rows' share under ``seq_mean`` and
   ``seq_sum_const``, its tokens' share of the step's under ``token_mean``. The loss's statistics
   (``ratio/...``, ``loss/...``, ``rollout_corr/...``) go to TRL's metrics.
@@ -21,7 +22,12 @@ The behaviour log-probs are the sampler's where TRL keeps them (vLLM's,
 ``sampling_per_token_logps``) and TRL's own importance-sampling correction is off; else those
 of the policy that generated the batch (TRL's ``old_per_token_logps``, computed when a batch is
 trained after an update); else, on-policy, the current policy's, detached. With TRL's vLLM
-correction on, its ratio multiplies each token's gradient, as in TRL's loss.
+correction on, its ratio multiplies each token's gradient of the estimator's loss, the KL term's
+included, as gmc's update weights a correction's tokens (TRL's own loss multiplies its policy term
+only). The sampler's log-probs are of the policy TRL trains only where vLLM applies no sampling
+that TRL's training forward does not (:data:`NEUTRAL_SAMPLING`, :data:`SAMPLING_KWARGS`) and
+returns processed log-probs, after the temperature (``--logprobs-mode processed_logprobs``, which
+``trl vllm-serve`` and TRL's colocated vLLM set).
 
 Importing this module fails with one line unless TRL 1.16 is installed (``pip install
 "gmc[trl]"``).
@@ -50,7 +56,7 @@ from trl import GRPOConfig, GRPOTrainer
 from gmc.estimators import REGISTRY, EstimatorConfig, advantages_for
 from gmc.estimators.correction import RolloutCorrection
 from gmc.estimators.losses import TRAJECTORY_ALGORITHMS, as_floats
-from gmc.estimators.mismatch import correct, offpolicy_metrics
+from gmc.estimators.mismatch import correct, correct_bypass, offpolicy_metrics
 from gmc.settings import ConfigError, from_section
 
 __all__ = ["GMCGRPOConfig", "GMCGRPOTrainer", "UNREAD_TRL_KEYS"]
@@ -76,6 +82,30 @@ UNREAD_TRL_KEYS: dict[str, str] = {
 same thing in gmc: a value other than TRL's default is refused, naming the key, so no setting is
 silently dropped."""
 
+NEUTRAL_SAMPLING: dict[str, tuple] = {
+    "top_p": (1.0,),
+    "top_k": (0, -1, None),
+    "min_p": (None, 0.0),
+    "repetition_penalty": (1.0,),
+}
+"""TRL's sampling settings that vLLM applies and TRL's training forward does not, with their
+values that change nothing: with ``use_vllm`` (the sampler's log-probs enter the loss) any other
+value is refused, naming the key. ``temperature`` is free: TRL's forward divides the logits by it
+and vLLM's processed log-probs are after it."""
+
+SAMPLING_KWARGS = (
+    "temperature",
+    *NEUTRAL_SAMPLING,
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "bad_words",
+    "allowed_token_ids",
+    "min_tokens",
+)
+"""Keys of ``generation_kwargs`` that change vLLM's sampling distribution behind TRL's training
+forward: refused with ``use_vllm``."""
+
 MULTIMODAL_KEYS = ("pixel_values", "num_images", "image_grid_thw")
 """Inputs of a multimodal batch, whose rows are not one tensor row each: refused."""
 
@@ -93,7 +123,9 @@ class GMCGRPOConfig(GRPOConfig):
     not a multiple of ``num_generations``); statistics of the whole optimizer step that a
     micro-batch cannot see (``gradient_accumulation_steps``, ``steps_per_generation``); more than
     one process; ``rollout_correction`` without the sampler's log-probs (``use_vllm``) or together
-    with TRL's own correction of the same mismatch (``vllm_importance_sampling_correction``)."""
+    with TRL's own correction of the same mismatch (``vllm_importance_sampling_correction``); with
+    ``use_vllm``, a sampling TRL's training forward does not apply (``top_p``, ``top_k``,
+    ``min_p``, ``repetition_penalty`` and :data:`SAMPLING_KWARGS` in ``generation_kwargs``)."""
 
     algorithm: str = field(default="gmc", metadata={"help": "gmc's estimator (gmc.estimators.REGISTRY)."})
     estimator: dict = field(
@@ -122,6 +154,7 @@ class GMCGRPOConfig(GRPOConfig):
         super().__post_init__()
         self._check_layout()
         self._check_correction()
+        self._check_sampling()
 
     def _check_layout(self) -> None:
         """Refuse a batch layout in which the estimator's loss could not be gmc's exactly."""
@@ -178,6 +211,27 @@ class GMCGRPOConfig(GRPOConfig):
                 "rollout_correction: set vllm_importance_sampling_correction to false",
                 "vllm_importance_sampling_correction",
             )
+
+    def _check_sampling(self) -> None:
+        """Refuse, where the sampler's log-probs enter the loss (``use_vllm``: as the behaviour, in
+        ``rollout_correction`` or in TRL's own correction), a sampling that TRL's training forward
+        does not apply: the sampler's log-probs would not be the trained policy's."""
+        if not self.use_vllm:
+            return
+        for key, neutral in NEUTRAL_SAMPLING.items():
+            if getattr(self, key) not in neutral:
+                raise ConfigError(
+                    f"vLLM samples with {key}={getattr(self, key)}, which TRL's training forward does not apply, so "
+                    f"the sampler's log-probs are not the trained policy's: set {key} to {neutral[0]}",
+                    key,
+                )
+        for key in SAMPLING_KWARGS:
+            if key in (self.generation_kwargs or {}):
+                raise ConfigError(
+                    "changes vLLM's sampling behind TRL's training forward, so the sampler's log-probs are not the "
+                    "trained policy's: remove it (temperature is GRPOConfig's own key)",
+                    f"generation_kwargs.{key}",
+                )
 
 
 class GMCGRPOTrainer(GRPOTrainer):
@@ -264,8 +318,10 @@ class GMCGRPOTrainer(GRPOTrainer):
         from_sampler = sampler is not None and trl_weights is None and (corr is None or bypass)
         behaviour = sampler if from_sampler else generating
         weights, keep, extra = trl_weights, mask, {}
-        if corr is not None:
-            weights, keep, extra = correct((current if bypass else generating) - sampler, mask, corr)
+        if bypass:
+            weights, keep, extra = correct_bypass(current - sampler, mask, corr, self.args.estimator_config.aggregation)
+        elif corr is not None:
+            weights, keep, extra = correct(generating - sampler, mask, corr)
         if sampler is not None:
             extra.update(offpolicy_metrics(current if from_sampler else generating, sampler, mask))
         if weights is not None:

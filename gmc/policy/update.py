@@ -229,19 +229,15 @@ class Update:
         return loss, as_floats({**stats, **extra}), rewards  # every statistic read from the device at once
 
     def _current_correction(self, log_ratio: Tensor, mask: Tensor) -> tuple[Tensor | None, Tensor, dict]:
-        """The correction (:func:`gmc.estimators.mismatch.correct`) of a ratio read from the step's
-        own forward. In bypass mode (the sampler's log-probs the behaviour) with rejection under
-        ``token_mean``, every weight is also multiplied by the fraction of valid tokens rejection
-        keeps: the loss on the kept tokens divided by their count, so weighted, is divided by every
-        valid token's count, as verl's bypass loss (``compute_policy_loss_bypass_mode``, whose
-        ``batch_num_tokens`` counts the unrejected ``response_mask``)."""
-        from gmc.estimators.mismatch import correct
+        """The correction of a ratio read from the step's own forward: in bypass mode (the
+        sampler's log-probs the behaviour) :func:`gmc.estimators.mismatch.correct_bypass`, whose
+        weights carry the share of tokens rejection keeps under ``token_mean``; else
+        :func:`gmc.estimators.mismatch.correct`."""
+        from gmc.estimators.mismatch import correct, correct_bypass
 
-        weights, keep, extra = correct(log_ratio, mask, self.correction)
-        if self.sampler_behaviour and self.correction["rollout_rs"] and self.cfg.aggregation == "token_mean":
-            kept_share = keep.sum() / mask.sum().clamp(min=1)
-            weights = kept_share if weights is None else weights * kept_share
-        return weights, keep, extra
+        if self.sampler_behaviour:
+            return correct_bypass(log_ratio, mask, self.correction, self.cfg.aggregation)
+        return correct(log_ratio, mask, self.correction)
 
     def _row_by_row(
         self,

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from gmc.estimators.correction import PRESETS, RolloutCorrection, parse_is_threshold, parse_rs
-from gmc.estimators.mismatch import correct, importance_weights, offpolicy_metrics, rejection_mask
+from gmc.estimators.mismatch import correct, correct_bypass, importance_weights, offpolicy_metrics, rejection_mask
 from gmc.settings import ConfigError
 
 
@@ -133,6 +133,26 @@ def test_correct_applies_nothing_unset_and_prefixes_its_statistics():
     w, keep, stats = correct(trainer - sampler, mask, RolloutCorrection(preset="decoupled_geo_rs_token_tis").resolved())
     assert w is not None and keep.sum() < mask.sum()
     assert all(k.startswith("rollout_corr/") for k in stats)
+
+
+def test_bypass_weights_carry_the_kept_share_under_token_mean():
+    """Hand case: six valid tokens, of which token-k1 rejection in [1/2, 2] drops two (|log-ratio|
+    above log 2); under token_mean the weights are correct's times 4/6 (a 0-dim 4/6 without
+    importance weights), under seq_mean or without rejection correct's own."""
+    lr = torch.tensor([[0.0, 1.0, 0.0, 0.1], [-1.0, 0.2, 0.0, 0.0]])
+    mask = torch.tensor([[True, True, True, True], [True, True, False, False]])
+    rs = {"rollout_rs": "token_k1", "rollout_rs_threshold": "0.5_2.0"}
+    for settings in (rs, {**rs, "rollout_is": "token", "rollout_is_threshold": 2.0}):
+        resolved = RolloutCorrection(**settings, bypass_mode=True).resolved()
+        w, keep, stats = correct(lr, mask, resolved)
+        expected = torch.tensor(4 / 6) if w is None else w * 4 / 6
+        bw, bkeep, bstats = correct_bypass(lr, mask, resolved, "token_mean")
+        assert torch.equal(bkeep, keep) and int(keep.sum()) == 4 and bstats.keys() == stats.keys()
+        torch.testing.assert_close(bw, expected)
+        sw, _, _ = correct_bypass(lr, mask, resolved, "seq_mean")
+        assert sw is w is None or torch.equal(sw, w)
+    tis = RolloutCorrection(rollout_is="token", rollout_is_threshold=2.0, bypass_mode=True).resolved()
+    assert torch.equal(correct_bypass(lr, mask, tis, "token_mean")[0], correct(lr, mask, tis)[0])
 
 
 def test_offpolicy_metrics_hand_case():

@@ -174,6 +174,12 @@ CASES = {
     "kpop, sampler behaviour, proximal": dict(algorithm="kpop", sampler=True),
     "tic, decoupled correction": dict(algorithm="tic", sampler=True, preset="decoupled_seq_is_rs"),
     "grpo, bypass correction": dict(algorithm="grpo", sampler=True, preset="bypass_pg_token_icepop"),
+    # rejection in bypass mode under token_mean: every weight carries the share of tokens kept; the
+    # preset's band moved to where it keeps some responses, not all (the perturbed policy's mean
+    # log-prob is 2 to 6 nats above the stand-in sampler's: k1 between -6 and -2)
+    "cispo (token_mean), bypass correction with rejection": dict(
+        algorithm="cispo", sampler=True, preset="bypass_ppo_clip_geo_rs", correction={"rollout_rs_threshold": "0.02_1"}
+    ),
     # TRL's own correction (vllm_importance_sampling_mode="sequence_mask" between 0.5 and 3) is gmc's
     # decoupled sequence weight zeroed outside that band
     "tic, TRL's vLLM correction": dict(
@@ -203,7 +209,7 @@ def test_fixed_batch_equals_gmcs_update(case, tiny_model_dir, tokenizer, tmp_pat
         num_iterations=2,  # TRL computes the policy's log-probs at generation (old_per_token_logps)
     )
     trainer = GMCGRPOTrainer(model, column_reward, args=args, train_dataset=Dataset.from_list([{"prompt": "x"}]))
-    correction = None if preset is None else RolloutCorrection(preset=preset).resolved()
+    correction = None if preset is None else RolloutCorrection(preset=preset, **spec.get("correction", {})).resolved()
     trainer.gmc_correction = correction  # the config refuses a correction without vLLM, which keeps the sampler's
     if spec.get("trl_correction"):  # what use_vllm would set; the stand-in generation replaces vLLM's
         trainer.use_vllm = trainer.vllm_importance_sampling_correction = True
@@ -264,6 +270,8 @@ def test_fixed_batch_equals_gmcs_update(case, tiny_model_dir, tokenizer, tmp_pat
     torch.testing.assert_close(ours, reference, rtol=1e-4, atol=1e-6 * float(reference.abs().max()))
     assert abs(stats["ratio/log_ratio_mean"]) > 1e-3
     assert trainer._metrics["train"]["ratio/log_ratio_mean"]
+    if correction is not None and correction["rollout_rs"]:
+        assert 0 < stats["rollout_corr/rollout_rs_masked_fraction"] < 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -327,6 +335,21 @@ def test_on_policy_equals_trls_loss(aggregation, loss_type, tiny_model_dir, tmp_
         (dict(algorithm="cispo", gradient_accumulation_steps=2, steps_per_generation=3), "steps_per_generation"),
         (dict(rollout_correction={"preset": "decoupled_token_is"}), "rollout_correction"),
         (dict(rollout_correction={"preset": "bypass_ppo_clip"}, use_vllm=True), "vllm_importance_sampling_correction"),
+        # vLLM's log-probs under a sampling that TRL's training forward does not apply: as the
+        # behaviour, in rollout_correction, or in TRL's own correction
+        (dict(use_vllm=True, vllm_importance_sampling_correction=False, top_p=0.9), "top_p"),
+        (dict(use_vllm=True, top_k=20), "top_k"),
+        (
+            dict(
+                use_vllm=True,
+                vllm_importance_sampling_correction=False,
+                rollout_correction={"preset": "decoupled_token_is"},
+                min_p=0.05,
+            ),
+            "min_p",
+        ),
+        (dict(use_vllm=True, repetition_penalty=1.1), "repetition_penalty"),
+        (dict(use_vllm=True, generation_kwargs={"presence_penalty": 0.5}), "generation_kwargs.presence_penalty"),
         (
             dict(
                 algorithm="cispo",
@@ -380,7 +403,8 @@ def test_more_than_one_process_is_refused(tmp_path, monkeypatch):
 
 def test_accepted_settings(tmp_path):
     """What the refusals leave: gmc's and TIC's group-local weights and seq_* aggregations under
-    any accumulation, a correction with vLLM's log-probs and TRL's own correction off."""
+    any accumulation, a correction with vLLM's log-probs and TRL's own correction off, vLLM at
+    any temperature, truncated sampling without vLLM."""
     args = gmc_config(
         tmp_path,
         algorithm="gmc",
@@ -390,8 +414,10 @@ def test_accepted_settings(tmp_path):
         rollout_correction={"preset": "decoupled_geo_rs", "record_logprobs": False},
         use_vllm=True,
         vllm_importance_sampling_correction=False,
+        temperature=0.7,  # TRL's training forward divides by it, vLLM's processed log-probs are after it
     )
     assert args.estimator_config.eps == 0.1 and args.estimator_config.aggregation == "seq_sum_const"
+    assert gmc_config(tmp_path, top_p=0.9, top_k=20).top_p == 0.9  # without vLLM no sampler log-probs enter the loss
     assert args.beta == 0.01  # TRL computes the reference log-probs of gmc's KL term
     assert args.rollout_correction_config.resolved()["rollout_rs"] == "seq_mean_k1"
 
