@@ -2,15 +2,16 @@
 own code: every ``gmc_<name>`` called through verl's ``get_policy_loss_fn`` on two micro-batches of
 shuffled rows sums to gmc's loss and gradient on the whole batch, for each aggregation it accepts;
 ``gmc_grpo`` equals verl's own PPO loss under verl's normalisers; GMC's weights found by ``uid``
-equal ``trajectory_weights``; the plugin registers in a fresh interpreter, by verl's entry points
-and by ``VERL_USE_EXTERNAL_MODULES``; every refusal names its key. ``make test-peers`` puts verl on
-the path; elsewhere the file skips."""
+equal ``trajectory_weights``; the plugin registers in a fresh interpreter, by its ``verl.plugins``
+entry point and by ``VERL_USE_EXTERNAL_MODULES``; every refusal names its key. ``make test-peers``
+puts verl on the path; elsewhere the file skips."""
 
 import dataclasses
 import os
 import subprocess
 import sys
 import textwrap
+import tomllib
 
 import pytest
 import torch
@@ -546,7 +547,7 @@ def fresh_interpreter(env, tmp_path):
 
 
 def test_the_plugin_registers_in_a_fresh_interpreter_by_entry_point_and_by_external_modules(tmp_path):
-    """By verl's ``verl.plugins`` entry points alone, and with them off by
+    """By gmc's ``verl.plugins`` entry point alone, and with verl's entry points off by
     ``VERL_USE_EXTERNAL_MODULES``: gmc's module, and a user's module that registers other settings."""
     (tmp_path / "my_gmc_settings.py").write_text(
         "from gmc.estimators import EstimatorConfig\n"
@@ -570,6 +571,15 @@ def test_the_plugin_registers_in_a_fresh_interpreter_by_entry_point_and_by_exter
         out, err = process.communicate(timeout=240)
         assert process.returncode == 0, f"{how}: {err[-2000:]}"
         assert out.split() == ["gmc_gmc", "gmc_tic", eps], how
+
+
+def test_import_verl_loads_the_losses_alone():
+    """The trainers import verl's whole v1 trainer stack: no entry point loads them, only
+    ``VERL_USE_EXTERNAL_MODULES=gmc.integrations.verl_trainer``."""
+    pyproject = os.path.join(os.path.dirname(__file__), "..", "..", "pyproject.toml")
+    with open(pyproject, "rb") as f:
+        plugins = tomllib.load(f)["project"]["entry-points"]["verl.plugins"]
+    assert plugins == {"gmc": "gmc.integrations.verl"}
 
 
 @pytest.mark.gpu
