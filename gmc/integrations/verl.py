@@ -360,6 +360,25 @@ def check_config(config: Mapping, mode: str) -> None:
                     f"algorithm.rollout_correction.{key}={correction[key]!r}: verl's v1 trainer applies no "
                     f"rollout correction in bypass mode, so {loss} would train without it; set it to null"
                 )
+    if group_weighted:
+        for key in ("rollout_is", "rollout_rs"):
+            if correction.get(key) is not None:
+                raise ValueError(
+                    f"algorithm.rollout_correction.{key}={correction[key]!r}: {loss}'s group weights are the "
+                    "correction of the sampler's ratio and travel in rollout_is_weights; set it to null"
+                )
+        if not config["actor_rollout_ref"]["rollout"].get("calculate_log_probs"):
+            raise ValueError(
+                f"actor_rollout_ref.rollout.calculate_log_probs: {loss}'s group weights need the sampler's "
+                "log-probs; set it to true"
+            )
+        sync_step = (config["trainer"]["v1"].get(mode) or {}).get("parameter_sync_step", 1)
+        if sync_step != 1:
+            raise ValueError(
+                f"trainer.v1.{mode}.parameter_sync_step={sync_step}: after a cycle's first update verl keeps the "
+                f"cycle's first policy as old_log_probs, so {loss}'s group weights would not be the ratio of the "
+                "policy the update differentiates; set it to 1"
+            )
     actor = config["actor_rollout_ref"]["actor"]
     if name in ONE_UPDATE:
         what = "group weights are computed once a batch" if group_weighted else "proximal policy is the batch's first"
@@ -374,26 +393,6 @@ def check_config(config: Mapping, mode: str) -> None:
                 f"actor_rollout_ref.actor.ppo_mini_batch_size={actor['ppo_mini_batch_size']}: {loss}'s {what}, "
                 f"and would be stale after a first mini-batch; set it to data.train_batch_size, {prompts}"
             )
-    if not group_weighted:
-        return
-    for key in ("rollout_is", "rollout_rs"):
-        if correction.get(key) is not None:
-            raise ValueError(
-                f"algorithm.rollout_correction.{key}={correction[key]!r}: {loss}'s group weights are the "
-                "correction of the sampler's ratio and travel in rollout_is_weights; set it to null"
-            )
-    if not config["actor_rollout_ref"]["rollout"].get("calculate_log_probs"):
-        raise ValueError(
-            f"actor_rollout_ref.rollout.calculate_log_probs: {loss}'s group weights need the sampler's "
-            "log-probs; set it to true"
-        )
-    sync_step = (config["trainer"]["v1"].get(mode) or {}).get("parameter_sync_step", 1)
-    if sync_step != 1:
-        raise ValueError(
-            f"trainer.v1.{mode}.parameter_sync_step={sync_step}: after a cycle's first update verl keeps the "
-            f"cycle's first policy as old_log_probs, so {loss}'s group weights would not be the ratio of the "
-            "policy the update differentiates; set it to 1"
-        )
 
 
 register_losses()
