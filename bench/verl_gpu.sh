@@ -13,8 +13,9 @@
 # The environment must hold verl 0.9 with its vLLM extra and TransferQueue (`pip install
 # "verl[vllm]==0.9.1"`, which pins its own torch, vLLM and transformers: a virtual environment of
 # its own). gmc goes into it without its dependencies (`pip install -e . --no-deps`, done here), so
-# that verl's `verl.plugins` entry points find it (else VERL_USE_EXTERNAL_MODULES loads it). The check refuses to start, naming what is
-# missing. It writes $OUT/verl_gpu.log (OUT default bench/results) and passes when verl ran three
+# that verl's `verl.plugins` entry point finds its losses (else PYTHONPATH and VERL_USE_EXTERNAL_MODULES
+# load them); gmc's trainers load by VERL_USE_EXTERNAL_MODULES=gmc.integrations.verl_trainer, set
+# here. The check refuses to start, naming what is missing. It writes $OUT/verl_gpu.log (OUT default bench/results) and passes when verl ran three
 # steps and logged gmc's group statistics (gmc/ratio/frac_groups_capped) at each.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -42,15 +43,16 @@ from importlib.metadata import version
 if not version("verl").startswith("0.9."):
     sys.exit(f"verl {version('verl')} is installed; gmc.integrations.verl is tested with verl 0.9")
 EOF
-# gmc into verl's environment without its dependencies, so that verl's entry points find it; where
-# that install cannot be made (no network for a build backend), verl's VERL_USE_EXTERNAL_MODULES
-# loads the same modules from this checkout
+# gmc into verl's environment without its dependencies, so that verl's entry point finds its losses;
+# where that install cannot be made (no network for a build backend), gmc loads from this checkout.
+# The trainers (which import the losses' module) load by VERL_USE_EXTERNAL_MODULES either way.
+export VERL_USE_EXTERNAL_MODULES=gmc.integrations.verl_trainer
 if ! "$PYTHON" -m pip install -q -e . --no-deps --no-build-isolation >> "$LOG" 2>&1; then
-  echo "pip could not install gmc here ($LOG): gmc loads from $PWD by VERL_USE_EXTERNAL_MODULES" | tee -a "$LOG"
+  echo "pip could not install gmc here ($LOG): gmc loads from $PWD" | tee -a "$LOG"
   export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-  export VERL_USE_EXTERNAL_MODULES=gmc.integrations.verl,gmc.integrations.verl_trainer
 fi
-# the trainers' module imported directly (its errors shown), then as verl finds it: on `import verl`
+# the trainers' module imported directly (its errors shown), then as verl finds it: on `import verl`,
+# by VERL_USE_EXTERNAL_MODULES
 "$PYTHON" -c "import gmc.integrations.verl_trainer" >> "$LOG" 2>&1 \
   || { tail -5 "$LOG"; echo "gmc.integrations.verl_trainer does not import ($LOG)" >&2; exit 2; }
 "$PYTHON" -c "import verl; from verl.trainer.ppo.core_algos import get_policy_loss_fn; get_policy_loss_fn('gmc_gmc')

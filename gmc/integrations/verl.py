@@ -17,14 +17,16 @@ verl's ``register_policy_loss``:
 * ``gmc_gmc``: group-mass capping, whose weights need the whole group. The driver computes them by
   ``uid`` (:func:`group_weights`, called by the trainers of :mod:`gmc.integrations.verl_trainer`)
   and passes them per row in ``rollout_is_weights``, verl's one per-row channel from the driver
-  to the policy loss; the loss multiplies each row's advantage by its weight.
+  to the policy loss; the loss multiplies each row's advantage by its weight. Those trainers
+  switch the loss to its internal name (:data:`GROUP_WEIGHTED_LOSS_MODES`), the one loss that
+  reads the weights; ``gmc_gmc`` itself refuses, so that no other trainer's ``rollout_is_weights``
+  (verl's sequence-level ones are constant along a response too) pass for GMC's.
 * ``gmc_m2po``, which refuses: its mask is a statistic of the whole batch's tokens.
 
-The trainers that compute the group weights are :mod:`gmc.integrations.verl_trainer`, loaded by a
-second entry point, ``gmc_trainers``, where verl's v1 trainer imports (TransferQueue installed;
-elsewhere verl's loader skips it). :func:`register_losses` registers the losses again under other
-settings. What cannot be exact is refused with the verl (or gmc) key to change;
-docs/integrations.md lists it.
+The trainers are loaded by ``VERL_USE_EXTERNAL_MODULES=gmc.integrations.verl_trainer`` alone (they
+import verl's whole v1 trainer stack, which a run with verl's own trainers need not).
+:func:`register_losses` registers the losses again under other settings. What cannot be exact is
+refused with the verl (or gmc) key to change; docs/integrations.md lists it.
 """
 
 from __future__ import annotations
@@ -62,6 +64,15 @@ the generation limit). verl's ``token-sum`` and ``seq-mean-token-sum`` have no g
 GROUP_WEIGHTED: tuple[str, ...] = ("gmc",)
 """The estimators whose weights need the whole group: computed by ``uid`` in the driver
 (:func:`group_weights`) and passed per row."""
+GROUP_WEIGHTED_LOSS_MODES: dict[str, str] = {f"gmc_{name}": f"_gmc_{name}_group_weighted" for name in GROUP_WEIGHTED}
+"""``loss_mode`` -> the internal loss the gmc trainers switch it to, the only loss that reads
+``rollout_is_weights`` as group weights."""
+ONE_UPDATE: tuple[str, ...] = GROUP_WEIGHTED + tuple(
+    name for name, e in REGISTRY.items() if e.proximal and name not in GROUP_WEIGHTED
+)
+"""The estimators that need one update a batch: the group-weighted ones (weights computed once a
+batch) and those with a proximal policy (``kpop``; gmc's is the policy at the batch's first update,
+and the loss, given none, takes the current one, which is that policy only at the first update)."""
 ROW_LOCAL: tuple[str, ...] = tuple(name for name, e in REGISTRY.items() if not e.needs_batch_stats)
 """The estimators whose loss on a micro-batch needs nothing beyond its rows."""
 REFUSED: tuple[str, ...] = tuple(
@@ -144,9 +155,16 @@ def _loss_scale_factor(config: Any, global_batch_info: Mapping[str, Any]) -> int
     return int(factor)
 
 
-def _make_loss(name: str, cfg: EstimatorConfig) -> Callable:
-    """verl's policy loss ``gmc_<name>`` under the settings ``cfg`` (see the module's docstring)."""
+def _make_loss(name: str, cfg: EstimatorConfig, group_weighted: bool = False) -> Callable:
+    """verl's policy loss ``gmc_<name>`` under the settings ``cfg`` (see the module's docstring);
+    ``group_weighted``: a group-weighted estimator's internal loss, which reads its weights from
+    ``rollout_is_weights`` (``gmc_<name>`` itself refuses)."""
     estimator = REGISTRY[name]
+    trainers = (
+        f"trainer.v1.trainer_mode: gmc_{name} takes its group weights from a gmc trainer (gmc_sync, "
+        "gmc_colocate_async, gmc_separate_async; VERL_USE_EXTERNAL_MODULES=gmc.integrations.verl_trainer), "
+        "which computes them by uid"
+    )
 
     def loss(
         old_log_prob: Tensor,
@@ -163,6 +181,15 @@ def _make_loss(name: str, cfg: EstimatorConfig) -> Callable:
                 f"actor_rollout_ref.actor.policy_loss.loss_mode=gmc_{name}: {name}'s mask is a statistic of the "
                 "whole batch's tokens, which neither a micro-batch nor a per-row weight carries"
             )
+        if name in GROUP_WEIGHTED and not group_weighted:
+            raise ValueError(trainers + " and switches the loss to its internal name")
+        epochs = getattr(config, "ppo_epochs", 1)
+        if name in ONE_UPDATE and epochs != 1:
+            raise ValueError(
+                f"actor_rollout_ref.actor.ppo_epochs={epochs}: gmc_{name} takes one update a batch (its "
+                f"{'group weights' if name in GROUP_WEIGHTED else 'proximal policy'} would be stale on a "
+                "second pass); set it to 1"
+            )
         aggregation = gmc_aggregation(loss_agg_mode)
         resolved = estimator.resolved(dataclasses.replace(cfg, aggregation=aggregation))
         if name not in GROUP_WEIGHTED and estimator.needs_batch_stats_under(resolved):
@@ -176,17 +203,8 @@ def _make_loss(name: str, cfg: EstimatorConfig) -> Callable:
         adv = per_row(advantages, mask, "algorithm.adv_estimator")
         logp = log_prob
         if name in GROUP_WEIGHTED:
-            epochs = getattr(config, "ppo_epochs", 1)
-            if epochs != 1:
-                raise ValueError(
-                    f"actor_rollout_ref.actor.ppo_epochs={epochs}: gmc_{name}'s group weights are computed once "
-                    "a batch, and would be stale on a second pass; set it to 1"
-                )
             if rollout_is_weights is None:
-                raise ValueError(
-                    f"trainer.v1.trainer_mode: gmc_{name} needs its group weights, which a gmc trainer "
-                    "(gmc_sync, gmc_colocate_async, gmc_separate_async) computes by uid; none reached the loss"
-                )
+                raise ValueError(trainers + "; no group weights reached the loss")
             adv = adv * per_row(rollout_is_weights, mask, "algorithm.rollout_correction.rollout_is")
             fn = none_loss  # the trajectory loss with the weights in the advantages: coefficient w A
         else:
@@ -203,7 +221,7 @@ def _make_loss(name: str, cfg: EstimatorConfig) -> Callable:
         metrics = {f"gmc/{k}": v for k, v in stats.items() if not k.startswith(dropped)}
         return value * verl_share(mask, aggregation, info).to(value.device), metrics
 
-    loss.__name__ = loss.__qualname__ = f"gmc_{name}"
+    loss.__name__ = loss.__qualname__ = GROUP_WEIGHTED_LOSS_MODES[f"gmc_{name}"] if group_weighted else f"gmc_{name}"
     loss.__doc__ = f"gmc's ``{name}`` estimator as a verl policy loss (gmc.integrations.verl)."
     return loss
 
@@ -225,11 +243,23 @@ def register_losses(cfg: EstimatorConfig | None = None) -> tuple[str, ...]:
             "estimator.length_corrected: a verl run's advantages are verl's (algorithm.adv_estimator), "
             "which gmc's length correction of the rewards does not reach; set it to false"
         )
+    if not cfg.scale_advantages:
+        raise ValueError(
+            "estimator.scale_advantages=false: a verl run's advantages are verl's; set "
+            "algorithm.norm_adv_by_std_in_grpo=false instead, and scale_advantages to true"
+        )
+    if cfg.aggregation is not None:
+        raise ValueError(
+            f"estimator.aggregation={cfg.aggregation!r}: a verl run's aggregation is verl's; set "
+            "actor_rollout_ref.actor.loss_agg_mode instead, and aggregation to null"
+        )
     _settings = cfg
     names = []
     for name in REGISTRY:
         register_policy_loss(f"gmc_{name}")(_make_loss(name, cfg))
         names.append(f"gmc_{name}")
+    for name in GROUP_WEIGHTED:
+        register_policy_loss(GROUP_WEIGHTED_LOSS_MODES[f"gmc_{name}"])(_make_loss(name, cfg, group_weighted=True))
     return tuple(names)
 
 
@@ -292,60 +322,77 @@ def nested_group_weights(
     return response_to_nested(weights.unsqueeze(-1) * mask.float(), rows["response_mask"]), stats
 
 
+def _loss_mode(config: Mapping) -> str:
+    return config["actor_rollout_ref"]["actor"]["policy_loss"]["loss_mode"]
+
+
 def uses_group_weights(config: Mapping) -> bool:
-    """Whether verl's configuration ``config`` trains with a group-weighted ``gmc_<name>`` loss."""
-    loss_mode = config["actor_rollout_ref"]["actor"]["policy_loss"]["loss_mode"]
-    return loss_mode in {f"gmc_{name}" for name in GROUP_WEIGHTED}
+    """Whether verl's configuration ``config`` trains with a group-weighted ``gmc_<name>`` loss
+    (under its own name, or the internal one the gmc trainers switch it to)."""
+    return _loss_mode(config) in {*GROUP_WEIGHTED_LOSS_MODES, *GROUP_WEIGHTED_LOSS_MODES.values()}
 
 
 def check_config(config: Mapping, mode: str) -> None:
     """Refuse, with one line naming the key, a verl configuration ``config`` (trainer mode
-    ``mode``: ``sync``, ``colocate_async``, ``separate_async``) under which a group-weighted loss's
-    weights would not be exact: weights computed once a batch need one update a batch (one epoch,
-    one mini-batch of all the batch's prompts, one update between verl's ``old_log_probs`` passes),
-    verl's decoupled mode (the trainer's log-probs at the step, ``old_log_probs``) with the
-    sampler's log-probs, and ``rollout_is_weights`` free for them (no ``rollout_is`` or
-    ``rollout_rs`` of verl's)."""
-    if not uses_group_weights(config):
+    ``mode``: ``sync``, ``colocate_async``, ``separate_async``) under which a ``gmc_<name>`` loss
+    would not be gmc's: verl's rollout correction set beside bypass mode (whose ``rollout_is`` and
+    ``rollout_rs`` verl's v1 trainer skips there); for the losses of :data:`ONE_UPDATE`, more than
+    one update a batch (one epoch, one mini-batch of all the batch's prompts); for a group-weighted
+    loss, besides, verl's decoupled mode (the trainer's log-probs at the step, ``old_log_probs``)
+    with the sampler's log-probs, one update between verl's ``old_log_probs`` passes, and
+    ``rollout_is_weights`` free for the weights (no ``rollout_is`` or ``rollout_rs`` of verl's)."""
+    internal = {v: k for k, v in GROUP_WEIGHTED_LOSS_MODES.items()}
+    loss = internal.get(_loss_mode(config), _loss_mode(config))
+    if not loss.startswith("gmc_"):
         return
-    loss = config["actor_rollout_ref"]["actor"]["policy_loss"]["loss_mode"]
+    name = loss.removeprefix("gmc_")
     correction = config["algorithm"].get("rollout_correction") or {}
+    group_weighted = uses_group_weights(config)
     if correction.get("bypass_mode"):
-        raise ValueError(
-            f"algorithm.rollout_correction.bypass_mode=true: {loss}'s group weights compare the trainer's "
-            "log-probs at the step (decoupled mode's old_log_probs) with the sampler's; set it to false"
-        )
-    for key in ("rollout_is", "rollout_rs"):
-        if correction.get(key) is not None:
+        if group_weighted:
             raise ValueError(
-                f"algorithm.rollout_correction.{key}={correction[key]!r}: {loss}'s group weights are the "
-                "correction of the sampler's ratio and travel in rollout_is_weights; set it to null"
+                f"algorithm.rollout_correction.bypass_mode=true: {loss}'s group weights compare the trainer's "
+                "log-probs at the step (decoupled mode's old_log_probs) with the sampler's; set it to false"
             )
-    if not config["actor_rollout_ref"]["rollout"].get("calculate_log_probs"):
-        raise ValueError(
-            f"actor_rollout_ref.rollout.calculate_log_probs: {loss}'s group weights need the sampler's "
-            "log-probs; set it to true"
-        )
+        for key in ("rollout_is", "rollout_rs"):
+            if correction.get(key) is not None:
+                raise ValueError(
+                    f"algorithm.rollout_correction.{key}={correction[key]!r}: verl's v1 trainer applies no "
+                    f"rollout correction in bypass mode, so {loss} would train without it; set it to null"
+                )
+    if group_weighted:
+        for key in ("rollout_is", "rollout_rs"):
+            if correction.get(key) is not None:
+                raise ValueError(
+                    f"algorithm.rollout_correction.{key}={correction[key]!r}: {loss}'s group weights are the "
+                    "correction of the sampler's ratio and travel in rollout_is_weights; set it to null"
+                )
+        if not config["actor_rollout_ref"]["rollout"].get("calculate_log_probs"):
+            raise ValueError(
+                f"actor_rollout_ref.rollout.calculate_log_probs: {loss}'s group weights need the sampler's "
+                "log-probs; set it to true"
+            )
+        sync_step = (config["trainer"]["v1"].get(mode) or {}).get("parameter_sync_step", 1)
+        if sync_step != 1:
+            raise ValueError(
+                f"trainer.v1.{mode}.parameter_sync_step={sync_step}: after a cycle's first update verl keeps the "
+                f"cycle's first policy as old_log_probs, so {loss}'s group weights would not be the ratio of the "
+                "policy the update differentiates; set it to 1"
+            )
     actor = config["actor_rollout_ref"]["actor"]
-    if actor.get("ppo_epochs", 1) != 1:
-        raise ValueError(
-            f"actor_rollout_ref.actor.ppo_epochs={actor['ppo_epochs']}: {loss}'s group weights are computed "
-            "once a batch and would be stale on a second pass; set it to 1"
-        )
-    sync_step = (config["trainer"]["v1"].get(mode) or {}).get("parameter_sync_step", 1)
-    if sync_step != 1:
-        raise ValueError(
-            f"trainer.v1.{mode}.parameter_sync_step={sync_step}: after a cycle's first update verl keeps the "
-            f"cycle's first policy as old_log_probs, so {loss}'s group weights would not be the ratio of the "
-            "policy the update differentiates; set it to 1"
-        )
-    prompts = config["data"]["train_batch_size"]
-    if actor["ppo_mini_batch_size"] != prompts:
-        raise ValueError(
-            f"actor_rollout_ref.actor.ppo_mini_batch_size={actor['ppo_mini_batch_size']}: {loss}'s group "
-            "weights are computed once a batch and would be stale after a first mini-batch; set it to "
-            f"data.train_batch_size, {prompts}"
-        )
+    if name in ONE_UPDATE:
+        what = "group weights are computed once a batch" if group_weighted else "proximal policy is the batch's first"
+        if actor.get("ppo_epochs", 1) != 1:
+            raise ValueError(
+                f"actor_rollout_ref.actor.ppo_epochs={actor['ppo_epochs']}: {loss}'s {what}, and would be "
+                "stale on a second pass; set it to 1"
+            )
+        prompts = config["data"]["train_batch_size"]
+        if actor["ppo_mini_batch_size"] != prompts:
+            raise ValueError(
+                f"actor_rollout_ref.actor.ppo_mini_batch_size={actor['ppo_mini_batch_size']}: {loss}'s {what}, "
+                f"and would be stale after a first mini-batch; set it to data.train_batch_size, {prompts}"
+            )
 
 
 register_losses()

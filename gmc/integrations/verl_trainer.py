@@ -1,7 +1,8 @@
-"""verl's v1 trainers with gmc's group weights (verl 0.9), loaded on ``import verl`` by the
-``verl.plugins`` entry point ``gmc_trainers`` (``pyproject.toml``), or named in
-``VERL_USE_EXTERNAL_MODULES`` beside :mod:`gmc.integrations.verl`; it needs verl's v1 trainer, and
-so TransferQueue.
+"""verl's v1 trainers with gmc's group weights (verl 0.9), loaded by
+``VERL_USE_EXTERNAL_MODULES=gmc.integrations.verl_trainer`` (verl imports the module in every
+process; it imports :mod:`gmc.integrations.verl`, the losses). It imports verl's whole v1 trainer
+stack, and so needs TransferQueue; no entry point loads it, so that ``import verl`` stays light for
+a run with verl's own trainers.
 
 verl's driver is the one place that sees a whole group: its policy losses see micro-batches, whose
 rows verl's batch balancing has reordered, so the groups are known only by ``uid``. Each trainer
@@ -12,8 +13,10 @@ settings of the mode and its replay buffer apply). After verl has computed the a
 trainer whose loss is group-weighted (``gmc_gmc``) reads each row's ``uid`` and log-probs, computes
 the weights by ``uid`` (:func:`gmc.integrations.verl.group_weights`) and writes them, on every
 valid token of their row, as the rows' ``rollout_is_weights``, which verl's actor hands to the
-policy loss. The configuration is checked at construction
-(:func:`gmc.integrations.verl.check_config`). A trainer of one's own takes the same step by putting
+policy loss; at construction it switches the loss to its internal name
+(:data:`gmc.integrations.verl.GROUP_WEIGHTED_LOSS_MODES`), the one loss that reads them as group
+weights. The configuration is checked at construction (:func:`gmc.integrations.verl.check_config`),
+for every ``gmc_<name>`` loss. A trainer of one's own takes the same step by putting
 :class:`GroupWeights` before its verl base class.
 """
 
@@ -25,12 +28,13 @@ from tensordict import TensorDict
 from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.v1 import PPOTrainerColocateAsync, PPOTrainerSeparateAsync, PPOTrainerSync, register_trainer
 
-from gmc.integrations.verl import check_config, nested_group_weights, uses_group_weights
+from gmc.integrations.verl import GROUP_WEIGHTED_LOSS_MODES, check_config, nested_group_weights, uses_group_weights
 
 
 class GroupWeights:
     """Before a verl ``PPOTrainer`` class: its mode (:attr:`verl_mode`), the configuration checked,
-    and gmc's group weights added after the advantages."""
+    a group-weighted loss switched to its internal name, and gmc's group weights added after the
+    advantages."""
 
     verl_mode: str = "sync"
     """The verl trainer mode this trainer runs as."""
@@ -39,6 +43,8 @@ class GroupWeights:
         with open_dict(config):
             config.trainer.v1.trainer_mode = self.verl_mode
         check_config(config, self.verl_mode)
+        policy_loss = config.actor_rollout_ref.actor.policy_loss
+        policy_loss.loss_mode = GROUP_WEIGHTED_LOSS_MODES.get(policy_loss.loss_mode, policy_loss.loss_mode)
         super().__init__(config)
 
     def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:

@@ -2,15 +2,16 @@
 own code: every ``gmc_<name>`` called through verl's ``get_policy_loss_fn`` on two micro-batches of
 shuffled rows sums to gmc's loss and gradient on the whole batch, for each aggregation it accepts;
 ``gmc_grpo`` equals verl's own PPO loss under verl's normalisers; GMC's weights found by ``uid``
-equal ``trajectory_weights``; the plugin registers in a fresh interpreter, by verl's entry points
-and by ``VERL_USE_EXTERNAL_MODULES``; every refusal names its key. ``make test-peers`` puts verl on
-the path; elsewhere the file skips."""
+equal ``trajectory_weights``; the plugin registers in a fresh interpreter, by its ``verl.plugins``
+entry point and by ``VERL_USE_EXTERNAL_MODULES``; every refusal names its key. ``make test-peers``
+puts verl on the path; elsewhere the file skips."""
 
 import dataclasses
 import os
 import subprocess
 import sys
 import textwrap
+import tomllib
 
 import pytest
 import torch
@@ -24,6 +25,7 @@ from gmc.integrations import verl as gv  # noqa: E402
 
 B, G, T = 4, 4, 10
 N = B * G
+GROUP_WEIGHTED = gv.GROUP_WEIGHTED_LOSS_MODES["gmc_gmc"]  # the loss the gmc trainers switch gmc_gmc to
 
 
 @pytest.fixture(autouse=True)
@@ -177,7 +179,7 @@ def test_gmc_gmc_with_its_group_weights_equals_gmc(agg):
     assert 0 < stats["ratio/frac_groups_capped"] < 1
     w, _ = shuffled_group_weights(logp, logp_b, mask)
     weights = w.unsqueeze(-1) * mask.reshape(N, T)
-    total, verl_grad = through_verl("gmc_gmc", logp, logp, mask, adv, agg, weights=weights)
+    total, verl_grad = through_verl(GROUP_WEIGHTED, logp, logp, mask, adv, agg, weights=weights)
     assert_close(total, loss)
     assert_close(verl_grad, grad)
 
@@ -212,7 +214,9 @@ def test_gmc_gmc_from_the_trainers_rows_through_verls_actor_loss_equals_gmc(agg)
         batch_size=N,
     )
     weights, _ = gv.nested_group_weights(rows, G)
-    config = actor_config(policy_loss=PolicyLossConfig(loss_mode="gmc_gmc"), loss_agg_mode=agg, loss_scale_factor=T)
+    config = actor_config(
+        policy_loss=PolicyLossConfig(loss_mode=GROUP_WEIGHTED), loss_agg_mode=agg, loss_scale_factor=T
+    )
     x = current.clone().requires_grad_(True)
     total = torch.zeros(())
     for part in torch.tensor_split(torch.arange(N), [9]):
@@ -271,19 +275,37 @@ def call(loss_mode, agg="token-mean", weights=None, advantages=None, **actor):
     )
 
 
+# verl's sequence-level rollout_is_weights: one weight per response, as GMC's
+SEQUENCE_WEIGHTS = (torch.rand(N, 1, generator=torch.Generator().manual_seed(5)) + 0.5).expand(N, T)
+
 REFUSALS = [
-    (dict(loss_mode="gmc_grpo", agg="token-sum"), "actor_rollout_ref.actor.loss_agg_mode"),
-    (dict(loss_mode="gmc_tic", agg="seq-mean-token-sum"), "actor_rollout_ref.actor.loss_agg_mode"),
-    (dict(loss_mode="gmc_tic", agg="seq-mean-token-sum-norm"), "actor_rollout_ref.actor.loss_scale_factor"),
-    (dict(loss_mode="gmc_gmc"), "trainer.v1.trainer_mode"),
-    (dict(loss_mode="gmc_gmc", weights=torch.ones(N, T), ppo_epochs=2), "actor_rollout_ref.actor.ppo_epochs"),
-    (dict(loss_mode="gmc_gmc", weights=torch.rand(N, T) + 0.5), "algorithm.rollout_correction.rollout_is"),
-    (dict(loss_mode="gmc_grpo", advantages=torch.randn(N, T)), "algorithm.adv_estimator"),
-    (dict(loss_mode="gmc_m2po"), "actor_rollout_ref.actor.policy_loss.loss_mode=gmc_m2po"),
+    ("agg token-sum", dict(loss_mode="gmc_grpo", agg="token-sum"), "actor_rollout_ref.actor.loss_agg_mode"),
+    ("agg seq-sum", dict(loss_mode="gmc_tic", agg="seq-mean-token-sum"), "actor_rollout_ref.actor.loss_agg_mode"),
+    (
+        "no scale factor",
+        dict(loss_mode="gmc_tic", agg="seq-mean-token-sum-norm"),
+        "actor_rollout_ref.actor.loss_scale_factor",
+    ),
+    ("gmc_gmc", dict(loss_mode="gmc_gmc"), "trainer.v1.trainer_mode"),
+    ("gmc_gmc sequence weights", dict(loss_mode="gmc_gmc", weights=SEQUENCE_WEIGHTS), "trainer.v1.trainer_mode"),
+    ("group weighted, no weights", dict(loss_mode=GROUP_WEIGHTED), "trainer.v1.trainer_mode"),
+    (
+        "group weighted, epochs",
+        dict(loss_mode=GROUP_WEIGHTED, weights=torch.ones(N, T), ppo_epochs=2),
+        "actor_rollout_ref.actor.ppo_epochs",
+    ),
+    ("kpop epochs", dict(loss_mode="gmc_kpop", ppo_epochs=2), "actor_rollout_ref.actor.ppo_epochs"),
+    (
+        "token weights",
+        dict(loss_mode=GROUP_WEIGHTED, weights=torch.rand(N, T) + 0.5),
+        "algorithm.rollout_correction.rollout_is",
+    ),
+    ("advantages", dict(loss_mode="gmc_grpo", advantages=torch.randn(N, T)), "algorithm.adv_estimator"),
+    ("m2po", dict(loss_mode="gmc_m2po"), "actor_rollout_ref.actor.policy_loss.loss_mode=gmc_m2po"),
 ]
 
 
-@pytest.mark.parametrize("kwargs, key", REFUSALS, ids=[k for _, k in REFUSALS])
+@pytest.mark.parametrize("kwargs, key", [r[1:] for r in REFUSALS], ids=[r[0] for r in REFUSALS])
 def test_what_cannot_be_exact_is_refused_naming_the_key(kwargs, key):
     with pytest.raises(ValueError, match=key.replace(".", r"\.")):
         call(**kwargs)
@@ -292,7 +314,7 @@ def test_what_cannot_be_exact_is_refused_naming_the_key(kwargs, key):
 def test_a_losss_metrics_are_gmcs_statistics_of_its_rows_and_none_of_its_groups():
     _, metrics = call("gmc_tic", "seq-mean-token-sum-norm", loss_scale_factor=T)
     assert 0 < metrics["gmc/ratio/frac_traj_capped"] < 1 and "gmc/ratio/shortfall" in metrics
-    _, metrics = call("gmc_gmc", weights=torch.ones(N, T))
+    _, metrics = call(GROUP_WEIGHTED, weights=torch.ones(N, T))
     assert "gmc/loss/pg" in metrics and "gmc/ratio/approx_kl" in metrics
     assert not [k for k in metrics if k.startswith(("gmc/ratio/log_group_mass", "gmc/ratio/ess", "gmc/ratio/weight"))]
 
@@ -305,7 +327,12 @@ def test_a_kept_denominator_is_refused():
 
 @pytest.mark.parametrize(
     "settings, key",
-    [(dict(kl_coef=0.1), "estimator.kl_coef"), (dict(length_corrected=True), "estimator.length_corrected")],
+    [
+        (dict(kl_coef=0.1), "estimator.kl_coef"),
+        (dict(length_corrected=True), "estimator.length_corrected"),
+        (dict(scale_advantages=False), "algorithm.norm_adv_by_std_in_grpo"),
+        (dict(aggregation="token_mean"), "actor_rollout_ref.actor.loss_agg_mode"),
+    ],
 )
 def test_settings_the_losses_cannot_honour_are_refused(settings, key):
     with pytest.raises(ValueError, match=key.replace(".", r"\.")):
@@ -378,11 +405,66 @@ def test_the_trainers_refuse_a_configuration_whose_group_weights_would_not_be_ex
         gv.check_config(verl_config(mode, **{key: value}), mode)
 
 
+LOSS = "actor_rollout_ref.actor.policy_loss.loss_mode"
+ROW_LOCAL_CONFIG_REFUSALS = [
+    # a proximal policy is the batch's first update's: one update a batch
+    ({LOSS: "gmc_kpop", "actor_rollout_ref.actor.ppo_epochs": 2}, "actor_rollout_ref.actor.ppo_epochs"),
+    (
+        {LOSS: "gmc_kpop", "actor_rollout_ref.actor.ppo_mini_batch_size": 4},
+        "actor_rollout_ref.actor.ppo_mini_batch_size",
+    ),
+    # verl's v1 trainer skips its rollout correction in bypass mode
+    (
+        {
+            LOSS: "gmc_tic",
+            "algorithm.rollout_correction.bypass_mode": True,
+            "algorithm.rollout_correction.rollout_is": "token",
+        },
+        "algorithm.rollout_correction.rollout_is",
+    ),
+    (
+        {
+            LOSS: "gmc_tis",
+            "algorithm.rollout_correction.bypass_mode": True,
+            "algorithm.rollout_correction.rollout_rs": "token_k1",
+        },
+        "algorithm.rollout_correction.rollout_rs",
+    ),
+]
+
+
+@pytest.mark.parametrize("changes, key", ROW_LOCAL_CONFIG_REFUSALS, ids=[str(c) for c, _ in ROW_LOCAL_CONFIG_REFUSALS])
+def test_the_trainers_refuse_a_configuration_a_row_local_loss_would_not_honour(changes, key):
+    loss = changes[LOSS]
+    gv.check_config(verl_config(**{LOSS: loss}), "sync")
+    gv.check_config(verl_config(**{**changes, LOSS: "vanilla"}), "sync")  # verl's own losses are verl's business
+    with pytest.raises(ValueError, match=key.replace(".", r"\.")):
+        gv.check_config(verl_config(**changes), "sync")
+
+
+TRAINER_PEERS = ("transfer_queue", "zmq", "msgspec", "prometheus_client", "hydra", "omegaconf", "torchdata", "peft")
+"""What verl's v1 trainer imports beyond .peers: TransferQueue, pyzmq, msgspec, prometheus_client,
+hydra-core 1.4 (1.3 needs antlr 4.9, which gmc's environment replaces by 4.13) with omegaconf
+2.4.1, torchdata and peft."""
+
+
+def import_trainers():
+    """gmc.integrations.verl_trainer, or a skip naming the missing package of verl's v1 trainer; any
+    other import error fails."""
+    try:
+        import gmc.integrations.verl_trainer as trainers
+    except ModuleNotFoundError as error:
+        if (error.name or "").split(".")[0] not in TRAINER_PEERS:
+            raise
+        pytest.skip(f"verl's v1 trainer needs {error.name!r}, not in .peers ({', '.join(TRAINER_PEERS)})")
+    return trainers
+
+
 def test_the_gmc_trainers_run_as_verls_mode_and_write_the_group_weights_after_its_advantages(monkeypatch):
     """The trainers of a full verl install (TransferQueue, Hydra), verl's own steps stubbed: the
     mode set back to verl's, the configuration checked, and after verl's advantages the weights
     of the rows TransferQueue holds written back as their ``rollout_is_weights``."""
-    trainers = pytest.importorskip("gmc.integrations.verl_trainer", reason="verl's v1 trainer (TransferQueue, Hydra)")
+    trainers = import_trainers()
     from tensordict import NonTensorStack, TensorDict
     from verl.trainer.ppo.v1 import PPOTrainer, get_trainer_cls
 
@@ -390,6 +472,13 @@ def test_the_gmc_trainers_run_as_verls_mode_and_write_the_group_weights_after_it
     monkeypatch.setattr(PPOTrainer, "__init__", lambda self, config: setattr(self, "config", config))
     trainer = trainers.GMCTrainerColocateAsync(verl_config("gmc_colocate_async"))
     assert trainer.config.trainer.v1.trainer_mode == "colocate_async"
+    assert trainer.config.actor_rollout_ref.actor.policy_loss.loss_mode == GROUP_WEIGHTED
+    assert (
+        trainers.GMCTrainerSync(verl_config(**{LOSS: "gmc_tic"}))
+        .config["actor_rollout_ref"]
+        .actor.policy_loss.loss_mode
+        == "gmc_tic"
+    )
     with pytest.raises(ValueError, match=r"actor_rollout_ref\.actor\.ppo_epochs"):
         trainers.GMCTrainerSync(verl_config(**{"actor_rollout_ref.actor.ppo_epochs": 2}))
 
@@ -458,7 +547,7 @@ def fresh_interpreter(env, tmp_path):
 
 
 def test_the_plugin_registers_in_a_fresh_interpreter_by_entry_point_and_by_external_modules(tmp_path):
-    """By verl's ``verl.plugins`` entry points alone, and with them off by
+    """By gmc's ``verl.plugins`` entry point alone, and with verl's entry points off by
     ``VERL_USE_EXTERNAL_MODULES``: gmc's module, and a user's module that registers other settings."""
     (tmp_path / "my_gmc_settings.py").write_text(
         "from gmc.estimators import EstimatorConfig\n"
@@ -482,6 +571,15 @@ def test_the_plugin_registers_in_a_fresh_interpreter_by_entry_point_and_by_exter
         out, err = process.communicate(timeout=240)
         assert process.returncode == 0, f"{how}: {err[-2000:]}"
         assert out.split() == ["gmc_gmc", "gmc_tic", eps], how
+
+
+def test_import_verl_loads_the_losses_alone():
+    """The trainers import verl's whole v1 trainer stack: no entry point loads them, only
+    ``VERL_USE_EXTERNAL_MODULES=gmc.integrations.verl_trainer``."""
+    pyproject = os.path.join(os.path.dirname(__file__), "..", "..", "pyproject.toml")
+    with open(pyproject, "rb") as f:
+        plugins = tomllib.load(f)["project"]["entry-points"]["verl.plugins"]
+    assert plugins == {"gmc": "gmc.integrations.verl"}
 
 
 @pytest.mark.gpu
