@@ -50,12 +50,17 @@ check-reproduction: $(STAMP)
 
 # data tests read the offline copy at $(GMC_DATA_ROOT) (default ../shared/data where it exists) and skip without it
 GMC_DATA_ROOT ?= $(if $(wildcard ../shared/data),$(abspath ../shared/data),)
+# The tests run in $(TEST_JOBS) processes (pytest-xdist; auto: one per core), each with one thread
+# (torch's default of one per core would oversubscribe them); an idle process takes work queued for
+# a busy one (worksteal), so the long end-to-end tests do not leave a core idle at the end
+TEST_JOBS ?= auto
+PYTEST := OMP_NUM_THREADS=1 GMC_DATA_ROOT="$(GMC_DATA_ROOT)" $(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist worksteal
 test: $(STAMP)
-	GMC_DATA_ROOT="$(GMC_DATA_ROOT)" $(BIN)/python -m pytest -q
+	$(PYTEST)
 
 # the unit tier: every test but the end-to-end runs (tests/e2e/) and those marked slow
 test-fast: $(STAMP)
-	GMC_DATA_ROOT="$(GMC_DATA_ROOT)" $(BIN)/python -m pytest -q --ignore=tests/e2e -m "not slow and not vllm"
+	$(PYTEST) --ignore=tests/e2e -m "not slow and not vllm"
 
 # the vLLM engine run for real on CPU (tests marked vllm) in its own environment: CPU torch,
 # then vLLM's CPU build with the project (pip picks a transformers both accept); the vision and
