@@ -30,12 +30,9 @@ from gmc.io import atomic_dir, atomic_path, read_jsonl, write_json, write_text
 from gmc.results.outputs import LAB_FOLDER
 from gmc.results.stages import stage_times, stages_markdown
 from gmc.results.tables import write_tables
-from gmc.run.provenance import git_revision, package_versions
+from gmc.run.provenance import PROVENANCE, git_revision, package_versions
 from gmc.run.rundir import CONFIG, GROUPS, INFO, METRICS, SHARED, SUMMARY
 from gmc.sweep.points import Point
-
-PROVENANCE = "provenance.json"
-"""The bundle's record of where it was made: commit, date, machine, threads, packages."""
 
 RUN_FILES = (SUMMARY, CONFIG, INFO, SHARED)
 """Files of a run directory the bundle keeps whole."""

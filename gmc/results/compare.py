@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from gmc.results.bundles import PROVENANCE
 from gmc.results.outputs import analysis_config
 from gmc.results.tables import make_tables
+from gmc.run.provenance import PROVENANCE
 
 KEYS = ("algorithm", "delay", "group")
 PAIRED_KEYS = ("comparison", "delay", "group", "metric")

@@ -1,5 +1,6 @@
 """A run's provenance (``run.json``): a fresh run id, the git revision of the checkout, the
-versions of the packages and of Python, and what the run adds (seed, device, threads)."""
+versions of the packages and of Python, and what the run adds (seed, device, threads); and the
+name of a published bundle's record of the same (:data:`PROVENANCE`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ import uuid
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+PROVENANCE = "provenance.json"
+"""A published bundle's record of where it was made: commit, date, machine, threads, packages."""
 
 
 def git_revision() -> str:

@@ -38,6 +38,7 @@ from typing import Any
 import yaml
 
 from gmc.io import flatten, read_jsonl
+from gmc.run.provenance import PROVENANCE
 from gmc.run.rundir import CONFIG, INFO, METRICS, SHARED, SUMMARY
 
 log = logging.getLogger(__name__)
@@ -293,8 +294,6 @@ def _refuse_bundle(results: Path | None) -> None:
     each run its reward curve without timestamps, its config and its scores: in MLflow its runs
     would be a curve and two scores each, a few milliseconds long. It is refused, naming what to
     read instead."""
-    from gmc.results.bundles import PROVENANCE
-
     if results is not None and (results / PROVENANCE).exists():
         raise ValueError(
             f"{results}: a published bundle ({PROVENANCE}), which keeps of each run only its reward curve, "

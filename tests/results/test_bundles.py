@@ -8,8 +8,8 @@ import pytest
 from helpers import REPO
 
 from gmc.cli import main
-from gmc.results.bundles import PROVENANCE
 from gmc.results.compare import compare
+from gmc.run.provenance import PROVENANCE
 
 
 def test_a_bundle_keeps_what_tables_and_figures_read_and_no_weights(bundle, tmp_path):

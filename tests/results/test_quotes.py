@@ -5,7 +5,7 @@ import json
 import pytest
 
 from gmc.cli import main
-from gmc.results.bundles import PROVENANCE
+from gmc.run.provenance import PROVENANCE
 
 DOC = """# Results
 

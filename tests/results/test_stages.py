@@ -6,7 +6,8 @@ import pytest
 from helpers import sweep
 
 from gmc.cli import main
-from gmc.results.bundles import PROVENANCE, STAGES, publish
+from gmc.results.bundles import STAGES, publish
+from gmc.run.provenance import PROVENANCE
 
 SNAKEMAKE_LOG = """Building DAG of jobs...
 [Fri Dec  4 13:03:12 2026]
