@@ -410,7 +410,8 @@ class StepLogs:
 def group_record(step: int, g) -> dict:
     """A consumed :class:`~gmc.rollouts.groups.Group`'s line in ``groups.jsonl``: the step, its
     prompt, the worker that made it (null when simulated), the version that generated it, the
-    version (optimizer update) that consumed it and their difference, its length and reward, the latency model's virtual times
+    version (optimizer update) that consumed it and their difference, whether an update trained it
+    before (``reused``), its length and reward, the latency model's virtual times
     and, under real asynchrony, its wall clock times and ``versions``, the sorted versions its
     tokens came from (more than one under partial rollouts; ``version`` is the oldest)."""
     record = {
@@ -420,6 +421,7 @@ def group_record(step: int, g) -> dict:
         "version": g.version,
         "consumed_version": g.consumed_version,
         "staleness": g.staleness,
+        "reused": g.trained,
         "length_max": g.max_length,
         "length_mean": float(g.lengths.float().mean()),
         "reward_mean": float(g.rewards.mean()),
