@@ -60,7 +60,7 @@ def test_prefill_staleness_logged_per_group(tmp_path, train_small):
     out = train(tmp_path, "d2", train_small, **{"delay.d": 2, "algorithm": "tic"})
     groups = read_jsonl(out / "groups.jsonl")
     assert len(groups) == 3 * 3 and [g["staleness"] for g in groups] == [0] * 3 + [1] * 3 + [2] * 3
-    assert [g["version"] for g in groups] == [0] * 9
+    assert [g["version"] for g in groups] == [0] * 9 and {g["reused"] for g in groups} == {False}
     metrics = read_jsonl(out / "metrics.jsonl")
     assert metrics[0]["async/queue_groups"] == 2 * 3
     assert "ratio/frac_traj_capped" in metrics[0] and "rollout/reward_mean" in metrics[0]
@@ -94,6 +94,7 @@ def test_latency_mode_runs(tmp_path, train_small):
     assert metrics[-1]["async/clock"] > 0 and metrics[-1]["async/in_flight"] == 6
     groups = read_jsonl(out / "groups.jsonl")
     assert all(g["completed_at"] >= g["submitted_at"] for g in groups)
+    assert {g["reused"] for g in groups} == {False}
 
 
 def cli_run_and_uninterrupted_twin(tmp_path, cfg):
@@ -360,6 +361,23 @@ def test_a_history_run_is_exactly_d_stale_from_d_versions_and_equals_a_run_from_
     zero.run()
     assert trained_prompts(tmp_path / "zero") == trained_prompts(own)
     assert read_jsonl(own / "history" / "groups.jsonl") == read_jsonl(tmp_path / "history" / "groups.jsonl")
+
+
+def test_a_group_consumed_again_after_an_update_trained_it_is_recorded_reused(tmp_path, small_config):
+    """``reused`` is what happened, not a constant: a source that hands the trainer the batch it
+    trained at step 0 again at step 1 (what a queue of a history's own last batches did) gets
+    that step's groups recorded as reused."""
+    trainer = Trainer(small_config(steps=2, **{"delay.mode": "sync"}), tmp_path / "run", progress=False)
+    first = trainer.source.next_batch
+
+    def next_batch(version):
+        batch = first(version)
+        trainer.source.next_batch = lambda version: batch  # the same groups at every later step
+        return batch
+
+    trainer.source.next_batch = next_batch
+    trainer.run()
+    assert [g["reused"] for g in read_jsonl(tmp_path / "run" / "groups.jsonl")] == [False] * 3 + [True] * 3
 
 
 def test_which_prompts_each_update_of_a_history_and_a_stale_run_trains_by_hand(tmp_path, small_config):
