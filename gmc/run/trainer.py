@@ -514,8 +514,8 @@ class Trainer:
             summary = summarize_metrics(self.out / METRICS)
             summary.update({f"history/{k}": v for k, v in self.history.items() if v is not None})
             summary["run_id"] = self.run_info["run_id"]
-            if self.queues:  # a history: the fixed delays whose queues its checkpoint holds
-                summary["queues"] = sorted(self.queues)
+            if self.queues:  # a history: the fixed delays whose queues its checkpoint holds whole
+                summary["queues"] = sorted(d for d, batches in self.queues.items() if len(batches) == d)
             self.rundir.finish(summary, cfg.keep_checkpoints)
         finally:
             try:  # the stop signals stay recorded while the workers and Ray shut down

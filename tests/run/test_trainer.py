@@ -473,8 +473,11 @@ def test_a_history_made_for_other_settings_or_without_the_queue_is_refused_namin
         ConfigError, match=r"holds no queue for d = 3 \(its queues: d = \[2\]\); make it with gmc history --queues 3"
     ):
         Trainer(small_config(**HISTORY_RUN), tmp_path / "b", progress=False, history=tmp_path / "history")
-    with pytest.raises(ConfigError, match=r"delay.d: .* a finished history without the queues of d = \[3\]"):
-        make_history(small_config(**HISTORY_RUN), tmp_path / "history", [2, 3])
+    for finished in (True, False):  # a history whose end is checkpointed resumes there: no queue is added
+        if not finished:
+            (tmp_path / "history" / "summary.json").unlink()
+        with pytest.raises(ConfigError, match=r"delay.d: .* a finished history without the queues of d = \[3\]"):
+            make_history(small_config(**HISTORY_RUN), tmp_path / "history", [2, 3])
     with pytest.raises(ConfigError, match="delay.history_steps: --queues 6: a history of 5 steps"):
         main_history(str(maker), [], str(tmp_path / "long"), queues=[6])
     with pytest.raises(ConfigError, match="delay.history_steps: a history of 2 steps cannot fill a queue of d = 3"):
