@@ -135,6 +135,12 @@ class DelayConfig:
             )
 
     @property
+    def queued(self) -> int:
+        """The batches a run's queue starts with from a history (``warmup: history``): ``d`` for a
+        fixed delay, 0 in every other mode (its history generates no queue for it)."""
+        return self.d if self.mode == "fixed" else 0
+
+    @property
     def history_length(self) -> int:
         """The on-policy steps (batches) the run starts after: ``history_steps`` (``d`` where None)
         under ``warmup: history``, else 0."""

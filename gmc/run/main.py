@@ -75,7 +75,7 @@ def main_history(config: str | None, overrides: list[str], out: str, queues: lis
             "a queue of at most as many batches",
             "delay.history_steps",
         )
-    make_history(cfg, out, [cfg.delay.d] if queues is None else queues)
+    make_history(cfg, out, [cfg.delay.queued] if queues is None else queues)
 
 
 def main_prefill(config: str | None, overrides: list[str], out: str) -> None:

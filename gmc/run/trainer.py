@@ -127,7 +127,7 @@ class Trainer:
             log.warning("%s: no checkpoint to resume from; the run starts from step 0", self.out)
         try:
             if not resuming and history is None and history_config(cfg) is not None:
-                history = make_history(cfg, self.out / HISTORY, [cfg.delay.d], progress)
+                history = make_history(cfg, self.out / HISTORY, [cfg.delay.queued], progress)
             self._setup(cfg, resuming, None if resuming else history)
             if prefill is not None and not resuming:  # a resumed run's checkpoint holds its queue
                 load_prefill(self, Path(prefill))

@@ -103,7 +103,7 @@ def start_from_history(trainer, path: Path) -> None:
             f"--history {path}: made for other settings (differing: {', '.join(differing[:8])}); "
             "a run starts from the history of its own settings but the estimator and the delay"
         )
-    d = cfg.delay.d if cfg.delay.mode == "fixed" else 0
+    d = cfg.delay.queued
     if missing_queues(path, [d]):
         made = json.loads((path / SUMMARY).read_text()).get("queues", [])
         raise ConfigError(

@@ -296,7 +296,7 @@ class Sweep:
             cfg = self.run(point)
             name = history_id(cfg)
             if name is not None:
-                members.setdefault(name, []).append((point, cfg.delay.d if cfg.delay.mode == "fixed" else 0))
+                members.setdefault(name, []).append((point, cfg.delay.queued))
         return {p: (name, tuple(sorted({d for _, d in ms if d > 0}))) for name, ms in members.items() for p, _ in ms}
 
     def history_makers(self) -> dict[str, tuple[Point, tuple[int, ...]]]:
