@@ -115,11 +115,11 @@ class Trainer:
         ``history``: the run directory of a shared history to start from (``warmup: history``;
         without one such a run makes its own first, in ``out/history``); ``queues``: the fixed
         delays whose queues this run, a history, generates for the runs that start from it
-        (:func:`~gmc.run.warmstart.queue_batches`), kept in its checkpoint."""
+        (:func:`~gmc.run.warmstart.queue_batches`), written to its run directory as it generates them."""
         self.cfg = cfg
         self.out = Path(out)
         self.progress = progress
-        self.queue_delays = sorted({d for d in queues if d > 0})
+        self.queues = sorted({d for d in queues if d > 0})
         self.rundir = RunDir(self.out)
         self.ckpt_path = self.rundir.checkpoint
         resuming = self.rundir.open(to_dict(cfg), resume)  # the lock, the config check, leftovers
@@ -186,7 +186,6 @@ class Trainer:
         self.step = 0
         self.consecutive_nonfinite = 0
         self.skipped = 0
-        self.queues: dict[int, list[list[dict]]] = {d: [] for d in self.queue_delays}
         self.history: dict = {}  # what the run started from: the history's summary
         if resuming:
             self._load_checkpoint()
@@ -397,7 +396,6 @@ class Trainer:
             "skipped": self.skipped,
             "consecutive_nonfinite": self.consecutive_nonfinite,
             "run_info": self.run_info,
-            "queues": self.queues,
             "history": self.history,
             "masters": self.masters.state() if self.masters else None,
             "version_unit": VERSION_UNIT,
@@ -421,7 +419,6 @@ class Trainer:
         self.skipped = state["skipped"]
         self.consecutive_nonfinite = state["consecutive_nonfinite"]
         self.run_info = state["run_info"]
-        self.queues.update({d: state.get("queues", {}).get(d, []) for d in self.queues})
         self.history = state.get("history", {})
         if self.step < self.cfg.steps:
             self.rundir.unfinish()
@@ -514,8 +511,8 @@ class Trainer:
             summary = summarize_metrics(self.out / METRICS)
             summary.update({f"history/{k}": v for k, v in self.history.items() if v is not None})
             summary["run_id"] = self.run_info["run_id"]
-            if self.queues:  # a history: the fixed delays whose queues its checkpoint holds whole
-                summary["queues"] = sorted(d for d, batches in self.queues.items() if len(batches) == d)
+            if self.queues:  # a history: the fixed delays whose queues it holds whole
+                summary["queues"] = self.rundir.queues(self.queues)
             self.rundir.finish(summary, cfg.keep_checkpoints)
         finally:
             try:  # the stop signals stay recorded while the workers and Ray shut down
@@ -613,8 +610,8 @@ def out_of_memory(memory_plan, phase: str, device):
 
 def make_history(cfg: TrainConfig, out: str | os.PathLike, queues: Sequence[int], progress: bool = True) -> Path:
     """Train the history of the run ``cfg`` (:func:`~gmc.run.config.history_config`) into the run
-    directory ``out``, generating the queue of each fixed delay of ``queues`` into its last
-    checkpoint (:func:`~gmc.run.warmstart.queue_batches`); an interrupted one goes on from its
+    directory ``out``, generating the queue of each fixed delay of ``queues`` into it
+    (:func:`~gmc.run.warmstart.queue_batches`); an interrupted one goes on from its
     checkpoint, a finished one is left as it is (one without a queue asked of it is refused,
     naming the delays). Returns ``out``."""
     out = Path(out)

@@ -49,7 +49,7 @@ def queue_batches(trainer) -> dict[str, float]:
     from the prompts after the queue's. The history goes on as without them: its prompt cursor is
     forked, every random state restored, and each queue samples from streams of its own
     (:func:`queue_seed`), so neither the history nor a queue depends on the other queues it makes.
-    Returns the step's ``time/queue_seconds`` (none on a step that generates none)."""
+    Each batch goes to the history's run directory at once (:meth:`RunDir.write_queue_batch`). Returns the step's ``time/queue_seconds`` (none on a step that generates none)."""
     cfg, s, H = trainer.cfg, trainer.step, trainer.cfg.steps
     due = [d for d in trainer.queues if s >= H - d]
     if not due:
@@ -63,7 +63,7 @@ def queue_batches(trainer) -> dict[str, float]:
             ahead.take(d * b)
             trainer.engine.set_generator_state({"seed": queue_seed(cfg.seed, d), "calls": s - (H - d)})
             out = RunRollouts(ahead, collector).collect(ahead.take(b), s * cfg.updates_per_batch)
-            trainer.queues[d].append([g.state() for g in out.groups])
+            trainer.rundir.write_queue_batch(d, s - (H - d), [g.state() for g in out.groups])
     finally:
         collector.behaviour = behaviour
         trainer.set_rng_state(rng)
@@ -75,6 +75,15 @@ def missing_queues(path: Path, delays: Iterable[int]) -> list[int]:
     (its ``summary.json`` lists those it made)."""
     made = set(json.loads((Path(path) / SUMMARY).read_text()).get("queues", []))
     return sorted({d for d in delays if d > 0} - made)
+
+
+def read_queue_batch(hist: RunDir, d: int, j: int) -> list[dict]:
+    """Batch ``j`` of the history ``hist``'s queue of ``d`` (group states); a file that cannot be read is named."""
+    path = hist.queue_batch(d, j)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:
+        raise ConfigError(f"--history {hist.path}: {path} cannot be read ({type(e).__name__}: {e})") from None
 
 
 def start_from_history(trainer, path: Path) -> None:
@@ -115,7 +124,7 @@ def start_from_history(trainer, path: Path) -> None:
     trainer.scheduler = trainer.make_scheduler()  # the run's own schedule from its step 0
     trainer.set_rng_state(state["rng"])
     trainer.cursor.load_state_dict(state["cursor"])
-    queue, H = state["queues"][d] if d else [], state["step"]
+    queue, H = [read_queue_batch(hist, d, j) for j in range(d)], state["step"]
     if [g["prompt_index"] for batch in queue for g in batch] != trainer.cursor.take(d * cfg.prompts_per_step):
         raise ConfigError(f"--history {path}: its queue of d = {d} does not hold the prompts that follow its own")
     updates = H * expected.updates_per_batch  # the history's, which its config shares with the run

@@ -398,8 +398,8 @@ def test_which_prompts_each_update_of_a_history_and_a_stale_run_trains_by_hand(t
         (o[2], 1),
         (o[3], 1),
     ]
-    queue = torch.load(out / "history" / "checkpoint.pt", weights_only=False)["queues"]
-    assert [[(g["prompt_index"], g["version"], g["trained"]) for g in batch] for batch in queue[2]] == [
+    queue = [torch.load(RunDir(out / "history").queue_batch(2, j), weights_only=False) for j in range(2)]
+    assert [[(g["prompt_index"], g["version"], g["trained"]) for g in batch] for batch in queue] == [
         [(o[4], 0, False), (o[5], 0, False)],
         [(o[6], 1, False), (o[7], 1, False)],
     ]
@@ -440,13 +440,16 @@ def test_a_history_and_a_stale_run_resumed_reproduce_their_uninterrupted_twins(t
     monkeypatch.setattr(Trainer, "train_step", stop_at(3))
     with pytest.raises(RuntimeError, match="stopped"):
         Trainer(hist_cfg, tmp_path / "h2", progress=False, queues=[2]).run()
-    assert len(torch.load(tmp_path / "h2" / "checkpoint.pt", weights_only=False)["queues"][2]) == 1
+    assert RunDir(tmp_path / "h2").queue_batch(2, 0).exists() and not RunDir(tmp_path / "h2").queues([2])
     monkeypatch.setattr(Trainer, "train_step", step)
     Trainer(hist_cfg, tmp_path / "h2", resume=True, progress=False, queues=[2]).run()
     a, b = (torch.load(tmp_path / h / "checkpoint.pt", weights_only=False) for h in ("history", "h2"))
     assert all(torch.equal(a["model"][k], v) for k, v in b["model"].items())
-    assert len(a["queues"][2]) == len(b["queues"][2]) == 2
-    for x, y in zip((g for batch in a["queues"][2] for g in batch), (g for batch in b["queues"][2] for g in batch)):
+    a, b = (
+        [torch.load(RunDir(tmp_path / h).queue_batch(2, j), weights_only=False) for j in range(2)]
+        for h in ("history", "h2")
+    )
+    for x, y in zip((g for batch in a for g in batch), (g for batch in b for g in batch), strict=True):
         assert x.keys() == y.keys()
         assert all(torch.equal(x[k], y[k]) if torch.is_tensor(x[k]) else x[k] == y[k] for k in x)
 
