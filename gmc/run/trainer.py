@@ -278,7 +278,7 @@ class Trainer:
         if self.engine is not None:
             self.engine.sync_weights(self.model)
         self.source.publish(self.model, (self.step + 1) * K)
-        for g in batch.groups:  # the step's records are copies (_mini_batches): they keep the mark it was consumed with
+        for g in batch.groups:  # the step's records are _mini_batches' copies, marked as each was consumed
             g.trained = True
         t2 = time.perf_counter()
         groups = [g for _, part, _, _ in updates for g in part]

@@ -49,7 +49,8 @@ def queue_batches(trainer) -> dict[str, float]:
     from the prompts after the queue's. The history goes on as without them: its prompt cursor is
     forked, every random state restored, and each queue samples from streams of its own
     (:func:`queue_seed`), so neither the history nor a queue depends on the other queues it makes.
-    Each batch goes to the history's run directory at once (:meth:`RunDir.write_queue_batch`). Returns the step's ``time/queue_seconds`` (none on a step that generates none)."""
+    Each batch goes to the history's run directory at once (:meth:`RunDir.write_queue_batch`).
+    Returns the step's ``time/queue_seconds`` (none on a step that generates none)."""
     cfg, s, H = trainer.cfg, trainer.step, trainer.cfg.steps
     due = [d for d in trainer.queues if s >= H - d]
     if not due:
