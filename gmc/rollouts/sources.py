@@ -135,7 +135,8 @@ class FixedDelaySource(SyncSource):
     def load_history(self, batches: list[list[Group]]) -> None:
         if len(batches) != self.d:
             raise ValueError(
-                f"a queue of d = {self.d} starts from the {self.d} batches its history generated for it, got {len(batches)}"
+                f"a queue of d = {self.d} starts from the {self.d} batches its history generated for it, "
+                f"got {len(batches)}"
             )
         self.queue, self.started = deque(batches), True
 

@@ -117,7 +117,8 @@ def start_from_history(trainer, path: Path) -> None:
     if missing_queues(path, [d]):
         made = json.loads((path / SUMMARY).read_text()).get("queues", [])
         raise ConfigError(
-            f"--history {path}: holds no queue for d = {d} (its queues: d = {made}); make it with gmc history --queues {d}"
+            f"--history {path}: holds no queue for d = {d} (its queues: d = {made}); "
+            f"make it with gmc history --queues {d}"
         )
     hist.fingerprint = config_fingerprint(to_dict(expected))
     state = hist.read_checkpoint(hist.checkpoint)
