@@ -134,12 +134,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", required=True, help="the history's run directory")
     p.add_argument(
-        "--keep",
+        "--queues",
         type=int,
+        nargs="*",
         default=None,
-        metavar="N",
-        help="keep the batches of its last N updates for the fixed delays that start from it (default: "
-        "the run's delay.d)",
+        metavar="D",
+        help="generate the queue of each of these fixed delays for the runs that start from it: d batches of "
+        "the prompts that come after its own, each made by the version d steps before the run's step that "
+        "trains it (default: the run's delay.d; none: no queue)",
     )
     p.set_defaults(func=_history)
 
@@ -541,7 +543,7 @@ def _history(args: argparse.Namespace) -> int:
     from gmc.run.trainer import PREEMPTED, Preempted
 
     try:
-        main_history(args.config, args.overrides, args.out, args.keep)
+        main_history(args.config, args.overrides, args.out, args.queues)
     except Preempted as e:
         print(f"gmc history: {e}", file=sys.stderr)
         return PREEMPTED

@@ -57,6 +57,12 @@ class PromptCursor:
             self.pos += 1
         return out
 
+    def fork(self) -> PromptCursor:
+        """A cursor at this one's place that walks on without moving it (the prompts further ahead)."""
+        ahead = PromptCursor(self.records, self.seed)
+        ahead.load_state_dict(self.state_dict())
+        return ahead
+
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "pos": self.pos}
 

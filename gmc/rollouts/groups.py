@@ -38,6 +38,7 @@ class Group:
     generation_seconds: float | None = None  # its worker's time for the call that made it
     token_versions: Tensor | None = None  # [G, T] int64: the version that sampled each token (partial
     # rollouts: the weights changed mid-answer; ``version`` is the oldest); None: all ``version``
+    trained: bool = False  # an update has trained it: consumed again, it is reused (``groups.jsonl``)
 
     @property
     def versions(self) -> list[int]:

@@ -63,9 +63,9 @@ class SyncSource:
         return []
 
     def load_history(self, batches: list[list[Group]]) -> None:
-        """Start after a history (``warmup: history``): its last batches, oldest first, labelled
-        with the versions (updates, counted back from the run's first) that made them. A source
-        without a queue takes none."""
+        """Start after a history (``warmup: history``): the batches it generated for this queue,
+        oldest first, labelled with the versions (updates, counted back from the run's first) that
+        made them. A source without a queue takes none."""
         if batches:
             raise ValueError(f"{type(self).__name__} keeps no queue: it starts from a history's weights alone")
 
@@ -91,9 +91,10 @@ class FixedDelaySource(SyncSource):
     """A FIFO of step batches with delay ``d`` (in batches): at step ``t`` a batch is generated with
     the current weights and pushed, and the batch generated at ``t - d`` is popped, so with ``K``
     updates per batch it is ``d K`` updates stale at its first update. How the queue starts
-    [choice, ``delay.warmup``]: ``history``, with the last ``d`` batches of an on-policy history
-    (:meth:`load_history`), versions ``-d K .. -K``, so the staleness is ``d`` batches at every
-    step, from ``d`` distinct behaviour policies; ``prefill``, with ``d`` batches of the starting
+    [choice, ``delay.warmup``]: ``history``, with the ``d`` batches an on-policy history generated
+    for it with its last ``d`` versions and trained on none (:meth:`load_history`), versions
+    ``-d K .. -K``, so the staleness is ``d`` batches at every step, from ``d`` distinct behaviour
+    policies; ``prefill``, with ``d`` batches of the starting
     weights ``theta_0``, labelled with its version, so the batch trained at step ``t < d`` is
     ``t`` batches stale; ``ramp``, empty, generating two batches per step until it is ``d`` ahead.
     ``d = 0`` is on-policy training."""
@@ -109,8 +110,8 @@ class FixedDelaySource(SyncSource):
         if not self.started:
             if self.warmup == "history" and self.d:
                 raise ValueError(
-                    f"a fixed delay of {self.d} with warmup: history starts from its history's last "
-                    f"{self.d} batches (load_history), which were not given"
+                    f"a fixed delay of {self.d} with warmup: history starts from the {self.d} batches its "
+                    "history generated for it (load_history), which were not given"
                 )
             self.prefill(version)
         self.queue.append(self._generate(self.batch_prompts, version))
@@ -134,7 +135,8 @@ class FixedDelaySource(SyncSource):
     def load_history(self, batches: list[list[Group]]) -> None:
         if len(batches) != self.d:
             raise ValueError(
-                f"a queue of d = {self.d} starts from the history's last {self.d} batches, got {len(batches)}"
+                f"a queue of d = {self.d} starts from the {self.d} batches its history generated for it, "
+                f"got {len(batches)}"
             )
         self.queue, self.started = deque(batches), True
 

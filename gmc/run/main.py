@@ -58,9 +58,9 @@ def main_train(
     return summary
 
 
-def main_history(config: str | None, overrides: list[str], out: str, keep: int | None) -> None:
+def main_history(config: str | None, overrides: list[str], out: str, queues: list[int] | None) -> None:
     """Make the history that the run of ``config`` (with ``overrides``) starts from, in ``out``,
-    keeping ``keep`` batches (None: the run's own fixed delay)."""
+    with the queues of the fixed delays ``queues`` (None: the run's own fixed delay)."""
     cfg = load_train_config(config, overrides)
     if history_config(cfg) is None:
         raise ConfigError(
@@ -68,7 +68,14 @@ def main_history(config: str | None, overrides: list[str], out: str, keep: int |
             f"{cfg.delay.history_length}; a history is what a run with warmup: history starts from",
             "delay.warmup",
         )
-    make_history(cfg, out, cfg.delay.d if keep is None else keep)
+    too_long = [d for d in queues or [] if d > cfg.delay.history_length]
+    if too_long:
+        raise ConfigError(
+            f"--queues {' '.join(map(str, too_long))}: a history of {cfg.delay.history_length} steps generates "
+            "a queue of at most as many batches",
+            "delay.history_steps",
+        )
+    make_history(cfg, out, [cfg.delay.queued] if queues is None else queues)
 
 
 def main_prefill(config: str | None, overrides: list[str], out: str) -> None:

@@ -22,7 +22,9 @@ Every file of a run is written here. Per step (:meth:`RunDir.logs`): a line of
 ``staleness_trace.jsonl`` (what the ``trace`` delay mode replays), each flushed as the step
 ends, and with ``rollout_correction.record_logprobs`` a file of its tokens' log-probs in
 ``logprobs/``; a resumed run first cuts these back to its checkpoint's step
-(:meth:`RunDir.truncate_logs`).
+(:meth:`RunDir.truncate_logs`). A history writes each batch of its fixed delays' queues to
+``queues/d~<d>/`` as it generates it (:meth:`RunDir.write_queue_batch`), so that neither it
+nor a run that starts from it holds more of them in memory than it needs.
 """
 
 from __future__ import annotations
@@ -67,10 +69,12 @@ LOGPROBS = "logprobs"
 """Per step, every trained token's three log-probs (``rollout_correction.record_logprobs``)."""
 HISTORY = "history"
 """The run directory of the history a run with ``warmup: history`` made for itself (none shared)."""
+QUEUES = "queues"
+"""A history's queues, one folder per fixed delay ``d``, a file per batch (:meth:`RunDir.queue_batch`)."""
 SHARED = "shared.json"
 """What a sweep's point holds instead of a run when its run is provably another point's: which
 run (its point), and why."""
-RUN_FILES = (CONFIG, INFO, *LOGS, LOGPROBS, CHECKPOINT, PREVIOUS, REJECTED, SUMMARY, MODEL)
+RUN_FILES = (CONFIG, INFO, *LOGS, LOGPROBS, QUEUES, CHECKPOINT, PREVIOUS, REJECTED, SUMMARY, MODEL)
 """Everything a run writes into its directory (besides the lock)."""
 
 
@@ -244,7 +248,7 @@ class RunDir:
         """Remove what interrupted atomic writes left behind (``.<name>.*.tmp``, ``.model.old``)."""
         leftovers = [
             p
-            for folder in (self.path, self.path / LOGPROBS)
+            for folder in (self.path, self.path / LOGPROBS, *(self.path / QUEUES).glob("d~*"))
             if folder.is_dir()
             for p in folder.iterdir()
             if p.name.startswith(".") and (p.name.endswith(".tmp") or p.name == f".{MODEL}.old")
@@ -274,6 +278,7 @@ class RunDir:
         for name in (CHECKPOINT, PREVIOUS, REJECTED, *LOGS):
             (self.path / name).unlink(missing_ok=True)
         shutil.rmtree(self.path / LOGPROBS, ignore_errors=True)
+        shutil.rmtree(self.path / QUEUES, ignore_errors=True)
 
     # -- the step logs -------------------------------------------------------------------------
 
@@ -305,6 +310,21 @@ class RunDir:
         folder.mkdir(exist_ok=True)
         with atomic_path(folder / f"step_{step:06d}.pt") as tmp:
             torch.save({"step": step, **tokens}, tmp)
+
+    def queue_batch(self, d: int, j: int) -> Path:
+        """The file of batch ``j`` of a history's queue for the fixed delay ``d`` (a list of group states)."""
+        return self.path / QUEUES / f"d~{d}" / f"batch_{j:06d}.pt"
+
+    def write_queue_batch(self, d: int, j: int, groups: list[dict]) -> None:
+        """Batch ``j`` of the queue of ``d``, atomically (a resumed history writes it again, the same)."""
+        import torch
+
+        with atomic_path(self.queue_batch(d, j)) as tmp:
+            torch.save(groups, tmp)
+
+    def queues(self, delays) -> list[int]:
+        """The fixed delays of ``delays`` whose queues this history holds whole (``d`` batches each)."""
+        return [d for d in delays if all(self.queue_batch(d, j).exists() for j in range(d))]
 
     # -- checkpoints --------------------------------------------------------------------------
 
@@ -410,7 +430,8 @@ class StepLogs:
 def group_record(step: int, g) -> dict:
     """A consumed :class:`~gmc.rollouts.groups.Group`'s line in ``groups.jsonl``: the step, its
     prompt, the worker that made it (null when simulated), the version that generated it, the
-    version (optimizer update) that consumed it and their difference, its length and reward, the latency model's virtual times
+    version (optimizer update) that consumed it and their difference, whether an update trained it
+    before (``reused``), its length and reward, the latency model's virtual times
     and, under real asynchrony, its wall clock times and ``versions``, the sorted versions its
     tokens came from (more than one under partial rollouts; ``version`` is the oldest)."""
     record = {
@@ -420,6 +441,7 @@ def group_record(step: int, g) -> dict:
         "version": g.version,
         "consumed_version": g.consumed_version,
         "staleness": g.staleness,
+        "reused": g.trained,
         "length_max": g.max_length,
         "length_mean": float(g.lengths.float().mean()),
         "reward_mean": float(g.rewards.mean()),

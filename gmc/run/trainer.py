@@ -23,7 +23,7 @@ import math
 import os
 import random
 import time
-from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,7 +59,8 @@ from gmc.run.rundir import (
     nonfinite_tensors,
 )
 from gmc.run.summary import summarize_metrics
-from gmc.run.warmstart import load_prefill, start_from_history
+from gmc.run.warmstart import load_prefill, missing_queues, queue_batches, start_from_history
+from gmc.settings import ConfigError
 from gmc.stop import STOP
 
 log = logging.getLogger(__name__)
@@ -108,17 +109,17 @@ class Trainer:
         progress: bool = True,
         prefill: str | os.PathLike | None = None,
         history: str | os.PathLike | None = None,
-        keep_batches: int = 0,
+        queues: Sequence[int] = (),
     ):
         """``prefill``: a shared prefill to start from (:func:`~gmc.run.warmstart.write_prefill`);
         ``history``: the run directory of a shared history to start from (``warmup: history``;
-        without one such a run makes its own first, in ``out/history``); ``keep_batches``: keep the
-        batches of the last so many steps, with behaviour log-probs, in the checkpoint (what a
-        history hands on)."""
+        without one such a run makes its own first, in ``out/history``); ``queues``: the fixed
+        delays whose queues this run, a history, generates for the runs that start from it
+        (:func:`~gmc.run.warmstart.queue_batches`), written to its run directory as it generates them."""
         self.cfg = cfg
         self.out = Path(out)
         self.progress = progress
-        self.keep_batches = keep_batches
+        self.queues = sorted({d for d in queues if d > 0})
         self.rundir = RunDir(self.out)
         self.ckpt_path = self.rundir.checkpoint
         resuming = self.rundir.open(to_dict(cfg), resume)  # the lock, the config check, leftovers
@@ -126,7 +127,7 @@ class Trainer:
             log.warning("%s: no checkpoint to resume from; the run starts from step 0", self.out)
         try:
             if not resuming and history is None and history_config(cfg) is not None:
-                history = make_history(cfg, self.out / HISTORY, cfg.delay.d, progress)
+                history = make_history(cfg, self.out / HISTORY, [cfg.delay.queued], progress)
             self._setup(cfg, resuming, None if resuming else history)
             if prefill is not None and not resuming:  # a resumed run's checkpoint holds its queue
                 load_prefill(self, Path(prefill))
@@ -185,7 +186,6 @@ class Trainer:
         self.step = 0
         self.consecutive_nonfinite = 0
         self.skipped = 0
-        self.kept: deque[list[dict]] = deque(maxlen=self.keep_batches or None)
         self.history: dict = {}  # what the run started from: the history's summary
         if resuming:
             self._load_checkpoint()
@@ -243,8 +243,7 @@ class Trainer:
         after the last. A device that runs out of memory stops the run with the plan beside the
         measured peak (:func:`out_of_memory`). The step's metrics average its updates'."""
         t0 = time.perf_counter()
-        if self.keep_batches and self.collector and self.step >= self.cfg.steps - self.keep_batches:
-            self.collector.behaviour = self.cfg.behaviour_logprobs  # what a stale run trains these batches with
+        queued = queue_batches(self) if self.queues else {}
         K = self.cfg.updates_per_batch
         with out_of_memory(self.memory_plan, "generation", self.device):
             batch = self.source.next_batch(self.step * K)
@@ -279,8 +278,8 @@ class Trainer:
         if self.engine is not None:
             self.engine.sync_weights(self.model)
         self.source.publish(self.model, (self.step + 1) * K)
-        if self.keep_batches:
-            self.kept.append([g.state() for g in batch.groups])
+        for g in batch.groups:  # the step's records are _mini_batches' copies, marked as each was consumed
+            g.trained = True
         t2 = time.perf_counter()
         groups = [g for _, part, _, _ in updates for g in part]
         rewards = torch.cat([r for _, _, r, _ in updates])
@@ -298,6 +297,7 @@ class Trainer:
             **rollout_metrics(batch.collected),
             **staleness_stats(groups),
             **self.source.stats(),
+            **queued,
             "time/step_seconds": t2 - t0,
             "time/update_seconds": t2 - t1,
         }
@@ -396,7 +396,6 @@ class Trainer:
             "skipped": self.skipped,
             "consecutive_nonfinite": self.consecutive_nonfinite,
             "run_info": self.run_info,
-            "kept_batches": list(self.kept),
             "history": self.history,
             "masters": self.masters.state() if self.masters else None,
             "version_unit": VERSION_UNIT,
@@ -420,7 +419,6 @@ class Trainer:
         self.skipped = state["skipped"]
         self.consecutive_nonfinite = state["consecutive_nonfinite"]
         self.run_info = state["run_info"]
-        self.kept.extend(state.get("kept_batches", []))
         self.history = state.get("history", {})
         if self.step < self.cfg.steps:
             self.rundir.unfinish()
@@ -513,6 +511,8 @@ class Trainer:
             summary = summarize_metrics(self.out / METRICS)
             summary.update({f"history/{k}": v for k, v in self.history.items() if v is not None})
             summary["run_id"] = self.run_info["run_id"]
+            if self.queues:  # a history: the fixed delays whose queues it holds whole
+                summary["queues"] = self.rundir.queues(self.queues)
             self.rundir.finish(summary, cfg.keep_checkpoints)
         finally:
             try:  # the stop signals stay recorded while the workers and Ray shut down
@@ -608,12 +608,27 @@ def out_of_memory(memory_plan, phase: str, device):
         raise MemoryPlanError(f"out of memory in {phase}; {measured}; {planned}\n({e})") from e
 
 
-def make_history(cfg: TrainConfig, out: str | os.PathLike, keep: int, progress: bool = True) -> Path:
+def make_history(cfg: TrainConfig, out: str | os.PathLike, queues: Sequence[int], progress: bool = True) -> Path:
     """Train the history of the run ``cfg`` (:func:`~gmc.run.config.history_config`) into the run
-    directory ``out``, keeping the batches of its last ``keep`` steps with their behaviour
-    log-probs in its last checkpoint; an interrupted one goes on from its checkpoint, a finished one
-    is left as it is. Returns ``out``."""
+    directory ``out``, generating the queue of each fixed delay of ``queues`` into it
+    (:func:`~gmc.run.warmstart.queue_batches`); an interrupted one goes on from its
+    checkpoint, a finished one is left as it is (one without a queue asked of it is refused,
+    naming the delays). Returns ``out``."""
     out = Path(out)
+    delays = sorted({d for d in queues if d > 0})
+    if delays and cfg.zero_variance_filter:
+        raise ConfigError(
+            f"{out}: a history's queues (d = {delays}) hold the prompts that come next in the data order, "
+            "which the filter's refills would move: a fixed delay after a history runs without it",
+            "zero_variance_filter",
+        )
     if not RunDir(out).finished:
-        Trainer(history_config(cfg), out, resume=True, progress=progress, keep_batches=keep).run()
+        Trainer(history_config(cfg), out, resume=True, progress=progress, queues=delays).run()
+    missing = missing_queues(out, delays)
+    if missing:
+        raise ConfigError(
+            f"{out}: a finished history without the queues of d = {missing}, which only its own training "
+            "generates: remove the folder to train it again with them",
+            "delay.d",
+        )
     return out

@@ -84,8 +84,10 @@ class RunDelay:
     warmup: Literal["history", "prefill", "ramp"] = "history"
     """How every run starts (the runs' ``delay.warmup``). ``history``: each seed's runs (every
     estimator and delay, the latency model and Ray included) start from the end of one on-policy
-    history, and a fixed delay ``d`` trains the history's last ``d`` batches first, so staleness
-    is exactly ``d`` at every step. ``prefill``: a fixed delay's queue starts with ``d`` batches of
+    history; a fixed delay ``d`` first trains the ``d`` batches the history generated for it with
+    its last ``d`` versions from the prompts that come after its own, which no update has trained,
+    so staleness is exactly ``d`` at every step and every delay trains the same prompts in the
+    same order. ``prefill``: a fixed delay's queue starts with ``d`` batches of
     the base model (the batch trained at step ``t < d`` is ``t`` updates stale), the other runs
     from the base model. ``ramp``: the queue starts empty and staleness grows to ``d``."""
     history_steps: NonNegativeInt | None = None

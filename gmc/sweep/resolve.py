@@ -284,24 +284,26 @@ class Sweep:
         return {p: (name, ps[0]) for name, ps in members.items() if len(ps) > 1 for p in ps}
 
     @cached_property
-    def histories(self) -> dict[Point, tuple[str, int]]:
+    def histories(self) -> dict[Point, tuple[str, tuple[int, ...]]]:
         """Each point whose run starts from a history (``warmup: history``), mapped to the history's
-        name (:func:`history_id`) and the batches it keeps: the largest fixed delay among the runs
-        that start from it. The sweep trains each history once (``gmc history``), as a run directory
-        ``<results>/history/<name>``, and starts every member from it (``gmc train --history``)."""
+        name (:func:`history_id`) and the queues it generates: the fixed delays above 0 of the runs
+        that start from it, ascending (:func:`~gmc.run.warmstart.queue_batches`: one queue each, so
+        that every delay trains the same prompts in the same order). The sweep trains each history
+        once (``gmc history``), as a run directory ``<results>/history/<name>``, and starts every
+        member from it (``gmc train --history``)."""
         members: dict[str, list[tuple[Point, int]]] = {}
         for point in self.points:
             cfg = self.run(point)
             name = history_id(cfg)
             if name is not None:
-                members.setdefault(name, []).append((point, cfg.delay.d if cfg.delay.mode == "fixed" else 0))
-        return {p: (name, max(d for _, d in ms)) for name, ms in members.items() for p, _ in ms}
+                members.setdefault(name, []).append((point, cfg.delay.queued))
+        return {p: (name, tuple(sorted({d for _, d in ms if d > 0}))) for name, ms in members.items() for p, _ in ms}
 
-    def history_makers(self) -> dict[str, tuple[Point, int]]:
-        """Each history's first member, whose config trains it, and the batches it keeps."""
-        makers: dict[str, tuple[Point, int]] = {}
-        for point, (name, keep) in self.histories.items():
-            makers.setdefault(name, (point, keep))
+    def history_makers(self) -> dict[str, tuple[Point, tuple[int, ...]]]:
+        """Each history's first member, whose config trains it, and the queues it generates."""
+        makers: dict[str, tuple[Point, tuple[int, ...]]] = {}
+        for point, (name, queues) in self.histories.items():
+            makers.setdefault(name, (point, queues))
         return makers
 
     def lab_history(self, seed: int | None = None, group: int | None = None) -> str:

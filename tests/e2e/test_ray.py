@@ -43,6 +43,7 @@ def check_records(out, steps, per_step, bound, updates_per_batch=1):
     assert len(groups) == steps * per_step
     assert [sum(g["step"] == s for g in groups) for s in range(steps)] == [per_step] * steps
     assert len({g["prompt_index"] for g in groups}) == len(groups)  # nothing trained twice
+    assert {g["reused"] for g in groups} == {False}
     for g in groups:
         assert g["staleness"] == g["consumed_version"] - g["version"] <= bound
         assert g["worker"] is not None and g["submit_wall"] <= g["finish_wall"] <= g["consume_wall"]

@@ -74,7 +74,7 @@ def test_a_history_fills_the_queue_with_d_batches_of_d_distinct_versions(d):
         assert [g.staleness for g in batch] == [d, d]
         versions.append(batch[0].version)
     assert versions == list(range(-d, 10 - d))  # the first d steps: d distinct generating versions
-    with pytest.raises(ValueError, match="history's last 3 batches"):
+    with pytest.raises(ValueError, match="the 3 batches its history generated"):
         FixedDelaySource(gen, batch_prompts=2, d=3, warmup="history").next_batch(0)
 
 

@@ -19,7 +19,7 @@ from helpers import train
 
 from gmc.estimators import losses
 from gmc.io import read_jsonl
-from gmc.run.config import ConfigError, load_train_config, to_dict
+from gmc.run.config import ConfigError, history_config, load_train_config, to_dict
 from gmc.run.rundir import RunDir
 from gmc.run.summary import without_time
 from gmc.run.trainer import NonFiniteError, Trainer
@@ -60,7 +60,7 @@ def test_prefill_staleness_logged_per_group(tmp_path, train_small):
     out = train(tmp_path, "d2", train_small, **{"delay.d": 2, "algorithm": "tic"})
     groups = read_jsonl(out / "groups.jsonl")
     assert len(groups) == 3 * 3 and [g["staleness"] for g in groups] == [0] * 3 + [1] * 3 + [2] * 3
-    assert [g["version"] for g in groups] == [0] * 9
+    assert [g["version"] for g in groups] == [0] * 9 and {g["reused"] for g in groups} == {False}
     metrics = read_jsonl(out / "metrics.jsonl")
     assert metrics[0]["async/queue_groups"] == 2 * 3
     assert "ratio/frac_traj_capped" in metrics[0] and "rollout/reward_mean" in metrics[0]
@@ -94,6 +94,7 @@ def test_latency_mode_runs(tmp_path, train_small):
     assert metrics[-1]["async/clock"] > 0 and metrics[-1]["async/in_flight"] == 6
     groups = read_jsonl(out / "groups.jsonl")
     assert all(g["completed_at"] >= g["submitted_at"] for g in groups)
+    assert {g["reused"] for g in groups} == {False}
 
 
 def cli_run_and_uninterrupted_twin(tmp_path, cfg):
@@ -305,15 +306,23 @@ HISTORY_RUN = dict(steps=4, **{"delay.d": 3, "delay.warmup": "history", "delay.h
 """A fixed delay of 3 after an on-policy history of 5 updates."""
 
 
+def trained_prompts(out) -> list[int]:
+    """The prompt indices a run directory's updates trained, in order (``groups.jsonl``)."""
+    return [g["prompt_index"] for g in read_jsonl(out / "groups.jsonl")]
+
+
 @pytest.mark.parametrize("behaviour", ["trainer", "sampler"])
 def test_a_history_run_is_exactly_d_stale_from_d_versions_and_equals_a_run_from_the_shared_history(
     tmp_path, small_config, behaviour
 ):
-    """Every group of every step is exactly d updates stale; the first d steps train on the
-    history's last d batches, one per generating version (-3, -2, -1), their behaviour log-probs
-    recorded when the history generated them; the run's records hold its own steps only. A run
-    that makes its own history equals one started from the shared history (gmc history), metrics,
-    groups and all, and a delay-0 run of the same seed starts from the same weights."""
+    """Every group of every step is exactly d updates stale; the first d steps train the batches
+    the history generated for the queue, one per generating version (-3, -2, -1), their behaviour
+    log-probs recorded when the history generated them; the run's records hold its own steps only.
+    No group is trained twice: the run trains none of the history's prompts, and the prompts a
+    delay-0 run from the same history trains, in the same order (a queue of the history's own
+    last batches would train them again). A run that makes its own history (a queue of d alone)
+    equals one started from a shared history that makes the queues of two delays (gmc history),
+    metrics, groups and all; the delay-0 run starts from the same weights."""
     from gmc.run.main import main_history
 
     cfg = small_config(algorithm="gmc", behaviour_logprobs=behaviour, **HISTORY_RUN)
@@ -321,9 +330,11 @@ def test_a_history_run_is_exactly_d_stale_from_d_versions_and_equals_a_run_from_
     Trainer(cfg, own, progress=False).run()
     groups = read_jsonl(own / "groups.jsonl")
     assert len(read_jsonl(own / "metrics.jsonl")) == 4 and {g["step"] for g in groups} == {0, 1, 2, 3}
-    assert {g["staleness"] for g in groups} == {3}
+    assert {g["staleness"] for g in groups} == {3} and {g["reused"] for g in groups} == {False}
     assert [g["version"] for g in groups if g["step"] < 3] == [v for v in (-3, -2, -1) for _ in range(3)]
-    assert len(read_jsonl(own / "history" / "metrics.jsonl")) == 5  # the history's own run directory
+    history = read_jsonl(own / "history" / "metrics.jsonl")  # the history's own run directory
+    assert len(history) == 5 and ["time/queue_seconds" in r for r in history] == [False] * 2 + [True] * 3
+    assert not set(trained_prompts(own)) & set(trained_prompts(own / "history"))
     summary = json.loads((own / "summary.json").read_text())
     assert summary["history/steps"] == 5 and "history/reward_mean_last20" in summary
 
@@ -333,7 +344,7 @@ def test_a_history_run_is_exactly_d_stale_from_d_versions_and_equals_a_run_from_
             to_dict(small_config(algorithm="tic", behaviour_logprobs=behaviour, **{**HISTORY_RUN, "delay.d": 0}))
         )
     )
-    main_history(str(maker), [], str(tmp_path / "history"), keep=3)
+    main_history(str(maker), [], str(tmp_path / "history"), queues=[2, 3])
     shared = tmp_path / "shared"
     Trainer(cfg, shared, progress=False, history=tmp_path / "history").run()
     assert without_time(read_jsonl(own / "metrics.jsonl")) == without_time(read_jsonl(shared / "metrics.jsonl"))
@@ -346,26 +357,140 @@ def test_a_history_run_is_exactly_d_stale_from_d_versions_and_equals_a_run_from_
         history=tmp_path / "history",
     )
     start = torch.load(tmp_path / "history" / "checkpoint.pt", weights_only=False)["model"]
-    try:
-        assert all(torch.equal(zero.model.state_dict()[k], v) for k, v in start.items())
-    finally:
-        zero.close()
+    assert all(torch.equal(zero.model.state_dict()[k], v) for k, v in start.items())
+    zero.run()
+    assert trained_prompts(tmp_path / "zero") == trained_prompts(own)
+    assert read_jsonl(own / "history" / "groups.jsonl") == read_jsonl(tmp_path / "history" / "groups.jsonl")
 
 
-def test_a_history_made_for_other_settings_or_too_short_is_refused_naming_why(tmp_path, small_config):
+def test_a_group_consumed_again_after_an_update_trained_it_is_recorded_reused(tmp_path, small_config):
+    """``reused`` is what happened, not a constant: a source that hands the trainer the batch it
+    trained at step 0 again at step 1 (what a queue of a history's own last batches did) gets
+    that step's groups recorded as reused."""
+    trainer = Trainer(small_config(steps=2, **{"delay.mode": "sync"}), tmp_path / "run", progress=False)
+    first = trainer.source.next_batch
+
+    def next_batch(version):
+        batch = first(version)
+        trainer.source.next_batch = lambda version: batch  # the same groups at every later step
+        return batch
+
+    trainer.source.next_batch = next_batch
+    trainer.run()
+    assert [g["reused"] for g in read_jsonl(tmp_path / "run" / "groups.jsonl")] == [False] * 3 + [True] * 3
+
+
+def test_which_prompts_each_update_of_a_history_and_a_stale_run_trains_by_hand(tmp_path, small_config):
+    """H = 2 on-policy steps of b = 2 prompts, then d = 2 for 3 steps, on the seed's prompt order
+    o: the history trains o[0:2] with update 0 and o[2:4] with update 1 and generates the queue,
+    o[4:6] with update 0's weights and o[6:8] with update 1's (d batches ahead of its own); the run
+    trains o[4:6] (version -2), o[6:8] (version -1), then o[8:10], which its own step 0 generated
+    (version 0), each group once: 2 updates stale, reused by none."""
+    from gmc.rollouts.collect import PromptCursor, training_records
+
+    cfg = small_config(prompts_per_step=2, **{"delay.d": 2, "delay.warmup": "history", "delay.history_steps": 2})
+    out = tmp_path / "run"
+    Trainer(cfg, out, progress=False).run()
+    o = PromptCursor(training_records(cfg.train_data, cfg.synthetic, cfg.seed), cfg.seed).take(10)
+    assert [(g["prompt_index"], g["consumed_version"]) for g in read_jsonl(out / "history" / "groups.jsonl")] == [
+        (o[0], 0),
+        (o[1], 0),
+        (o[2], 1),
+        (o[3], 1),
+    ]
+    queue = [torch.load(RunDir(out / "history").queue_batch(2, j), weights_only=False) for j in range(2)]
+    assert [[(g["prompt_index"], g["version"], g["trained"]) for g in batch] for batch in queue] == [
+        [(o[4], 0, False), (o[5], 0, False)],
+        [(o[6], 1, False), (o[7], 1, False)],
+    ]
+    assert [
+        (g["prompt_index"], g["version"], g["consumed_version"], g["reused"]) for g in read_jsonl(out / "groups.jsonl")
+    ] == [
+        (o[4], -2, 0, False),
+        (o[5], -2, 0, False),
+        (o[6], -1, 1, False),
+        (o[7], -1, 1, False),
+        (o[8], 0, 2, False),
+        (o[9], 0, 2, False),
+    ]
+
+
+def test_a_history_and_a_stale_run_resumed_reproduce_their_uninterrupted_twins(tmp_path, small_config, monkeypatch):
+    """A history stopped after its checkpoint at step 3, between the two steps that generate its
+    queue, and resumed ends with the weights and queues of the history trained straight; a stale
+    run from it stopped after its checkpoint at step 3 and resumed equals the run trained
+    straight, groups and all."""
+    cfg = small_config(
+        checkpoint_every=3, steps=4, **{"delay.d": 2, "delay.warmup": "history", "delay.history_steps": 4}
+    )
+    hist_cfg = history_config(cfg)
+    Trainer(hist_cfg, tmp_path / "history", progress=False, queues=[2]).run()
+    Trainer(cfg, tmp_path / "straight", progress=False, history=tmp_path / "history").run()
+
+    step = Trainer.train_step
+
+    def stop_at(n):
+        def train_step(self):
+            if self.step == n:
+                raise RuntimeError("stopped")
+            return step(self)
+
+        return train_step
+
+    monkeypatch.setattr(Trainer, "train_step", stop_at(3))
+    with pytest.raises(RuntimeError, match="stopped"):
+        Trainer(hist_cfg, tmp_path / "h2", progress=False, queues=[2]).run()
+    assert RunDir(tmp_path / "h2").queue_batch(2, 0).exists() and not RunDir(tmp_path / "h2").queues([2])
+    monkeypatch.setattr(Trainer, "train_step", step)
+    Trainer(hist_cfg, tmp_path / "h2", resume=True, progress=False, queues=[2]).run()
+    a, b = (torch.load(tmp_path / h / "checkpoint.pt", weights_only=False) for h in ("history", "h2"))
+    assert all(torch.equal(a["model"][k], v) for k, v in b["model"].items())
+    a, b = (
+        [torch.load(RunDir(tmp_path / h).queue_batch(2, j), weights_only=False) for j in range(2)]
+        for h in ("history", "h2")
+    )
+    for x, y in zip((g for batch in a for g in batch), (g for batch in b for g in batch), strict=True):
+        assert x.keys() == y.keys()
+        assert all(torch.equal(x[k], y[k]) if torch.is_tensor(x[k]) else x[k] == y[k] for k in x)
+
+    monkeypatch.setattr(Trainer, "train_step", stop_at(3))
+    with pytest.raises(RuntimeError, match="stopped"):
+        Trainer(cfg, tmp_path / "resumed", progress=False, history=tmp_path / "h2").run()
+    monkeypatch.setattr(Trainer, "train_step", step)
+    Trainer(cfg, tmp_path / "resumed", resume=True, progress=False).run()
+    for name in ("metrics.jsonl", "groups.jsonl"):
+        straight, resumed = (read_jsonl(tmp_path / r / name) for r in ("straight", "resumed"))
+        assert without_time(straight) == without_time(resumed) if name == "metrics.jsonl" else straight == resumed
+
+
+def test_a_history_made_for_other_settings_or_without_the_queue_is_refused_naming_why(tmp_path, small_config):
     from gmc.run.main import main_history
+    from gmc.run.trainer import make_history
 
     maker = tmp_path / "d2.yaml"
     maker.write_text(yaml.safe_dump(to_dict(small_config(**{**HISTORY_RUN, "delay.d": 2}))))
-    main_history(str(maker), [], str(tmp_path / "history"), keep=None)  # keeps the maker's 2 batches
+    main_history(str(maker), [], str(tmp_path / "history"), queues=None)  # the maker's queue of 2
     with pytest.raises(ConfigError, match=r"history: made for other settings \(differing: seed\)"):
         Trainer(small_config(seed=1, **HISTORY_RUN), tmp_path / "a", progress=False, history=tmp_path / "history")
-    with pytest.raises(ConfigError, match=r"keeps its last 2 batches; a queue of d = 3 needs 3"):
+    with pytest.raises(
+        ConfigError, match=r"holds no queue for d = 3 \(its queues: d = \[2\]\); make it with gmc history --queues 3"
+    ):
         Trainer(small_config(**HISTORY_RUN), tmp_path / "b", progress=False, history=tmp_path / "history")
+    for finished in (True, False):  # a history whose end is checkpointed resumes there: no queue is added
+        if not finished:
+            (tmp_path / "history" / "summary.json").unlink()
+        with pytest.raises(ConfigError, match=r"delay.d: .* a finished history without the queues of d = \[3\]"):
+            make_history(small_config(**HISTORY_RUN), tmp_path / "history", [2, 3])
+    with pytest.raises(ConfigError, match="delay.history_steps: --queues 6: a history of 5 steps"):
+        main_history(str(maker), [], str(tmp_path / "long"), queues=[6])
     with pytest.raises(ConfigError, match="delay.history_steps: a history of 2 steps cannot fill a queue of d = 3"):
         small_config(**{**HISTORY_RUN, "delay.history_steps": 2})
+    with pytest.raises(ConfigError, match="zero_variance_filter: a fixed delay after a history"):
+        small_config(zero_variance_filter=True, **HISTORY_RUN)
+    with pytest.raises(ConfigError, match=r"zero_variance_filter: .* a history's queues \(d = \[2\]\)"):
+        make_history(small_config(zero_variance_filter=True, **{**HISTORY_RUN, "delay.d": 0}), tmp_path / "z", [2])
     with pytest.raises(ConfigError, match="delay.warmup: no history to make"):
-        main_history(None, [f"model={small_config().model}", "delay.d=2"], str(tmp_path / "none"), keep=None)
+        main_history(None, [f"model={small_config().model}", "delay.d=2"], str(tmp_path / "none"), queues=None)
 
 
 def test_the_final_training_reward_carries_its_sampling_noise():

@@ -57,10 +57,11 @@ def test_the_trainer_hands_its_source_versions_in_updates(tmp_path, small_config
 
 
 def test_a_history_hands_on_its_batches_labelled_in_updates(tmp_path, train_small, small_config):
-    """After a history of 2 steps of two updates, a queue of d = 1 starts with the history's last
-    batch, made by its update 2 and so labelled 2 - 4 = -2: every step trains a batch 1 step old,
-    2 and 3 updates stale; the trace counts the same in steps. A run of one update per batch
-    refuses that history."""
+    """After a history of 2 steps of two updates, a queue of d = 1 starts with the batch the
+    history generated with its last version, update 2, from the prompts after its own, and so
+    labelled 2 - 4 = -2: every step trains a batch 1 step old, 2 and 3 updates stale, each group
+    for the first time; the trace counts the same in steps. A run of one update per batch refuses
+    that history."""
     run = dict(prompts_per_step=4, **{"delay.d": 1, "delay.warmup": "history", "delay.history_steps": 2})
     out = train(tmp_path, "k2h", train_small, updates_per_batch=2, **run)
     history = read_jsonl(out / "history" / "groups.jsonl")
@@ -68,6 +69,8 @@ def test_a_history_hands_on_its_batches_labelled_in_updates(tmp_path, train_smal
     groups = read_jsonl(out / "groups.jsonl")
     assert [g["version"] for g in groups] == [-2] * 4 + [0] * 4 + [2] * 4
     assert [g["staleness"] for g in groups] == [2, 2, 3, 3] * 3
+    assert {g["reused"] for g in groups} == {False}
+    assert not {g["prompt_index"] for g in groups} & {g["prompt_index"] for g in history}
     trace = read_trace(out / "staleness_trace.jsonl")
     assert [(t["version"], t["consumed_version"]) for t in trace] == [(-1, 0)] * 4 + [(0, 1)] * 4 + [(1, 2)] * 4
     with pytest.raises(ConfigError, match=r"made for other settings \(differing: updates_per_batch\)"):

@@ -227,14 +227,22 @@ def test_every_train_job_reads_its_resolved_config_file_and_nothing_else(tmp_pat
     # one history per class of runs that differ only in the estimator and the delay; its members start from it
     histories = sweep.histories
     makers = [line for line in lines if "workflow/scripts/requeue.sh " in line and " history --config " in line]
-    assert sorted(re.search(r"--config (\S+) --out (\S+) --keep (\d+)", c).groups() for c in makers) == sorted(
+    assert sorted(re.search(r"--config (\S+) --out (\S+) --queues([\d ]*)$", c).groups() for c in makers) == sorted(
         {
-            (f"{results}/configs/train/{first.path}.yaml", f"{results}/history/{name}", str(keep))
-            for name, (first, keep) in {
-                n: (next(p for p in points if histories.get(p, ("",))[0] == n), k) for n, k in histories.values()
+            (
+                f"{results}/configs/train/{first.path}.yaml",
+                f"{results}/history/{name}",
+                "".join(f" {d}" for d in queues),
+            )
+            for name, (first, queues) in {
+                n: (next(p for p in points if histories.get(p, ("",))[0] == n), q) for n, q in histories.values()
             }.items()
         }
     )
+    # a history generates one queue for each fixed delay above 0 that starts from it
+    for name, queues in histories.values():
+        members = [sweep.run(p).delay for p in points if histories.get(p, ("",))[0] == name]
+        assert queues == tuple(sorted({m.d for m in members if m.mode == "fixed" and m.d > 0}))
     for command in commands:
         point = next(p for p in points if f"/configs/train/{p.path}.yaml " in command)
         given = re.search(r"--history (\S+)", command)

@@ -30,7 +30,7 @@ def history(tmp_path_factory, small_config):
         steps=4, behaviour_logprobs="trainer", **{"delay.d": 2, "delay.warmup": "history", "delay.history_steps": 4}
     )
     (folder / "run.yaml").write_text(yaml.safe_dump(to_dict(cfg)))
-    main_history(str(folder / "run.yaml"), [], str(folder / "history"), keep=0)
+    main_history(str(folder / "run.yaml"), [], str(folder / "history"), queues=[])
     return folder / "history"
 
 

@@ -89,7 +89,7 @@ SHARED = SWEEP.shared
 PREFILLS = SWEEP.prefills
 PREFILL_MAKERS = {name: point for name, point in PREFILLS.values()}
 # runs that start from one on-policy history (warmup: history; every setting but the estimator
-# and the delay): the history trained once, keeping the batches the largest fixed delay needs
+# and the delay): the history trained once, generating the queue of each fixed delay among them
 HISTORIES = SWEEP.histories
 HISTORY_MAKERS = SWEEP.history_makers()
 # the training set every run reads (the train section's, shared by the sweep)
