@@ -289,7 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="rewrite the blocks a document includes from a bundle "
         "(<!-- include PATH -->) and check that every number of its prose marked <!-- numbers from "
         "BUNDLE --> is printed in that bundle and every verdict word there is the one its tables/conclusions.md "
-        "gives (exit 1, naming each line, where one is not)",
+        "gives, in the family its sentence names (exit 1, naming each line, where one is not)",
     )
     p.add_argument("docs", nargs="*", help="the documents (default: README.md and every page under docs/)")
     p.add_argument(

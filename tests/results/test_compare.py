@@ -61,7 +61,9 @@ def test_a_re_run_that_only_weakens_conclusions_exits_0(bundle, tmp_path, capsys
     assert comparison.counts() == {"held": 4, "weakened": 4, "failed": 0}
     with pytest.raises(SystemExit) as stop:
         main(["compare-results", str(bundle), str(other)])
-    assert stop.value.code == 0 and "Of 8 published conclusions: 4 held, 4 weakened, 0 failed." in capsys.readouterr().out
+    assert (
+        stop.value.code == 0 and "Of 8 published conclusions: 4 held, 4 weakened, 0 failed." in capsys.readouterr().out
+    )
 
 
 def test_an_unreadable_bundle_or_results_folder_exits_2_naming_the_file(bundle, tmp_path, capsys):

@@ -223,10 +223,10 @@ def test_the_detectable_difference_is_the_noncentral_t_one_and_is_found_with_80_
     assert scipy_stats.nct.sf(c, 4, nc) + scipy_stats.nct.cdf(-c, 4, nc) == pytest.approx(0.8, abs=1e-9)
     assert t_test_power(delta, sd, n, 0.05 / m) == pytest.approx(0.8, abs=1e-9)
     rng = np.random.default_rng(5)
-    for sd, n, m in ((0.04, 8, 6), (sd, n, m)):
-        delta = detectable(sd, n, m)
-        hits = sum(p_value(mean_interval(rng.normal(delta, sd, n))) < 0.05 / m for _ in range(4000))
-        assert 0.775 <= hits / 4000 <= 0.825, (sd, n, m, hits / 4000)
+    for spread, seeds, tests in ((0.04, 8, 6), (sd, n, m)):
+        delta = detectable(spread, seeds, tests)
+        hits = sum(p_value(mean_interval(rng.normal(delta, spread, seeds))) < 0.05 / tests for _ in range(4000))
+        assert 0.775 <= hits / 4000 <= 0.825, (spread, seeds, tests, hits / 4000)
     assert detectable(0.0, 5, 8) == 0.0 and math.isnan(detectable(0.04, 1, 8))
 
 

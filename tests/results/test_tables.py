@@ -130,7 +130,9 @@ def test_a_family_counts_each_test_once(tmp_path):
     md = (r / "tables" / "conclusions.md").read_text()
     assert "7 tests; the smallest detectable" in md and "(the same runs as gmc − grpo at delay 0)" in md
     # the league's differences are all tests of the paired table: each keeps its one verdict there
-    league = pd.read_csv(r / "tables" / "league.csv", keep_default_na=False, dtype={"delay": str}).set_index("algorithm")
+    league = pd.read_csv(r / "tables" / "league.csv", keep_default_na=False, dtype={"delay": str}).set_index(
+        "algorithm"
+    )
     mean = paired[paired.metric == "eval/mean/pass_at_1"].set_index(["comparison", "delay"])
     for algorithm, pair in (("tic", "gmc − tic"), ("grpo", "gmc − grpo")):
         assert league.loc[algorithm, "vs_gmc:family"] == "paired"
@@ -139,7 +141,10 @@ def test_a_family_counts_each_test_once(tmp_path):
     for algorithm in ("gmc", "tic", "grpo"):
         cost = mean.loc[(f"{algorithm}: stale − on-policy", "64")]
         assert league.loc[algorithm, "staleness_cost:family"] == "paired"
-        assert (float(league.loc[algorithm, "staleness_cost:p_holm"]), league.loc[algorithm, "staleness_cost:verdict"]) == (
+        assert (
+            float(league.loc[algorithm, "staleness_cost:p_holm"]),
+            league.loc[algorithm, "staleness_cost:verdict"],
+        ) == (
             pytest.approx(cost["p_holm"]),
             cost["verdict"],
         )
