@@ -291,7 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="rewrite the blocks a document includes from a bundle "
         "(<!-- include PATH -->) and check that every number of its prose marked <!-- numbers from "
         "BUNDLE --> is printed in that bundle and every verdict word there is the one its tables/conclusions.md "
-        "gives (exit 1, naming each line, where one is not)",
+        "gives, in the family its sentence names (exit 1, naming each line, where one is not)",
     )
     p.add_argument("docs", nargs="*", help="the documents (default: README.md and every page under docs/)")
     p.add_argument(
@@ -302,7 +302,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "compare-results",
         help="a re-run's tables against a published bundle: every estimate, "
-        "and whether each published conclusion holds (exit 0: all hold, 1: not, 2: unreadable)",
+        "and each published conclusion held (resolved or equivalent again), weakened (no longer resolved or "
+        "equivalent, not contradicted) or failed (contradicted or missing), with the count of each "
+        "(exit 0: none failed, 1: one failed, 2: unreadable)",
     )
     p.add_argument("bundle", help="the published bundle (e.g. published/default)")
     p.add_argument("results", help="the re-run's results folder (e.g. results)")
@@ -495,7 +497,7 @@ def _compare_results(args: argparse.Namespace) -> None:
         print(f"gmc compare-results: error: {error_line(err)}", file=sys.stderr)
         raise SystemExit(2) from None
     print(report(comparison))
-    raise SystemExit(0 if comparison.holds else 1)
+    raise SystemExit(1 if comparison.failed else 0)
 
 
 def _theory(args: argparse.Namespace) -> None:

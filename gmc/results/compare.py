@@ -1,11 +1,14 @@
 """A re-run against a published bundle (``gmc compare-results``): every cell of the main table and
 every paired difference, published against new, whether the new estimate lies in the published
-95% interval, and whether each conclusion of the bundle still holds. The conclusions are the
-verdicts of its ``tables/conclusions.csv`` (:func:`gmc.results.tables.conclusions_table`): a
-*resolved* difference holds when the re-run keeps its sign and resolves it again or at least
-overlaps the published interval; an *equivalent* one when the re-run finds it equivalent again,
-or its estimate lies within the margin and its interval overlaps the published one. A bundle
-without verdicts is judged by its paired differences whose interval excludes zero, as resolved.
+95% interval, and what the re-run makes of each conclusion of the bundle: *held*, *weakened* or
+*failed* (:data:`OUTCOMES`). The conclusions are the verdicts of its ``tables/conclusions.csv``
+(:func:`gmc.results.tables.conclusions_table`). A *resolved* difference is held when the re-run
+resolves it again with the same sign, weakened when the re-run keeps its sign without resolving
+it, and failed when the sign changes, the re-run finds it equivalent (within the margin of zero)
+or lacks it. An *equivalent* one is held when the re-run finds it equivalent again, weakened when
+the re-run is inconclusive, and failed when the re-run resolves it or lacks it. A bundle without
+verdicts is judged by its paired differences whose interval excludes zero, as resolved.
+``gmc compare-results`` exits 1 when a conclusion failed (:data:`EXIT`).
 """
 
 from __future__ import annotations
@@ -22,7 +25,12 @@ from gmc.run.provenance import PROVENANCE
 
 KEYS = ("algorithm", "delay", "group")
 PAIRED_KEYS = ("comparison", "delay", "group", "metric")
-CONCLUSION_KEYS = ("role", "table", "comparison", "delay", "group")
+CONCLUSION_KEYS = ("role", "family", "comparison", "delay", "group")
+HELD, WEAKENED, FAILED = "held", "weakened", "failed"
+OUTCOMES = (HELD, WEAKENED, FAILED)
+"""What a re-run makes of a published conclusion, strongest first."""
+EXIT = {"all held or weakened": 0, "a conclusion failed": 1, "a file cannot be read": 2}
+"""``gmc compare-results``'s exit status."""
 
 
 class Unreadable(Exception):
@@ -61,28 +69,33 @@ class Conclusion:
     margin: float = math.nan
 
     @property
-    def verdict(self) -> str:
+    def judged(self) -> tuple[str, str]:
+        """The outcome (:data:`OUTCOMES`) and why."""
         if self.new is None:
-            return "not in the re-run: cannot be checked"
-        (diff, lo, hi), (ndiff, nlo, nhi) = self.published, self.new
-        overlaps = nlo <= hi and lo <= nhi
+            return FAILED, "not in the re-run"
+        diff, ndiff = self.published[0], self.new[0]
         if self.kind == "equivalent":
             if self.new_verdict == "equivalent":
-                return "holds: equivalent again"
-            if abs(ndiff) < self.margin and overlaps:
-                return "holds: not shown equivalent, but within the margin and overlapping the published interval"
-            return f"does not hold: outside the margin ±{self.margin:g} or the published interval"
-        if math.isnan(ndiff) or math.copysign(1, ndiff) != math.copysign(1, diff) or ndiff == 0:
-            return "does not hold: the sign changed"
+                return HELD, f"equivalent within ±{self.margin:g} again"
+            if self.new_verdict == "resolved":
+                return FAILED, "the re-run resolves it"
+            return WEAKENED, "no longer shown equivalent, not resolved"
+        if math.isnan(ndiff) or ndiff == 0 or math.copysign(1, ndiff) != math.copysign(1, diff):
+            return FAILED, "the sign changed"
         if self.new_verdict == "resolved":
-            return "holds: same sign, resolved again"
-        if overlaps:
-            return "holds: same sign, not resolved, overlaps the published interval"
-        return "does not hold: same sign but unresolved and outside the published interval"
+            return HELD, "same sign, resolved again"
+        if self.new_verdict == "equivalent":
+            return FAILED, f"the re-run finds it equivalent within ±{self.margin:g}"
+        return WEAKENED, "same sign, no longer resolved"
 
     @property
-    def holds(self) -> bool:
-        return self.verdict.startswith("holds")
+    def outcome(self) -> str:
+        return self.judged[0]
+
+    @property
+    def verdict(self) -> str:
+        outcome, why = self.judged
+        return f"{outcome}: {why}"
 
 
 @dataclass
@@ -90,9 +103,13 @@ class Comparison:
     checks: list[Check] = field(default_factory=list)
     conclusions: list[Conclusion] = field(default_factory=list)
 
+    def counts(self) -> dict[str, int]:
+        """How many published conclusions the re-run held, weakened and failed."""
+        return {o: sum(c.outcome == o for c in self.conclusions) for o in OUTCOMES}
+
     @property
-    def holds(self) -> bool:
-        return all(c.holds for c in self.conclusions)
+    def failed(self) -> bool:
+        return any(c.outcome == FAILED for c in self.conclusions)
 
 
 def _read_csv(path: Path) -> pd.DataFrame:
@@ -162,13 +179,14 @@ def compare(bundle: str | Path, results: str | Path) -> Comparison:
 
 
 def _concluded(published: pd.DataFrame, new: pd.DataFrame, margin: float) -> list[Conclusion]:
-    """The bundle's resolved and equivalent differences, each beside the re-run's."""
+    """The bundle's resolved and equivalent differences, each beside the re-run's (matched by
+    role, family, comparison, delay and group)."""
     fresh = {tuple(str(v) for v in r[list(CONCLUSION_KEYS)]): r for _, r in new.iterrows()}
     out = []
     for _, row in published[published["verdict"].isin(["resolved", "equivalent"])].iterrows():
         key = tuple(str(v) for v in row[list(CONCLUSION_KEYS)])
         other = fresh.get(key)
-        name = f"{row['outcome']} ({row['role']}, {row['table']} table): {key[2]} at delay {key[3]}, G = {key[4]}"
+        name = f"{row['outcome']} ({row['role']}, {row['family']} family): {key[2]} at delay {key[3]}, G = {key[4]}"
         out.append(
             Conclusion(
                 name,
@@ -189,8 +207,8 @@ def _cell(mean: float, half: float) -> str:
 
 
 def report(comparison: Comparison) -> str:
-    """The comparison as text: every estimate, the count outside the published intervals, and
-    each resolved conclusion's verdict."""
+    """The comparison as text: every estimate, the count outside the published intervals, each
+    published conclusion held, weakened or failed, and the count of each."""
     lines = ["estimate | published | new | in the published 95% interval"]
     for c in comparison.checks:
         mark = {True: "yes", False: "NO", None: "-"}[c.inside]
@@ -215,6 +233,11 @@ def report(comparison: Comparison) -> str:
             f"- {c.key}: published {c.kind} {c.published[0]:+.3f} [{c.published[1]:+.3f}, "
             f"{c.published[2]:+.3f}], new {new}: {c.verdict}"
         )
-    held = sum(c.holds for c in comparison.conclusions)
-    lines += ["", f"{held} of {len(comparison.conclusions)} published conclusions hold."]
+    counts = comparison.counts()
+    lines += [
+        "",
+        f"Of {len(comparison.conclusions)} published conclusions: "
+        + ", ".join(f"{counts[o]} {o}" for o in OUTCOMES)
+        + ".",
+    ]
     return "\n".join(lines)

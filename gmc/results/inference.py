@@ -85,6 +85,7 @@ PAIRED_COLUMNS = [
     "n_seeds",
     "n_sign",
     "excludes_zero",
+    "se_eval",
     "same_test_as",
 ]
 
@@ -94,9 +95,22 @@ ONE_RUN = "one run"
 shared run, :attr:`gmc.sweep.resolve.Sweep.shared`): zero by construction, not a test."""
 
 
+PAIRED = "paired"
+"""The family of the paired table's tests in one outcome (:func:`paired_tests`)."""
+LEAGUE = "league"
+"""The family of the league's tests in its score that the paired table does not hold
+(:func:`judge_league`): each estimator against GMC where no pair of :data:`PAIRS` or variant
+compares them."""
+
+
 def paired_differences(
     frame: pd.DataFrame, pairs=PAIRS, margin: float = AnalysisConfig().equivalence_margin
 ) -> pd.DataFrame:
+    """:func:`paired_tests` without the runs each row pairs: the paired table."""
+    return paired_tests(frame, pairs, margin).drop(columns="_runs")
+
+
+def paired_tests(frame: pd.DataFrame, pairs=PAIRS, margin: float = AnalysisConfig().equivalence_margin) -> pd.DataFrame:
     """Paired differences, one row per (comparison, delay, group, metric): mean difference, 95%
     interval, its standard error, seeds paired, seeds with the mean's sign, and whether the
     interval excludes zero; then each family's (the table's differences in one metric) tests
@@ -109,7 +123,9 @@ def paired_differences(
     A family holds each test once: a difference whose sides are one run in every seed (gmc − tic
     at delay 0, where gmc's run is tic's) is no test (``same_test_as`` :data:`ONE_RUN`), and one
     that pairs the same runs as an earlier difference (gmc − grpo and tic − grpo at delay 0) is
-    that test again (``same_test_as`` names it) and takes its verdict without counting twice."""
+    that test again (``same_test_as`` names it) and takes its verdict without counting twice.
+    Every test is in the family :data:`PAIRED` of its metric (``family``); ``_runs`` holds the runs
+    each row pairs (the league finds its tests here by them, :func:`judge_league`)."""
     frame = with_benchmark_means(frame)
     metrics = score_columns(frame)
     rows = []
@@ -124,7 +140,7 @@ def paired_differences(
         rows += _difference_rows(f"{algorithm}: stale − on-policy", both, metrics)
     out = pd.DataFrame(rows, columns=[*PAIRED_COLUMNS, "_runs"])
     if out.empty:
-        return out.drop(columns="_runs")
+        return out
     order = {c: i for i, c in enumerate(dict.fromkeys(out["comparison"]))}
     out["_c"] = out["comparison"].map(order)
     out = out.sort_values(["_c", "delay", "group"], key=delay_key, kind="stable").drop(columns="_c")
@@ -138,9 +154,9 @@ def paired_differences(
                 repeats[i] = j
                 out.at[i, "same_test_as"] = f"{out.at[j, 'comparison']} at delay {out.at[j, 'delay']}"
     tests = out["same_test_as"] == ""
-    judged = judge(out[tests].drop(columns="_runs"), ["metric"], margin)
+    judged = judge(out[tests].drop(columns="_runs"), ["metric"], margin).assign(family=PAIRED)
     added = [c for c in judged.columns if c not in out.columns]
-    out = out.drop(columns="_runs").join(judged[added])
+    out = out.join(judged[added])
     out["verdict"] = out["verdict"].astype(object)
     for i, j in repeats.items():  # a repeated test takes its first difference's tests
         out.loc[i, added] = out.loc[j, added]
@@ -162,12 +178,7 @@ def _difference_rows(comparison: str, both: pd.DataFrame, metrics: list[str]) ->
     for (delay, group), grp in both.groupby(["delay", "group"], sort=False):
         # a run shared by both sides (gmc.sweep.resolve.Sweep.shared) is one evaluation: no noise between them
         one = grp["run_dir:a"] == grp["run_dir:b"] if "run_dir:a" in grp.columns else pd.Series(False, grp.index)
-        # the runs a difference pairs, whichever side each is on: two differences of the same runs are one test
-        runs = (
-            frozenset(frozenset(pair) for pair in zip(grp["run_dir:a"], grp["run_dir:b"]))
-            if "run_dir:a" in grp.columns
-            else None
-        )
+        runs = _runs(grp)
         for m in metrics:
             se_a = grp[f"{m}{SE}:a"].where(~one, 0.0) if f"{m}{SE}:a" in grp.columns else None
             se_b = grp[f"{m}{SE}:b"].where(~one, 0.0) if f"{m}{SE}:b" in grp.columns else None
@@ -187,11 +198,20 @@ def _difference_rows(comparison: str, both: pd.DataFrame, metrics: list[str]) ->
                     n_seeds=iv.n,
                     n_sign=p.n_sign,
                     excludes_zero=p.excludes_zero,
+                    se_eval=p.se_eval,
                     same_test_as=ONE_RUN if len(grp) and one.all() else "",
                     _runs=runs,
                 )
             )
     return rows
+
+
+def _runs(both: pd.DataFrame) -> frozenset | None:
+    """The runs a difference pairs, whichever side each is on (two differences of the same runs
+    are one test); None where the frame names no run directories."""
+    if "run_dir:a" not in both.columns:
+        return None
+    return frozenset(frozenset(pair) for pair in zip(both["run_dir:a"], both["run_dir:b"]))
 
 
 def _problem_paired_se(both: pd.DataFrame, metric: str):
@@ -272,7 +292,7 @@ def verdict(p_holm: float, p_equivalent_holm: float) -> str:
 def family_detectable(table: pd.DataFrame, prefix: str = "") -> tuple[int, int, float]:
     """A family's size ``m``, its typical number of seeds ``n`` (the median) and the smallest
     difference it detects at 80% power after Holm's adjustment (:func:`gmc.results.stats.detectable`),
-    from the root mean square of its differences' per-seed spread (evaluation noise included)."""
+    from the root mean square of its differences' spread over seeds."""
     ok = table[table[f"{prefix}n_seeds"] >= 2]
     if f"{prefix}same_test_as" in ok.columns:  # each test once
         ok = ok[ok[f"{prefix}same_test_as"] == ""]
@@ -291,8 +311,8 @@ sweep evaluates nothing."""
 def league_ranking(runs: pd.DataFrame, margin: float) -> pd.DataFrame:
     """Every estimator at the largest fixed delay (largest group size), ranked by final Pass@1:
     its mean and 95% interval over seeds, the paired difference to ``gmc`` and its cost of
-    staleness (itself at that delay minus itself at delay 0) with their sign counts, both judged
-    as one family (:func:`judge_league`), and its own statistics (clipped, masked or capped
+    staleness (itself at that delay minus itself at delay 0) with their sign counts, each judged
+    in its one family (:func:`judge_league`), and its own statistics (clipped, masked or capped
     fraction; ESS / G; shortfall), mean over training. No rows where the sweep has no fixed delay
     or no score."""
     frame = with_benchmark_means(runs)
@@ -318,6 +338,7 @@ def league_ranking(runs: pd.DataFrame, margin: float) -> pd.DataFrame:
                 n_seeds=0,
                 n_sign=0,
                 excludes_zero=False,
+                _runs=None,
             )
         p = paired_difference(
             both[f"{score}:a"],
@@ -336,10 +357,11 @@ def league_ranking(runs: pd.DataFrame, margin: float) -> pd.DataFrame:
             n_seeds=iv.n,
             n_sign=p.n_sign,
             excludes_zero=p.excludes_zero,
+            _runs=_runs(both),
         )
 
     problems = [c for c in point.columns if c.endswith(PROBLEMS) and c.startswith("eval/")]
-    keep = ["seed", score, *([se] if se in point.columns else []), *problems]
+    keep = ["seed", "run_dir", score, *([se] if se in point.columns else []), *problems]
     gmc = at[at["algorithm"] == "gmc"][keep]
     rows = []
     for algorithm, grp in at.groupby("algorithm", sort=False):
@@ -366,15 +388,23 @@ def league_ranking(runs: pd.DataFrame, margin: float) -> pd.DataFrame:
         rows.append(row)
     table = pd.DataFrame(rows).sort_values("mean", ascending=False, kind="stable").reset_index(drop=True)
     table.insert(0, "rank", range(1, len(table) + 1))
-    return judge_league(table, margin)
+    tests = paired_tests(runs, margin=margin)
+    return judge_league(table, margin, tests[tests["metric"] == score] if len(tests) else tests)
 
 
 LEAGUE_KINDS = ("vs_gmc", "staleness_cost")
-"""The league's two kinds of differences, one family together (the league's differences in its score)."""
+"""The league's two kinds of differences (columns ``<kind>:<column>``)."""
+JUDGED = ("p", "p_holm", "p_equivalent", "p_equivalent_holm", "verdict", "family")
+"""What :func:`judge_league` gives each of the league's differences."""
 
 
-def judge_league(table: pd.DataFrame, margin: float) -> pd.DataFrame:
-    """:func:`judge` over the league's differences of both kinds as one family."""
+def judge_league(table: pd.DataFrame, margin: float, tests: pd.DataFrame) -> pd.DataFrame:
+    """Each of the league's differences judged in its one family (``<kind>:family``): one that
+    pairs the same runs as a test of the paired table (``tests``, :func:`paired_tests` in the
+    league's score; a cost of staleness always, ``tic − gmc`` as ``gmc − tic``) is that test and
+    takes its verdict in the family :data:`PAIRED`; the others (each estimator against GMC that no
+    pair compares) form the family :data:`LEAGUE`, adjusted by Holm's method together
+    (:func:`judge`). A difference of no paired seeds (GMC against itself) is in none."""
     long = pd.concat(
         [
             table[[c for c in table.columns if c.startswith(f"{k}:")]]
@@ -384,11 +414,26 @@ def judge_league(table: pd.DataFrame, margin: float) -> pd.DataFrame:
         ],
         ignore_index=True,
     )
-    judged = judge(long, [], margin)
-    table = table.copy()
+    held = {
+        r["_runs"]: r
+        for _, r in tests.iterrows()
+        if r["_runs"] is not None and r["same_test_as"] in ("", ONE_RUN)  # a repeat is its first row's test
+    }
+    found = [held.get(runs) if runs is not None else None for runs in long["_runs"]]
+    own = [f is None and n > 0 for f, n in zip(found, long["n_seeds"])]
+    judged = judge(long[own].drop(columns=["_runs"]), [], margin).assign(family=LEAGUE)
+    long = long.drop(columns="_runs").astype({"n_seeds": int})
+    out = pd.DataFrame({c: [float("nan")] * len(long) if c.startswith("p") else [""] * len(long) for c in JUDGED})
+    out = out.astype({c: object for c in ("verdict", "family")})
+    out.loc[judged.index, list(JUDGED)] = judged[list(JUDGED)].to_numpy()
+    for i, f in enumerate(found):
+        if f is not None:
+            out.loc[i, list(JUDGED)] = [f[c] if not pd.isna(f[c]) else v for c, v in zip(JUDGED, out.loc[i])]
+    long = pd.concat([long, out], axis=1)
+    table = table.drop(columns=[f"{k}:_runs" for k in LEAGUE_KINDS])
     for k in LEAGUE_KINDS:
-        part = judged[judged["kind"] == k].set_index("row")
-        for col in ("p", "p_holm", "p_equivalent", "p_equivalent_holm", "verdict"):
+        part = long[long["kind"] == k].set_index("row")
+        for col in JUDGED:
             table[f"{k}:{col}"] = part[col]
     return table
 
@@ -413,7 +458,7 @@ def outcomes(runs: pd.DataFrame) -> list[tuple[str, str, str]]:
 CONCLUSION_COLUMNS = [
     "role",
     "outcome",
-    "table",
+    "family",
     "comparison",
     "delay",
     "group",
@@ -431,8 +476,9 @@ CONCLUSION_COLUMNS = [
 
 
 def conclusions(runs: pd.DataFrame, margin: float) -> pd.DataFrame:
-    """Every difference of the primary outcome's families (the paired table's and the league's),
-    and of the secondary's, judged ``resolved``, ``equivalent`` within the margin or
+    """Every test of the primary outcome's families (:data:`PAIRED`, the paired table's, and
+    :data:`LEAGUE`, the league's tests the paired table does not hold), and of the secondary's,
+    each in its one family, judged ``resolved``, ``equivalent`` within the margin or
     ``inconclusive`` after Holm's adjustment per family (:func:`judge`), each family with the
     smallest difference it detects at 80% power: what a document may say of the sweep, and what
     ``gmc compare-results`` judges a re-run by."""
@@ -447,7 +493,7 @@ def conclusions(runs: pd.DataFrame, margin: float) -> pd.DataFrame:
                 dict(
                     role=role,
                     outcome=label,
-                    table="paired",
+                    family=PAIRED,
                     comparison=r.comparison,
                     delay=r.delay,
                     group=r.group,
@@ -478,14 +524,14 @@ def conclusions(runs: pd.DataFrame, margin: float) -> pd.DataFrame:
                 ],
                 ignore_index=True,
             )
-            long = long[long["n_seeds"] > 0]
+            long = long[long["family"] == LEAGUE]
             m, _, mde = family_detectable(long)
             delay, group = league["delay"].iloc[0], league["group"].iloc[0]
             rows += [
                 dict(
                     role=role,
                     outcome=label,
-                    table="league",
+                    family=LEAGUE,
                     comparison=r.comparison,
                     delay=delay,
                     group=group,

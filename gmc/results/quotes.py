@@ -25,7 +25,10 @@ configuration (``configs/``).
 A verdict in a ``numbers from`` region is the bundle's too (:func:`misjudged`): a word
 "resolved", "equivalent", "no cost", "inconclusive", "not resolved" or "unresolved" judges the
 difference quoted with its interval nearest before it in its clause (else the first after it),
-and where ``tables/conclusions.md`` judges that difference, the word must be its verdict.
+and where ``tables/conclusions.md`` judges that difference, the word must be its verdict. Every
+test is in one family there (a ``## ... family`` section: ``paired``, ``league``); a sentence that
+names a family ("the league's family", "the paired table") takes the verdict from that family,
+and a verdict word judging a difference that family does not hold is named too.
 """
 
 from __future__ import annotations
@@ -85,7 +88,11 @@ VERDICT_WORD = re.compile(
     r"\b(not\s+resolved|none\s+resolved|unresolved|resolved|inconclusive|equivalent|no cost)\b", re.I
 )
 CLAUSE_END = re.compile(r"[;|]|\.(?=\s)|\n\s*\n")
+SENTENCE_END = re.compile(r"[|]|\.(?=\s)|\n\s*\n")
 CONCLUSION = re.compile(rf"^- .*?: ({_SIGNED}) \[({_SIGNED}), ({_SIGNED})\], .*?\*\*(\w+)[^*]*\*\*", re.M)
+FAMILY_SECTION = re.compile(r"^## .*: (\w+) family$", re.M)
+FAMILY_NAMED = re.compile(r"\b(paired|league)(?:'s)?\s+(?:table|family)\b", re.I)
+"""A family named in prose: ``the league's family``, ``the paired table`` (its family)."""
 AGREES = {
     "resolved": {"resolved"},
     "not resolved": {"equivalent", "inconclusive"},
@@ -98,22 +105,28 @@ AGREES = {
 """The verdicts of ``conclusions.md`` each word of prose may stand for."""
 
 
-def verdicts(bundle: Path) -> list[tuple[float, float, float, str]]:
-    """Each difference ``tables/conclusions.md`` judges: (estimate, low, high, verdict) as printed."""
+def verdicts(bundle: Path) -> list[tuple[float, float, float, str, str]]:
+    """Each difference ``tables/conclusions.md`` judges: (estimate, low, high, verdict, family) as
+    printed (the family of the section it is listed under)."""
     path = bundle / "tables" / "conclusions.md"
     if not path.exists():
         return []
-    return [(float(d), float(lo), float(hi), verdict) for d, lo, hi, verdict in CONCLUSION.findall(path.read_text())]
+    text = path.read_text()
+    sections = [(m.start(), m[1]) for m in FAMILY_SECTION.finditer(text)]
+    return [
+        (float(m[1]), float(m[2]), float(m[3]), m[4], next((f for at, f in reversed(sections) if at < m.start()), ""))
+        for m in CONCLUSION.finditer(text)
+    ]
 
 
-def _judged(estimate: str, judged: list[tuple[float, float, float, str]]) -> set[str]:
-    """The verdicts ``conclusions.md`` gives the difference quoted as ``estimate`` (normal form,
-    with its interval in brackets or as ``± half``; the half may differ from the bracket's by the
-    rounding of its ends)."""
+def _judged(estimate: str, judged: list[tuple[float, float, float, str, str]]) -> set[tuple[str, str]]:
+    """The (verdict, family) pairs ``conclusions.md`` gives the difference quoted as ``estimate``
+    (normal form, with its interval in brackets or as ``± half``; the half may differ from the
+    bracket's by the rounding of its ends)."""
     values = [float(x) for x in re.findall(r"-?\d+\.\d+", estimate)]
     if "±" in estimate:
-        return {v for d, lo, hi, v in judged if d == values[0] and abs((hi - lo) / 2 - values[1]) < 1.5e-3}
-    return {v for d, lo, hi, v in judged if (d, lo, hi) == tuple(values)}
+        return {(v, f) for d, lo, hi, v, f in judged if d == values[0] and abs((hi - lo) / 2 - values[1]) < 1.5e-3}
+    return {(v, f) for d, lo, hi, v, f in judged if (d, lo, hi) == tuple(values)}
 
 
 def _regions(text: str):
@@ -125,17 +138,20 @@ def _regions(text: str):
 
 def misjudged(doc: str | Path) -> list[str]:
     """Each verdict word in a ``numbers from`` region of ``doc`` that is not the verdict its
-    bundle's ``conclusions.md`` gives the difference it judges (module docstring), named by its
-    line; a word that judges no difference ``conclusions.md`` lists is not checked."""
+    bundle's ``conclusions.md`` gives the difference it judges in the family its sentence names
+    (any family where it names none), or that judges a difference the named family does not hold
+    (module docstring), named by its line; a word that judges no difference ``conclusions.md``
+    lists is not checked."""
     doc = Path(doc)
     text = doc.read_text()
     out = []
-    judged: dict[str, list[tuple[float, float, float, str]]] = {}
+    judged: dict[str, list[tuple[float, float, float, str, str]]] = {}
     for path, body, start in _regions(text):
         if path not in judged:
             judged[path] = verdicts(doc.parent / path)
         estimates = [(n, at) for n, at in numbers(body) if "[" in n or "±" in n]
         ends = [0, *(c.end() for c in CLAUSE_END.finditer(body)), len(body)]
+        stops = [0, *(c.end() for c in SENTENCE_END.finditer(body)), len(body)]
         for word in VERDICT_WORD.finditer(body):
             lo = max(e for e in ends if e <= word.start())
             hi = min(e for e in ends if e >= word.end())
@@ -144,13 +160,20 @@ def misjudged(doc: str | Path) -> list[str]:
             if not before + after:
                 continue
             estimate = (before[-1:] or after)[0]
-            given = _judged(estimate, judged[path])
+            found = _judged(estimate, judged[path])
+            sentence = body[max(e for e in stops if e <= word.start()) : min(e for e in stops if e >= word.end())]
+            named = {m[1].lower() for m in FAMILY_NAMED.finditer(sentence)}
+            where = f'{doc}:{_line(text, start + word.start())}: "{word[1]}" judges {estimate}'
+            if named and found and not {f for _, f in found} & named:
+                out.append(
+                    f"{where} in the {' or '.join(sorted(named))} family; {path}/tables/conclusions.md "
+                    f"judges it in the {' or '.join(sorted({f for _, f in found}))} family"
+                )
+                continue
+            given = {v for v, f in found if not named or f in named}
             said = " ".join(word[1].lower().split())
             if given and not given & AGREES[said]:
-                out.append(
-                    f'{doc}:{_line(text, start + word.start())}: "{word[1]}" judges {estimate}, '
-                    f"which {path}/tables/conclusions.md finds {' or '.join(sorted(given))}"
-                )
+                out.append(f"{where}, which {path}/tables/conclusions.md finds {' or '.join(sorted(given))}")
     return out
 
 

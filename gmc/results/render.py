@@ -17,7 +17,7 @@ import pandas as pd
 
 from gmc.estimators import REGISTRY, SHARED_DIAGNOSTICS
 from gmc.results.collect import FINAL_REWARD
-from gmc.results.inference import family_detectable
+from gmc.results.inference import LEAGUE, PAIRED, family_detectable
 from gmc.results.outputs import AnalysisConfig
 from gmc.results.stats import ALPHA, LEVEL, POWER
 
@@ -38,16 +38,21 @@ MARKS = {"resolved": " *", "equivalent": " ≈", "inconclusive": ""}
 """How a cell shows a difference's verdict."""
 
 
-def _signed(diff, half, n_sign, n, verdict) -> str:
+def _signed(diff, half, n_sign, n, verdict, family="") -> str:
     if pd.isna(diff):
         return "-"
     cell = f"{diff:+.3f}" if pd.isna(half) else f"{diff:+.3f} ± {half:.3f}"
-    return f"{cell} ({n_sign}/{n}){MARKS.get(verdict, '')}"
+    return f"{cell} ({n_sign}/{n}){MARKS.get(verdict, '')}{HELD if family == PAIRED else ''}"
+
+
+HELD = " †"
+"""How the league marks a difference that is a test of the paired table, judged in its family."""
 
 
 def league_display(table: pd.DataFrame) -> pd.DataFrame:
     """The league as the Markdown and LaTeX files show it; ``*`` resolved, ``≈`` equivalent within
-    the margin, both after Holm's adjustment over the league's differences."""
+    the margin, each after Holm's adjustment over its family, ``†`` where that family is the
+    paired table's (:func:`gmc.results.inference.judge_league`)."""
     name = pretty(table["score"].iloc[0]) if len(table) else "score"
     labels = [REGISTRY[a].label if a in REGISTRY else a for a in table["algorithm"]]
     out = pd.DataFrame({"rank": table["rank"], "estimator": labels})
@@ -64,6 +69,7 @@ def league_display(table: pd.DataFrame) -> pd.DataFrame:
                 table[f"{key}:n_sign"],
                 table[f"{key}:n_seeds"],
                 table[f"{key}:verdict"],
+                table[f"{key}:family"],
             )
         ]
     out["own statistic"] = [
@@ -80,8 +86,11 @@ def league_note(margin: float) -> str:
     """The league's legend: its cells and what the marks beside an interval say."""
     return (
         f"Mean ± half-width [95% interval] over seeds; differences: mean ± half-width (seeds with the "
-        f"mean's sign / seeds paired), * resolved (Holm-adjusted p < {ALPHA} over the league's differences), "
-        f"≈ equivalent within ±{margin} (adjusted likewise). {UNADJUSTED.replace('printed beside it', 'in tables/conclusions.md')}"
+        f"mean's sign / seeds paired), * resolved (Holm-adjusted p < {ALPHA} over the difference's family), "
+        f"≈ equivalent within ±{margin} (adjusted likewise). Each difference is one test in one family: "
+        f"† marks a test of the paired table (the same runs; every cost of staleness), judged in its "
+        f"family ({PAIRED}); the others form the league's family ({LEAGUE}). "
+        f"{UNADJUSTED.replace('printed beside it', 'in tables/conclusions.md')}"
     )
 
 
@@ -102,7 +111,7 @@ def _same_test(same_test_as) -> str:
 
 
 def conclusions_display(table: pd.DataFrame) -> pd.DataFrame:
-    out = table[["outcome", "table", "comparison", "delay", "group"]].copy()
+    out = table[["outcome", "family", "comparison", "delay", "group"]].copy()
     out["difference [95% interval]"] = [
         f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]" if not pd.isna(lo) else _fmt(d, float("nan"))
         for d, lo, hi in zip(table["diff"], table["lo"], table["hi"])
@@ -117,18 +126,19 @@ def conclusions_markdown(table: pd.DataFrame, margin: float) -> str:
     """The conclusions as a document: per family its size and detectable difference, then its
     differences with their verdicts."""
     lines = [
-        f"Every difference of the sweep's outcomes, judged within its family (one table's "
-        f"differences in one outcome, each test counted once): **resolved** where Holm's adjusted p < {ALPHA}, **equivalent "
+        f"Every test of the sweep's outcomes, judged within its one family ({PAIRED}: the paired "
+        f"table's differences in one outcome, each test counted once; {LEAGUE}: the league's "
+        f"differences the paired table does not hold): **resolved** where Holm's adjusted p < {ALPHA}, **equivalent "
         f"within ±{margin}** where two one-sided tests, adjusted likewise, place it inside the margin, "
-        "**inconclusive** otherwise. Intervals: 95% over seeds, evaluation noise folded in, "
-        f"evaluated scores paired per problem. {UNADJUSTED}",
+        f"**inconclusive** otherwise. Intervals: {LEVEL:.0%} t-intervals of the per-seed differences "
+        f"(their spread over seeds holds the evaluation noise; evaluated scores paired per problem). {UNADJUSTED}",
         "",
     ]
-    for (role, outcome, name), fam in table.groupby(["role", "outcome", "table"], sort=False):
+    for (role, outcome, name), fam in table.groupby(["role", "outcome", "family"], sort=False):
         lines += [
-            f"## {outcome}, {role}: {name} table",
+            f"## {outcome}, {role}: {name} family",
             "",
-            f"{fam['family_size'].iloc[0]} tests; the smallest detectable at {POWER:.0%} power after "
+            f"{fam['family_size'].iloc[0]} test{'s' if fam['family_size'].iloc[0] != 1 else ''}; the smallest detectable at {POWER:.0%} power after "
             f"adjustment: {detectable_text(fam['detectable'].iloc[0])}.",
             "",
         ]
@@ -302,9 +312,10 @@ def detectable_text(mde: float) -> str:
 PAIRED_NOTE = (
     f"Paired differences at equal (delay, G, seed), and each estimator's cost of staleness "
     "(A: stale − on-policy, the estimator at the row's delay minus itself at delay 0, equal G "
-    f"and seed): mean ± half-width of the {LEVEL:.0%} t-interval over seeds (evaluation noise "
-    "folded in, evaluated scores paired per problem), (seeds with the mean's sign / seeds paired). "
-    "The table's differences in one outcome are a family, each test counted once (a difference "
+    f"and seed): mean ± half-width of the {LEVEL:.0%} t-interval of the per-seed differences "
+    "(their spread over seeds holds the evaluation noise; evaluated scores paired per problem), "
+    "(seeds with the mean's sign / seeds paired). "
+    f"The table's differences in one outcome are a family ({PAIRED}), each test counted once (a difference "
     "of one shared run is none, two of the same runs are one): * resolved (Holm-adjusted p < "
     f"{ALPHA}), ≈ equivalent within ±{{margin}} (two one-sided tests, adjusted likewise). {UNADJUSTED}"
 )

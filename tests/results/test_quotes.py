@@ -78,9 +78,9 @@ def test_a_document_quotes_a_bundle_only_through_its_files(bundle, tmp_path, cap
 VERDICTS = """# Results
 
 <!-- numbers from published -->
-GMC leads GRPO by +0.200 [+0.157, +0.243], resolved; staleness costs grpo −0.050 ± 0.035 in
-Pass@1, {word}; gmc has no cost in training reward (+0.000 [+0.000, +0.000]). Not
-resolved: −0.050 [−0.085, −0.015]. A gradient's bias of 0.125 [0.102, 0.143] is resolved.
+GMC leads GRPO by +0.200 [+0.175, +0.225], resolved; staleness costs grpo −0.050 ± 0.000 in
+Pass@1, {word}; gmc has no cost in training reward (+0.000 [+0.000, +0.000]). Resolved:
+−0.050 [−0.050, −0.050]. A gradient's bias of 0.125 [0.102, 0.143] is inconclusive.
 <!-- end numbers -->
 """
 
@@ -94,25 +94,49 @@ def test_a_verdict_word_in_prose_is_the_one_the_bundles_conclusions_give(bundle,
 
     main(["tables", "--results", str(bundle)])
     assert (
-        "-0.050 [-0.085, -0.015], 3 seeds, p_holm 0.051: **inconclusive**"
+        "grpo: stale − on-policy at delay 16, G = 8: -0.050 [-0.050, -0.050], 3 seeds, p_holm 0.000: **resolved**"
         in (bundle / "tables" / "conclusions.md").read_text()
     )
     doc = tmp_path / "results.md"
-    doc.write_text(VERDICTS.format(word="inconclusive"))
-    assert misjudged(doc) == []
     doc.write_text(VERDICTS.format(word="resolved"))
+    assert misjudged(doc) == []
+    doc.write_text(VERDICTS.format(word="inconclusive"))
     assert misjudged(doc) == [
-        f'{doc}:5: "resolved" judges -0.050 ± 0.035, which published/tables/conclusions.md finds inconclusive'
+        f'{doc}:5: "inconclusive" judges -0.050 ± 0.000, which published/tables/conclusions.md finds resolved'
     ]
     with pytest.raises(SystemExit) as stop:
         main(["quote-bundles", "--check", str(doc)])
-    assert stop.value.code == 1 and f'{doc}:5: "resolved" judges' in capsys.readouterr().err
+    assert stop.value.code == 1 and f'{doc}:5: "inconclusive" judges' in capsys.readouterr().err
     doc.write_text(
-        VERDICTS.format(word="inconclusive")
+        VERDICTS.format(word="resolved")
         .replace("has no cost", "has a resolved cost")
-        .replace("A gradient's", "Inconclusive: +0.200 [+0.157, +0.243]. A gradient's")
+        .replace("A gradient's", "Inconclusive: +0.200 [+0.175, +0.225]. A gradient's")
     )
     assert [p.split(": ", 1)[1] for p in misjudged(doc)] == [
         '"resolved" judges 0.000 [0.000, 0.000], which published/tables/conclusions.md finds equivalent',
-        '"Inconclusive" judges 0.200 [0.157, 0.243], which published/tables/conclusions.md finds resolved',
+        '"Inconclusive" judges 0.200 [0.175, 0.225], which published/tables/conclusions.md finds resolved',
     ]
+
+
+def test_a_verdict_word_comes_from_the_family_its_sentence_names(bundle, tmp_path):
+    """Each test is in one family of conclusions.md (a ``## ... family`` section); a sentence that
+    names a family ("the league's family", "the paired table") judges the difference there: a
+    verdict of a difference that family does not hold is named, with the family that holds it."""
+    from gmc.results.quotes import misjudged, verdicts
+
+    main(["tables", "--results", str(bundle)])
+    assert {f for *_, f in verdicts(bundle)} == {"paired"}
+    doc = tmp_path / "results.md"
+    text = VERDICTS.format(word="resolved")
+    doc.write_text(text.replace("GMC leads", "In the paired table's family GMC leads"))
+    assert misjudged(doc) == []
+    doc.write_text(text.replace("GMC leads", "In the league's family GMC leads"))
+    found = misjudged(doc)
+    assert found[0] == (
+        f'{doc}:4: "resolved" judges 0.200 [0.175, 0.225] in the league family; '
+        "published/tables/conclusions.md judges it in the paired family"
+    )
+    assert len(found) == 3  # the sentence's every verdict word: "resolved", "resolved", "no cost"
+    # a sentence naming no family: any family's verdict; the next sentence does not inherit the name
+    doc.write_text(text.replace("Resolved:", "Not the league table. Resolved:"))
+    assert misjudged(doc) == []

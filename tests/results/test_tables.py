@@ -125,10 +125,60 @@ def test_a_family_counts_each_test_once(tmp_path):
     assert len(tests) == 9 - 2  # 3 pairs x 2 delays + 3 costs of staleness, less the one run and the repeat
     assert list(tests["p_holm"]) == pytest.approx(list(holm(tests["p"])))
     conclusions = pd.read_csv(r / "tables" / "conclusions.csv", keep_default_na=False)
-    primary = conclusions[(conclusions.role == "primary") & (conclusions.table == "paired")]
+    primary = conclusions[(conclusions.role == "primary") & (conclusions.family == "paired")]
     assert ONE_RUN not in set(primary["verdict"]) and set(primary["family_size"]) == {7}
     md = (r / "tables" / "conclusions.md").read_text()
     assert "7 tests; the smallest detectable" in md and "(the same runs as gmc − grpo at delay 0)" in md
+    # the league's differences are all tests of the paired table: each keeps its one verdict there
+    league = pd.read_csv(r / "tables" / "league.csv", keep_default_na=False, dtype={"delay": str}).set_index(
+        "algorithm"
+    )
+    mean = paired[paired.metric == "eval/mean/pass_at_1"].set_index(["comparison", "delay"])
+    for algorithm, pair in (("tic", "gmc − tic"), ("grpo", "gmc − grpo")):
+        assert league.loc[algorithm, "vs_gmc:family"] == "paired"
+        assert float(league.loc[algorithm, "vs_gmc:p_holm"]) == pytest.approx(mean.loc[(pair, "64"), "p_holm"])
+        assert league.loc[algorithm, "vs_gmc:verdict"] == mean.loc[(pair, "64"), "verdict"]
+    for algorithm in ("gmc", "tic", "grpo"):
+        cost = mean.loc[(f"{algorithm}: stale − on-policy", "64")]
+        assert league.loc[algorithm, "staleness_cost:family"] == "paired"
+        assert (
+            float(league.loc[algorithm, "staleness_cost:p_holm"]),
+            league.loc[algorithm, "staleness_cost:verdict"],
+        ) == (
+            pytest.approx(cost["p_holm"]),
+            cost["verdict"],
+        )
+    assert set(conclusions["family"]) == {"paired"}  # no test of the league's own
+    assert "† |" in (r / "tables" / "league.md").read_text()
+
+
+def test_a_league_test_the_paired_table_lacks_is_in_the_league_family_alone(tmp_path):
+    """icepop − gmc pairs runs no paired difference pairs (no pair of PAIRS, no variant): the
+    league's family holds it alone, so its adjusted p is its own; grpo − gmc and every cost of
+    staleness are tests of the paired family, judged there once; the conclusions list each test
+    once, under its family, the paired family Holm-adjusted over its own tests."""
+    from gmc.results.stats import holm
+
+    r = tmp_path / "results"
+    scores = {"gmc": (0.6, 0.5), "grpo": (0.55, 0.40), "icepop": (0.6, 0.45)}
+    for seed in range(4):
+        for algo, (on, stale) in scores.items():
+            fake_run(r, algo, 0, 8, seed, on, on + 0.01 * seed, se=0.01)
+            fake_run(r, algo, 64, 8, seed, stale, stale + 0.013 * seed**2, se=0.01)
+    tables = write_tables(r)
+    league = tables["league"].set_index("algorithm")
+    assert league.loc["icepop", "vs_gmc:family"] == "league" and league.loc["grpo", "vs_gmc:family"] == "paired"
+    assert league.loc["gmc", "vs_gmc:family"] == "" and (league["staleness_cost:family"] == "paired").all()
+    assert league.loc["icepop", "vs_gmc:p_holm"] == pytest.approx(league.loc["icepop", "vs_gmc:p"])  # one test
+    conclusions = tables["conclusions"]
+    own = conclusions[(conclusions.role == "primary") & (conclusions.family == "league")]
+    assert list(own["comparison"]) == ["icepop − gmc"] and set(own["family_size"]) == {1}
+    primary = conclusions[conclusions.role == "primary"]
+    assert not primary.duplicated(["comparison", "delay", "group"]).any()  # each test in one family
+    paired = primary[primary.family == "paired"]
+    ps = tables["paired"].query("metric == 'eval/mean/pass_at_1' and same_test_as == ''")["p"]
+    assert sorted(paired["p_holm"]) == pytest.approx(sorted(holm(ps)))
+    assert "## Pass@1, primary: league family\n\n1 test;" in (r / "tables" / "conclusions.md").read_text()
 
 
 def test_a_results_folder_without_runs_is_named(tmp_path):
@@ -138,7 +188,7 @@ def test_a_results_folder_without_runs_is_named(tmp_path):
 
 def test_paired_differences_at_equal_delay_group_and_seed(tmp_path):
     r = tmp_path / "results"
-    for seed, (g, t, p) in enumerate([(0.70, 0.50, 0.60), (0.72, 0.56, 0.74), (0.74, 0.52, 0.62)]):
+    for seed, (g, t, p) in enumerate([(0.70, 0.50, 0.60), (0.72, 0.60, 0.66), (0.74, 0.52, 0.70)]):
         fake_run(r, "gmc", 16, 8, seed, 0.5, g, se=0.02)
         fake_run(r, "tic", 16, 8, seed, 0.5, t, se=0.02)
         fake_run(r, "grpo", 16, 8, seed, 0.5, p, se=0.02)
@@ -156,14 +206,15 @@ def test_paired_differences_at_equal_delay_group_and_seed(tmp_path):
     assert len(stale) == 1 and stale.iloc[0]["n_seeds"] == 1  # seed 1 alone is paired
     assert stale.iloc[0]["diff"] == pytest.approx((0.72 - 0.9) / 2)
     row = paired[(paired.comparison == "tic − grpo") & (paired.metric == "eval/synthetic/pass_at_1")].iloc[0]
-    assert row["diff"] == pytest.approx(((0.50 - 0.60) + (0.56 - 0.74) + (0.52 - 0.62)) / 6)
+    assert row["diff"] == pytest.approx(((0.50 - 0.60) + (0.60 - 0.66) + (0.52 - 0.70)) / 6)
     row = paired[(paired.comparison == "gmc − tic") & (paired.metric == "eval/synthetic/pass_at_1")].iloc[0]
-    d = [(0.70 - 0.50) / 2, (0.72 - 0.56) / 2, (0.74 - 0.52) / 2]  # pass_at_1 = score / 2
-    half = 4.30265273 * math.sqrt((pd.Series(d).var() + 2 * 0.02**2) / 3)
+    d = [(0.70 - 0.50) / 2, (0.72 - 0.60) / 2, (0.74 - 0.52) / 2]  # pass_at_1 = score / 2
+    half = 4.30265273 * math.sqrt(pd.Series(d).var() / 3)  # the seeds' spread alone
     assert row["diff"] == pytest.approx(sum(d) / 3) and row["half"] == pytest.approx(half)
+    assert row["se_eval"] == pytest.approx(math.sqrt(2) * 0.02)  # reported: both evaluations' noise
     assert row["n_seeds"] == 3 and row["n_sign"] == 3 and row["excludes_zero"]
     row = paired[(paired.comparison == "gmc − grpo") & (paired.metric == "eval/synthetic/pass_at_1")].iloc[0]
-    assert row["n_sign"] == 2 and not row["excludes_zero"]
+    assert row["n_sign"] == 3 and not row["excludes_zero"]
     reward = paired[paired.metric == "rollout/reward_mean_last20"]
     assert (reward["diff"] == 0).all() and not reward["excludes_zero"].any()
     # the family of synthetic Pass@1: three tests (the one-seed difference has no p-value), Holm by hand
@@ -208,13 +259,13 @@ def test_evaluated_differences_are_paired_per_problem_and_judged_in_the_conclusi
     row = paired[(paired.comparison == "gmc − tic") & (paired.metric == "eval/synthetic/pass_at_1")].iloc[0]
     d = np.array([min(2, c + (1 if i < 4 else 0)) - c for i, c in enumerate(base)]) / 2
     paired_se = d.std(ddof=1) / math.sqrt(40)
-    assert row["se"] == pytest.approx(math.sqrt((0 + paired_se**2) / 3))  # no spread over seeds, paired noise
+    assert row["se_eval"] == pytest.approx(paired_se) and row["se"] == 0  # paired noise reported; no seed spread
     assert paired_se < math.sqrt(2) * 0.1 / 3
     conclusions = pd.read_csv(r / "tables" / "conclusions.csv")
-    assert set(conclusions["role"]) == {"primary", "secondary"} and set(conclusions["table"]) == {"paired", "league"}
+    assert set(conclusions["role"]) == {"primary", "secondary"} and set(conclusions["family"]) == {"paired"}
     assert set(conclusions["verdict"]) <= {"resolved", "equivalent", "inconclusive"}
     md = (r / "tables" / "conclusions.md").read_text()
-    assert "## Pass@1, primary: paired table" in md and "smallest detectable at 80% power" in md
+    assert "## Pass@1, primary: paired family" in md and "smallest detectable at 80% power" in md
     assert "gmc − tic at delay 8, G = 4: +0.100" in md
 
 
