@@ -87,7 +87,9 @@ rule history:
     params:
         script=REQUEUE_SCRIPT,
         dir=folder("output"),
-        queues=lambda wildcards: " ".join(map(str, HISTORY_MAKERS[wildcards.history][1])),
+        queues=lambda wildcards: " ".join(
+            map(str, HISTORY_MAKERS[wildcards.history][1])
+        ),
     shell:
         "OMP_NUM_THREADS={threads} TQDM_MININTERVAL=10 bash {params.script} {log} history --config {input.cfg} "
         "--out {params.dir} --queues {params.queues}"
