@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from gmc.estimators import group_advantages
 from gmc.policy.logprobs import Rows, sequence_logprobs
 from gmc.rollouts.groups import Group
 from gmc.tasks.datasets import PLAIN_TEMPLATE
@@ -18,6 +19,24 @@ REPO = Path(__file__).resolve().parents[1]
 DOCS = [REPO / "README.md", *sorted(p for p in (REPO / "docs").rglob("*.md") if "published" not in p.parts)]
 """The README and every page of the documentation (the bundles' files, reached through the
 ``docs/published`` link, are not pages)."""
+
+
+STALE_SHAPE = (4, 4, 10)
+"""``B, G, T`` of :func:`stale_batch`: four groups of four responses of up to ten tokens."""
+
+
+def stale_batch(seed, scale=0.4):
+    """Log-probs ``[B, G, T]`` (:data:`STALE_SHAPE`) far enough from the behaviour's that every clip,
+    mask and cap fires; the behaviour's, the mask (lengths 2 to T) and group advantages of 0/1
+    rewards."""
+    B, G, T = STALE_SHAPE
+    g = torch.Generator().manual_seed(seed)
+    logp_b = -torch.rand(B, G, T, generator=g) * 2 - 0.05
+    logp = (logp_b + scale * torch.randn(B, G, T, generator=g)).clamp(max=-1e-3)
+    lengths = torch.randint(2, T + 1, (B, G), generator=g)
+    mask = torch.arange(T).expand(B, G, T) < lengths.unsqueeze(-1)
+    adv = group_advantages(torch.randint(0, 2, (B, G), generator=g).float())
+    return logp, logp_b, mask, adv
 
 
 HOSTILE = {

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import STALE_SHAPE, stale_batch
 
 from gmc.estimators import (
     DIVERGENCE_METRICS,
@@ -30,18 +31,7 @@ from gmc.estimators import (
     group_advantages,
 )
 
-B, G, T = 4, 4, 10
-
-
-def stale_batch(seed, scale=0.4):
-    """Log-probs ``[B, G, T]`` far enough from the behaviour's that every clip and mask fires."""
-    g = torch.Generator().manual_seed(seed)
-    logp_b = -torch.rand(B, G, T, generator=g) * 2 - 0.05
-    logp = (logp_b + scale * torch.randn(B, G, T, generator=g)).clamp(max=-1e-3)
-    lengths = torch.randint(2, T + 1, (B, G), generator=g)
-    mask = torch.arange(T).expand(B, G, T) < lengths.unsqueeze(-1)
-    adv = group_advantages(torch.randint(0, 2, (B, G), generator=g).float())
-    return logp, logp_b, mask, adv
+B, G, T = STALE_SHAPE
 
 
 def ours(name, logp, logp_b, mask, adv, cfg):

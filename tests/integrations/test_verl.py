@@ -15,15 +15,16 @@ import tomllib
 
 import pytest
 import torch
+from helpers import STALE_SHAPE, stale_batch
 
-from gmc.estimators import REGISTRY, EstimatorConfig, get_estimator, group_advantages, trajectory_weights
+from gmc.estimators import REGISTRY, EstimatorConfig, get_estimator, trajectory_weights
 
 core_algos = pytest.importorskip("verl.trainer.ppo.core_algos", reason="verl is not installed (make test-peers)")
 from verl.workers.config.actor import ActorConfig  # noqa: E402
 
 from gmc.integrations import verl as gv  # noqa: E402
 
-B, G, T = 4, 4, 10
+B, G, T = STALE_SHAPE
 N = B * G
 GROUP_WEIGHTED = gv.GROUP_WEIGHTED_LOSS_MODES["gmc_gmc"]  # the loss the gmc trainers switch gmc_gmc to
 
@@ -34,17 +35,6 @@ def default_settings():
     gv.register_losses()
     yield
     gv.register_losses()
-
-
-def stale_batch(seed, scale=0.4):
-    """Log-probs ``[B, G, T]`` of a stale batch (clips, masks and caps fire), its mask and advantages."""
-    g = torch.Generator().manual_seed(seed)
-    logp_b = -torch.rand(B, G, T, generator=g) * 2 - 0.05
-    logp = (logp_b + scale * torch.randn(B, G, T, generator=g)).clamp(max=-1e-3)
-    lengths = torch.randint(2, T + 1, (B, G), generator=g)
-    mask = torch.arange(T).expand(B, G, T) < lengths.unsqueeze(-1)
-    adv = group_advantages(torch.randint(0, 2, (B, G), generator=g).float())
-    return logp, logp_b, mask, adv
 
 
 def gmc_reference(name, logp, logp_b, mask, adv, aggregation, cfg=None):
