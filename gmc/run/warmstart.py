@@ -71,11 +71,15 @@ def queue_batches(trainer) -> dict[str, float]:
     return {"time/queue_seconds": time.perf_counter() - t0}
 
 
+def made_queues(path: Path) -> list[int]:
+    """The fixed delays whose queues the finished history in ``path`` holds whole (its
+    ``summary.json`` lists them)."""
+    return json.loads((Path(path) / SUMMARY).read_text()).get("queues", [])
+
+
 def missing_queues(path: Path, delays: Iterable[int]) -> list[int]:
-    """The fixed delays of ``delays`` whose queues the finished history in ``path`` does not hold
-    (its ``summary.json`` lists those it made)."""
-    made = set(json.loads((Path(path) / SUMMARY).read_text()).get("queues", []))
-    return sorted({d for d in delays if d > 0} - made)
+    """The fixed delays of ``delays`` whose queues the finished history in ``path`` does not hold."""
+    return sorted({d for d in delays if d > 0} - set(made_queues(path)))
 
 
 def read_queue_batch(hist: RunDir, d: int, j: int) -> list[dict]:
@@ -114,8 +118,8 @@ def start_from_history(trainer, path: Path) -> None:
             "a run starts from the history of its own settings but the estimator and the delay"
         )
     d = cfg.delay.queued
-    if missing_queues(path, [d]):
-        made = json.loads((path / SUMMARY).read_text()).get("queues", [])
+    made = made_queues(path)
+    if d and d not in made:
         raise ConfigError(
             f"--history {path}: holds no queue for d = {d} (its queues: d = {made}); "
             f"make it with gmc history --queues {d}"
