@@ -223,6 +223,14 @@ BOUNDS = (0.0, 1.0)
 seeds that reaches past it is cut there (the figures' titles say so)."""
 
 
+def bar_extent(iv) -> tuple[float, float]:
+    """The error bar of the interval ``iv`` (:func:`gmc.results.stats.mean_interval`) below and
+    above its mean, cut at :data:`BOUNDS`; none without an interval (one seed)."""
+    half = 0.0 if pd.isna(iv.half) else iv.half
+    lo, hi = max(iv.mean - half, BOUNDS[0]), min(iv.mean + half, BOUNDS[1])
+    return max(iv.mean - lo, 0.0), max(hi - iv.mean, 0.0)
+
+
 def shared_note(frame: pd.DataFrame, where: str = "") -> str:
     """`` (TIC-GRPO's run at d = 0)`` for an algorithm's rows that are another estimator's run
     (``shared_with``, :func:`gmc.results.collect.collect`), ``where`` naming the delays; else ``""``."""
@@ -242,9 +250,7 @@ def _line_by_algorithm(ax, frame, x, y, styles, se=None, seeds_in_label=True):
         points = []
         for xv, g in grp.groupby(x):
             iv = mean_interval(g[y], g[se] if se else None)
-            half = 0.0 if pd.isna(iv.half) else iv.half
-            lo, hi = max(iv.mean - half, BOUNDS[0]), min(iv.mean + half, BOUNDS[1])
-            points.append((xv, iv.mean, max(iv.mean - lo, 0.0), max(hi - iv.mean, 0.0)))
+            points.append((xv, iv.mean, *bar_extent(iv)))
         xs, ms, los, his = zip(*sorted(points))
         n = _seed_count(grp.groupby(x)["seed"].nunique())
         shared = grp[grp["shared_with"].notna()] if "shared_with" in grp.columns else grp.iloc[:0]
@@ -388,11 +394,11 @@ def score_vs_delay(frame: pd.DataFrame, out: Path) -> list[Path]:
         )
         for (algo, delay), grp in named[named["group"] == g].groupby(["algorithm", "delay"]):
             iv = mean_interval(grp[score], grp["score_se"])
-            half = 0.0 if pd.isna(iv.half) else iv.half
+            below, above = bar_extent(iv)
             ax.errorbar(
                 [grp["x"].iloc[0]],
                 [iv.mean],
-                yerr=[[iv.mean - max(iv.mean - half, BOUNDS[0])], [min(iv.mean + half, BOUNDS[1]) - iv.mean]],
+                yerr=[[below], [above]],
                 color=styles[algo]["color"],
                 marker=NAMED_MARKERS[modes.index(delay) % len(NAMED_MARKERS)],
                 ms=9,
