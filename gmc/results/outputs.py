@@ -14,7 +14,7 @@ output folder and writes ``<name>.png`` and ``.pdf``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from gmc.settings import Fraction, load_config, load_named, settings
@@ -36,6 +36,12 @@ class AnalysisConfig:
     """Two estimators are called equivalent in an outcome when their difference lies within
     ``±`` this, in the outcome's units (a fraction of problems, or of rewarded samples): 0.05 is a
     twentieth of the scale, a third of what the default run's estimators gain by training."""
+    tune: list[str] = field(default_factory=list)
+    """Estimators whose settings the sweep chooses (a tuning sweep, ``workflow/presets/tune.yaml``):
+    each among itself and its variants in the sweep, by one rule: the highest mean primary score
+    (Pass@1) over seeds at the largest fixed delay, ties to the first in the sweep. The choice and
+    every candidate's score go to ``tables/tuning.*``, the chosen settings to ``tables/tuned.yaml``,
+    which another sweep trains with (``tuned`` in its configuration)."""
 
 
 def analysis_config(results: str | Path) -> AnalysisConfig:
