@@ -310,6 +310,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("results", help="the re-run's results folder (e.g. results)")
     p.set_defaults(func=_compare_results)
 
+    p = sub.add_parser(
+        "plan-seeds",
+        help="the seeds a confirmatory sweep's hypotheses (its preset's analysis.hypotheses) need for 80%% power "
+        "at a difference after Holm's adjustment, from each contrast's spread over an earlier bundle's seeds",
+    )
+    p.add_argument("preset", help="the confirmatory sweep's configuration (e.g. workflow/presets/confirm.yaml)")
+    p.add_argument("bundle", help="the bundle whose runs give the spread (e.g. published/corrections)")
+    p.add_argument("--difference", type=float, default=0.05, help="the difference to detect (default: 0.05)")
+    p.set_defaults(func=_plan_seeds)
+
     p = sub.add_parser("import-results", help="unpack an archive made by export-results")
     p.add_argument("bundle", help="the archive (.tar.gz) of gmc export-results")
     p.add_argument("--results", default="results", help="the folder to unpack it into (default: results)")
@@ -498,6 +508,25 @@ def _compare_results(args: argparse.Namespace) -> None:
         raise SystemExit(2) from None
     print(report(comparison))
     raise SystemExit(1 if comparison.failed else 0)
+
+
+def _plan_seeds(args: argparse.Namespace) -> None:
+    from gmc.results.collect import collect
+    from gmc.results.inference import seed_plan
+    from gmc.results.outputs import AnalysisConfig
+    from gmc.settings import ConfigError, from_section, read_config_file
+
+    analysis = from_section(AnalysisConfig, read_config_file(args.preset).get("analysis") or {}, "analysis")
+    if not analysis.hypotheses:
+        raise ConfigError("the preset states no hypotheses to plan for", "analysis.hypotheses")
+    plan = seed_plan(collect(args.bundle), analysis.hypotheses, args.difference, analysis.equivalence_margin)
+    print(f"Spread of each hypothesis's contrast over the seeds of {args.bundle}, and the seeds at which a family")
+    print(f"of {len(plan)} tests detects {args.difference} at 80% power after Holm's adjustment:\n")
+    print("| hypothesis | contrast | seeds there | contrast there | sd | seeds needed |")
+    print("|---|---|---|---|---|---|")
+    for r in plan.itertuples():
+        print(f"| {r.name} | {r.contrast} | {r.n_seeds} | {r.diff:+.3f} | {r.sd:.4f} | {r.seeds} |")
+    print(f"\nseeds needed for every hypothesis: {int(plan['seeds'].max())}")
 
 
 def _theory(args: argparse.Namespace) -> None:

@@ -151,6 +151,11 @@ class WorkflowConfig:
     sweep's axes, a named delay mode's section, ``traces``); of ``delay`` it holds how every run
     starts (``warmup``, ``history_steps``, ``history_algorithm``). Each run's whole config is written
     to ``<results>/configs/train/<point>.yaml``."""
+    tuned: str | None = None
+    """A tuning sweep's choice (its ``tables/tuned.yaml``, :data:`gmc.results.outputs.TUNED`; a path
+    from the working directory, ``published/tune/tables/tuned.yaml``): every run of an estimator it
+    names trains with the estimator settings chosen there, over the ``train`` section's (a variant
+    of it takes its own settings over those). None: no tuned settings."""
     variants: dict[Name, Variant] = field(default_factory=dict)
     """Named variants of an estimator, each run as sweep points of its own (``algo~<name>``) wherever
     an estimator may be named: the estimator (``algorithm``) with train settings of its own."""

@@ -91,7 +91,8 @@ def snakemake():
 @pytest.fixture(scope="session")
 def load_workflow():
     """``load_workflow(folder, overwrite_resources=None, configfiles=())``: the workflow as Snakemake
-    builds it in-process in ``folder`` (the default config.yaml copied there if it has none;
+    builds it in-process in ``folder`` as in a checkout (the default config.yaml copied there if it has
+    none, the published bundles linked;
     ``configfiles`` given as with ``--configfile``), set-resources applied."""
     import shutil
 
@@ -107,6 +108,8 @@ def load_workflow():
         folder.mkdir(exist_ok=True)
         if not (folder / "config.yaml").exists():
             shutil.copy(REPO / "config.yaml", folder / "config.yaml")
+        if not (folder / "published").exists():  # a preset that trains with a tuning sweep's choice reads it there
+            (folder / "published").symlink_to(REPO / "published")
         cwd = os.getcwd()
         os.chdir(folder)
         try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from gmc.estimators.registry import (
     AGGREGATIONS,
     DIVERGENCE_METRICS,
+    OWN_SETTINGS,
     REGISTRY,
     SHARED_DIAGNOSTICS,
     Aggregation,
@@ -19,6 +20,7 @@ from gmc.estimators.registry import (
     EstimatorConfig,
     diagnostic_names,
     get_estimator,
+    settings_read_by,
 )
 
 LOSSES = (
@@ -38,6 +40,7 @@ LOSSES = (
 __all__ = [
     "AGGREGATIONS",
     "DIVERGENCE_METRICS",
+    "OWN_SETTINGS",
     "REGISTRY",
     "SHARED_DIAGNOSTICS",
     "Aggregation",
@@ -45,6 +48,7 @@ __all__ = [
     "EstimatorConfig",
     "diagnostic_names",
     "get_estimator",
+    "settings_read_by",
     *LOSSES,
 ]
 

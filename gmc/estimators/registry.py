@@ -424,6 +424,24 @@ REGISTRY: dict[str, Estimator] = {
 """Every estimator by config name (``algorithm``), in the order tables and figures use: the one
 place an estimator is registered."""
 
+OWN_SETTINGS: dict[str, tuple[str, ...]] = {"eps": ("tic", "gmc", "tis")}
+"""Fields of :class:`EstimatorConfig` that only the named estimators' losses read (every other
+estimator's loss is the same whatever their value, ``tests/estimators/test_losses.py``): an
+on-policy history trained by another estimator takes the field's default, so that runs which
+differ only in such a field (a tuned cap) start from one history."""
+
+
+def settings_read_by(algorithm: str, cfg: EstimatorConfig) -> EstimatorConfig:
+    """``cfg`` with every field that ``algorithm``'s loss does not read (:data:`OWN_SETTINGS`) at
+    its default."""
+    unread = {
+        k: EstimatorConfig.__dataclass_fields__[k].default
+        for k, owners in OWN_SETTINGS.items()
+        if algorithm not in owners
+    }
+    return dataclasses.replace(cfg, **unread)
+
+
 SHARED_DIAGNOSTICS: tuple[str, ...] = ("ratio/ess_frac", "ratio/shortfall")
 """Statistics of the trajectory weights that the tables report for every estimator that has them."""
 

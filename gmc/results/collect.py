@@ -62,8 +62,9 @@ PROBLEMS = ":problems"
 def run_settings(run_dir: Path, eval_dir: Path) -> dict[str, Any]:
     """What the files of a run and its evaluation record of their settings: the sampling
     temperature of its training rollouts and of its evaluation's samples (for the outcomes'
-    labels), and the estimator it trained with (``estimator``: a variant's point is named apart
-    from its estimator, ``variants`` in the workflow's config)."""
+    labels), the estimator it trained with (``estimator``: a variant's point is named apart
+    from its estimator, ``variants`` in the workflow's config) and that estimator's settings
+    (``estimator_settings``, JSON: what a tuning sweep chooses among)."""
     out: dict[str, Any] = {}
     config = run_dir / "config.yaml"
     if config.exists():
@@ -73,6 +74,8 @@ def run_settings(run_dir: Path, eval_dir: Path) -> dict[str, Any]:
             out["train_temperature"] = float(sampling["temperature"])
         if "algorithm" in saved:
             out["estimator"] = saved["algorithm"]
+        if isinstance(saved.get("estimator"), dict):
+            out["estimator_settings"] = json.dumps(saved["estimator"], sort_keys=True)
     for f in sorted(eval_dir.glob("*.json")):
         ev = json.loads(f.read_text())
         if "temperature" in ev and "benchmark" in ev:

@@ -186,7 +186,8 @@ def _concluded(published: pd.DataFrame, new: pd.DataFrame, margin: float) -> lis
     for _, row in published[published["verdict"].isin(["resolved", "equivalent"])].iterrows():
         key = tuple(str(v) for v in row[list(CONCLUSION_KEYS)])
         other = fresh.get(key)
-        name = f"{row['outcome']} ({row['role']}, {row['family']} family): {key[2]} at delay {key[3]}, G = {key[4]}"
+        at = "" if key[3] == "-" else f" at delay {key[3]}"  # a hypothesis names its delays in its contrast
+        name = f"{row['outcome']} ({row['role']}, {row['family']} family): {key[2]}{at}, G = {key[4]}"
         out.append(
             Conclusion(
                 name,

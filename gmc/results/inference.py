@@ -11,6 +11,7 @@ a tidy frame; the statistics themselves are :mod:`gmc.results.stats`', the text 
 
 from __future__ import annotations
 
+import json
 import math
 
 import pandas as pd
@@ -24,6 +25,7 @@ from gmc.results.collect import (
     variant_estimators,
     with_benchmark_means,
 )
+from gmc.results.hypotheses import finding
 from gmc.results.outputs import AnalysisConfig
 from gmc.results.stats import (
     ALPHA,
@@ -35,6 +37,7 @@ from gmc.results.stats import (
     p_value,
     paired_difference,
     problem_paired_se,
+    seeds_for,
 )
 from gmc.run.evaluate import SE
 from gmc.sweep.points import is_fixed
@@ -103,14 +106,117 @@ LEAGUE = "league"
 compares them."""
 
 
+HYPOTHESES = "hypotheses"
+"""The family of a confirmatory sweep's pre-registered hypotheses (``analysis.hypotheses``,
+:func:`hypothesis_tests`)."""
+
+HYPOTHESIS_COLUMNS = [
+    "name",
+    "contrast",
+    "predict",
+    "metric",
+    "group",
+    "diff",
+    "lo",
+    "hi",
+    "half",
+    "se",
+    "n_seeds",
+    "n_sign",
+    "excludes_zero",
+]
+
+
+def hypothesis_tests(frame: pd.DataFrame, hypotheses, margin: float) -> pd.DataFrame:
+    """The pre-registered ``hypotheses`` (:class:`gmc.results.hypotheses.Hypothesis`) tested in the
+    primary outcome (:func:`outcomes`), one row each: the contrast's mean over the seeds that ran
+    every cell, its 95% t-interval from the per-seed contrasts alone, seeds with the mean's sign;
+    the family's tests, Holm-adjusted over the hypotheses (:func:`judge`, family
+    :data:`HYPOTHESES`); and what they find of each prediction (``finding``,
+    :func:`gmc.results.hypotheses.finding`). ``_runs`` holds the runs each seed's contrast
+    combines (a difference of the paired table of the same runs is this test). A ValueError names
+    a hypothesis whose cell the sweep did not run, or whose group size is not given where the
+    sweep ran several."""
+    frame = with_benchmark_means(frame)
+    metric = outcomes(frame)[0][0]
+    groups = sorted(set(frame["group"]))
+    rows = []
+    for h in hypotheses:
+        group = h.group if h.group is not None else groups[0] if len(groups) == 1 else None
+        if group is None:
+            raise ValueError(f"hypothesis {h.name}: the sweep ran group sizes {groups}; name one (group)")
+        sides = {1: [], -1: []}
+        merged = None
+        for i, ((algorithm, delay), c) in enumerate(h.cells.items()):
+            cell = frame[(frame["algorithm"] == algorithm) & (frame["delay"] == delay) & (frame["group"] == group)]
+            if cell.empty:
+                raise ValueError(
+                    f"hypothesis {h.name}: the sweep has no run of {algorithm} at delay {delay}, G = {group}"
+                )
+            cell = cell[["seed", "run_dir", metric]].rename(columns={"run_dir": f"run:{i}", metric: f"x:{i}"})
+            merged = cell if merged is None else merged.merge(cell, on="seed")
+            sides[1 if c > 0 else -1].append((i, abs(c)))
+        plus = sum(merged[f"x:{i}"] * c for i, c in sides[1])
+        minus = sum(merged[f"x:{i}"] * c for i, c in sides[-1])
+        p = paired_difference(plus, minus)
+        iv = p.interval
+        runs = [c for c in merged.columns if c.startswith("run:")]
+        rows.append(
+            dict(
+                name=h.name,
+                contrast=h.contrast,
+                predict=h.predict,
+                metric=metric,
+                group=group,
+                diff=iv.mean,
+                lo=iv.lo,
+                hi=iv.hi,
+                half=iv.half,
+                se=iv.se,
+                n_seeds=iv.n,
+                n_sign=p.n_sign,
+                excludes_zero=p.excludes_zero,
+                _runs=frozenset(frozenset(r) for r in merged[runs].itertuples(index=False)),
+            )
+        )
+    out = pd.DataFrame(rows, columns=[*HYPOTHESIS_COLUMNS, "_runs"])
+    if out.empty:
+        return out.assign(p=[], p_holm=[], p_equivalent=[], p_equivalent_holm=[], verdict=[], family=[], finding=[])
+    out = judge(out, [], margin).assign(family=HYPOTHESES)
+    out["finding"] = [finding(r.predict, r.diff, r.p_holm, r.p_equivalent_holm, ALPHA) for r in out.itertuples()]
+    return out
+
+
+def seed_plan(frame: pd.DataFrame, hypotheses, difference: float, margin: float) -> pd.DataFrame:
+    """How many seeds a confirmatory sweep of ``hypotheses`` needs, planned from an earlier sweep's
+    runs (``frame``): each hypothesis's contrast per seed there (:func:`hypothesis_tests`), its
+    standard deviation over those seeds (``sd``), and the seeds at which the family detects
+    ``difference`` at 80% power after Holm's adjustment (``seeds``,
+    :func:`gmc.results.stats.seeds_for`)."""
+    tests = hypothesis_tests(frame, hypotheses, margin)
+    sd = tests["se"] * tests["n_seeds"] ** 0.5
+    return pd.DataFrame(
+        {
+            "name": tests["name"],
+            "contrast": tests["contrast"],
+            "n_seeds": tests["n_seeds"],
+            "diff": tests["diff"],
+            "sd": sd,
+            "seeds": [seeds_for(v, difference, len(tests)) for v in sd],
+        }
+    )
+
+
 def paired_differences(
-    frame: pd.DataFrame, pairs=PAIRS, margin: float = AnalysisConfig().equivalence_margin
+    frame: pd.DataFrame, pairs=PAIRS, margin: float = AnalysisConfig().equivalence_margin, hypotheses=()
 ) -> pd.DataFrame:
     """:func:`paired_tests` without the runs each row pairs: the paired table."""
-    return paired_tests(frame, pairs, margin).drop(columns="_runs")
+    return paired_tests(frame, pairs, margin, hypotheses).drop(columns="_runs")
 
 
-def paired_tests(frame: pd.DataFrame, pairs=PAIRS, margin: float = AnalysisConfig().equivalence_margin) -> pd.DataFrame:
+def paired_tests(
+    frame: pd.DataFrame, pairs=PAIRS, margin: float = AnalysisConfig().equivalence_margin, hypotheses=()
+) -> pd.DataFrame:
     """Paired differences, one row per (comparison, delay, group, metric): mean difference, 95%
     interval, its standard error, seeds paired, seeds with the mean's sign, and whether the
     interval excludes zero; then each family's (the table's differences in one metric) tests
@@ -123,9 +229,12 @@ def paired_tests(frame: pd.DataFrame, pairs=PAIRS, margin: float = AnalysisConfi
     A family holds each test once: a difference whose sides are one run in every seed (gmc − tic
     at delay 0, where gmc's run is tic's) is no test (``same_test_as`` :data:`ONE_RUN`), and one
     that pairs the same runs as an earlier difference (gmc − grpo and tic − grpo at delay 0) is
-    that test again (``same_test_as`` names it) and takes its verdict without counting twice.
-    Every test is in the family :data:`PAIRED` of its metric (``family``); ``_runs`` holds the runs
-    each row pairs (the league finds its tests here by them, :func:`judge_league`)."""
+    that test again (``same_test_as`` names it) and takes its verdict without counting twice; so
+    does one that pairs the runs of a pre-registered hypothesis (``hypotheses``,
+    :func:`hypothesis_tests`) in its outcome (``same_test_as``: ``hypothesis <name>``), a test of
+    the family :data:`HYPOTHESES`. Every other test is in the family :data:`PAIRED` of its metric
+    (``family``); ``_runs`` holds the runs each row pairs (the league finds its tests here by them,
+    :func:`judge_league`)."""
     frame = with_benchmark_means(frame)
     metrics = score_columns(frame)
     rows = []
@@ -145,10 +254,18 @@ def paired_tests(frame: pd.DataFrame, pairs=PAIRS, margin: float = AnalysisConfi
     out["_c"] = out["comparison"].map(order)
     out = out.sort_values(["_c", "delay", "group"], key=delay_key, kind="stable").drop(columns="_c")
     out = out.reset_index(drop=True)
+    held = (
+        {(r["metric"], r["_runs"]): r for r in hypothesis_tests(frame, hypotheses, margin).to_dict("records")}
+        if hypotheses
+        else {}
+    )
     first: dict = {}  # (metric, runs) -> the row of their first difference
     repeats: dict = {}  # row -> the earlier row whose test it is
     for i, r in out.iterrows():
         if r["same_test_as"] != ONE_RUN and r["_runs"] is not None:
+            if (r["metric"], r["_runs"]) in held:
+                out.at[i, "same_test_as"] = f"hypothesis {held[(r['metric'], r['_runs'])]['name']}"
+                continue
             j = first.setdefault((r["metric"], r["_runs"]), i)
             if j != i:
                 repeats[i] = j
@@ -158,6 +275,10 @@ def paired_tests(frame: pd.DataFrame, pairs=PAIRS, margin: float = AnalysisConfi
     added = [c for c in judged.columns if c not in out.columns]
     out = out.join(judged[added])
     out["verdict"] = out["verdict"].astype(object)
+    for i, r in out.iterrows():  # a hypothesis' test is judged in its family
+        h = held.get((r["metric"], r["_runs"]))
+        if h is not None and r["same_test_as"] != ONE_RUN:
+            out.loc[i, added] = [h[c] for c in added]
     for i, j in repeats.items():  # a repeated test takes its first difference's tests
         out.loc[i, added] = out.loc[j, added]
     out.loc[out["same_test_as"] == ONE_RUN, "verdict"] = ONE_RUN
@@ -308,7 +429,7 @@ LEAGUE_SCORE = ("eval/mean/pass_at_1", FINAL_REWARD)
 sweep evaluates nothing."""
 
 
-def league_ranking(runs: pd.DataFrame, margin: float) -> pd.DataFrame:
+def league_ranking(runs: pd.DataFrame, margin: float, hypotheses=()) -> pd.DataFrame:
     """Every estimator at the largest fixed delay (largest group size), ranked by final Pass@1:
     its mean and 95% interval over seeds, the paired difference to ``gmc`` and its cost of
     staleness (itself at that delay minus itself at delay 0) with their sign counts, each judged
@@ -388,7 +509,7 @@ def league_ranking(runs: pd.DataFrame, margin: float) -> pd.DataFrame:
         rows.append(row)
     table = pd.DataFrame(rows).sort_values("mean", ascending=False, kind="stable").reset_index(drop=True)
     table.insert(0, "rank", range(1, len(table) + 1))
-    tests = paired_tests(runs, margin=margin)
+    tests = paired_tests(runs, margin=margin, hypotheses=hypotheses)
     return judge_league(table, margin, tests[tests["metric"] == score] if len(tests) else tests)
 
 
@@ -402,7 +523,7 @@ def judge_league(table: pd.DataFrame, margin: float, tests: pd.DataFrame) -> pd.
     """Each of the league's differences judged in its one family (``<kind>:family``): one that
     pairs the same runs as a test of the paired table (``tests``, :func:`paired_tests` in the
     league's score; a cost of staleness always, ``tic − gmc`` as ``gmc − tic``) is that test and
-    takes its verdict in the family :data:`PAIRED`; the others (each estimator against GMC that no
+    takes its verdict in that test's family (:data:`PAIRED`, or :data:`HYPOTHESES` for a pre-registered one); the others (each estimator against GMC that no
     pair compares) form the family :data:`LEAGUE`, adjusted by Holm's method together
     (:func:`judge`). A difference of no paired seeds (GMC against itself) is in none."""
     long = pd.concat(
@@ -417,7 +538,9 @@ def judge_league(table: pd.DataFrame, margin: float, tests: pd.DataFrame) -> pd.
     held = {
         r["_runs"]: r
         for _, r in tests.iterrows()
-        if r["_runs"] is not None and r["same_test_as"] in ("", ONE_RUN)  # a repeat is its first row's test
+        # a repeat is its first row's test; a hypothesis' is judged in its family
+        if r["_runs"] is not None
+        and (r["same_test_as"] in ("", ONE_RUN) or r["same_test_as"].startswith("hypothesis "))
     }
     found = [held.get(runs) if runs is not None else None for runs in long["_runs"]]
     own = [f is None and n > 0 for f, n in zip(found, long["n_seeds"])]
@@ -472,21 +595,50 @@ CONCLUSION_COLUMNS = [
     "family_size",
     "detectable",
     "same_test_as",
+    "finding",
 ]
 
 
-def conclusions(runs: pd.DataFrame, margin: float) -> pd.DataFrame:
-    """Every test of the primary outcome's families (:data:`PAIRED`, the paired table's, and
+def conclusions(runs: pd.DataFrame, margin: float, hypotheses=()) -> pd.DataFrame:
+    """Every test of the primary outcome's families (:data:`HYPOTHESES`, a confirmatory sweep's
+    pre-registered ones, :func:`hypothesis_tests`; :data:`PAIRED`, the paired table's other tests;
     :data:`LEAGUE`, the league's tests the paired table does not hold), and of the secondary's,
     each in its one family, judged ``resolved``, ``equivalent`` within the margin or
     ``inconclusive`` after Holm's adjustment per family (:func:`judge`), each family with the
-    smallest difference it detects at 80% power: what a document may say of the sweep, and what
-    ``gmc compare-results`` judges a re-run by."""
-    paired = paired_differences(runs, margin=margin)
-    league = league_ranking(runs, margin)
+    smallest difference it detects at 80% power, each hypothesis with its ``finding``: what a
+    document may say of the sweep, and what ``gmc compare-results`` judges a re-run by."""
+    paired = paired_differences(runs, margin=margin, hypotheses=hypotheses)
+    league = league_ranking(runs, margin, hypotheses)
+    held = hypothesis_tests(runs, hypotheses, margin) if hypotheses else pd.DataFrame()
     rows = []
     for metric, role, label in outcomes(runs):
+        if len(held) and held["metric"].iloc[0] == metric:
+            m, _, mde = family_detectable(held)
+            rows += [
+                dict(
+                    role=role,
+                    outcome=label,
+                    family=HYPOTHESES,
+                    comparison=f"{r.name}: {r.contrast}",
+                    delay="-",
+                    group=r.group,
+                    diff=r.diff,
+                    lo=r.lo,
+                    hi=r.hi,
+                    n_seeds=r.n_seeds,
+                    p_holm=r.p_holm,
+                    p_equivalent_holm=r.p_equivalent_holm,
+                    verdict=r.verdict,
+                    family_size=m,
+                    detectable=mde,
+                    same_test_as="",
+                    finding=r.finding,
+                )
+                for r in held.itertuples()
+            ]
         fam = paired[(paired["metric"] == metric) & (paired["verdict"] != ONE_RUN)] if len(paired) else paired
+        if len(fam):  # a hypothesis' test is listed in its own family
+            fam = fam[~fam["same_test_as"].str.startswith("hypothesis ")]
         if len(fam):
             m, _, mde = family_detectable(fam)
             rows += [
@@ -507,6 +659,7 @@ def conclusions(runs: pd.DataFrame, margin: float) -> pd.DataFrame:
                     family_size=m,
                     detectable=mde,
                     same_test_as=r.same_test_as,
+                    finding="",
                 )
                 for r in fam.itertuples()
             ]
@@ -545,7 +698,70 @@ def conclusions(runs: pd.DataFrame, margin: float) -> pd.DataFrame:
                     family_size=m,
                     detectable=mde,
                     same_test_as="",
+                    finding="",
                 )
                 for r in long.itertuples()
             ]
     return pd.DataFrame(rows, columns=CONCLUSION_COLUMNS)
+
+
+TUNING_COLUMNS = [
+    "estimator",
+    "candidate",
+    "settings",
+    "delay",
+    "group",
+    "mean",
+    "lo",
+    "hi",
+    "half",
+    "n_seeds",
+    "chosen",
+]
+
+
+def tuning_choices(runs: pd.DataFrame, tune: list[str]) -> pd.DataFrame:
+    """Each tuned estimator's candidates (``analysis.tune``): the estimator and each of its
+    variants in the sweep, at the largest fixed delay (largest group size), with the settings of
+    its estimator that differ among the candidates (``settings``, JSON) and its mean primary score
+    (Pass@1) with the 95% interval over seeds; ``chosen`` marks the one rule's choice, the highest
+    mean (ties: the first candidate by name). A ValueError names an estimator the sweep did not
+    run at that delay."""
+    frame = with_benchmark_means(runs)
+    metric = outcomes(frame)[0][0]
+    fixed = frame[frame["delay"].astype(str).map(is_fixed)]
+    if fixed.empty:
+        raise ValueError("tuning chooses at the largest fixed delay, and the sweep ran none")
+    delay = str(max(int(d) for d in fixed["delay"]))
+    group = int(fixed["group"].max())
+    at = fixed[(fixed["delay"] == delay) & (fixed["group"] == group)]
+    estimators = variant_estimators(frame)
+    rows = []
+    for name in tune:
+        names = sorted(a for a in set(at["algorithm"]) if a == name or estimators.get(a) == name)
+        if not names:
+            raise ValueError(f"analysis.tune names {name!r}, which the sweep did not run at delay {delay}, G = {group}")
+        settings = {a: json.loads(at[at["algorithm"] == a]["estimator_settings"].iloc[0]) for a in names}
+        varied = sorted(
+            {k for s in settings.values() for k in s if len({json.dumps(t.get(k)) for t in settings.values()}) > 1}
+        )
+        candidates = []
+        for a in names:
+            iv = mean_interval(at[at["algorithm"] == a][metric])
+            candidates.append(
+                dict(
+                    estimator=name,
+                    candidate=a,
+                    settings=json.dumps({k: settings[a][k] for k in varied}),
+                    delay=delay,
+                    group=group,
+                    mean=iv.mean,
+                    lo=iv.lo,
+                    hi=iv.hi,
+                    half=iv.half,
+                    n_seeds=iv.n,
+                )
+            )
+        best = max(range(len(candidates)), key=lambda i: (candidates[i]["mean"], -i))
+        rows += [dict(c, chosen=i == best) for i, c in enumerate(candidates)]
+    return pd.DataFrame(rows, columns=TUNING_COLUMNS)

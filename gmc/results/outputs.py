@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gmc.results.hypotheses import Hypothesis
 from gmc.settings import Fraction, load_config, load_named, settings
 
 ANALYSIS = "configs/analysis.yaml"
@@ -42,6 +43,11 @@ class AnalysisConfig:
     (Pass@1) over seeds at the largest fixed delay, ties to the first in the sweep. The choice and
     every candidate's score go to ``tables/tuning.*``, the chosen settings to ``tables/tuned.yaml``,
     which another sweep trains with (``tuned`` in its configuration)."""
+    hypotheses: list[Hypothesis] = field(default_factory=list)
+    """A confirmatory sweep's pre-registered hypotheses (:class:`gmc.results.hypotheses.Hypothesis`),
+    tested in the primary outcome as one family of their own (``hypotheses``), each judged
+    confirmed, contradicted or undecided (``tables/hypotheses.*``); a difference of the paired
+    table that pairs the same runs as one of them is that test, not a second one."""
 
 
 def analysis_config(results: str | Path) -> AnalysisConfig:
@@ -100,6 +106,40 @@ TABLES: dict[str, Output] = {
     ),
 }
 """Every table of a sweep by name, the verdicts first."""
+
+STUDY_TABLES: dict[str, Output] = {
+    "hypotheses": Output(
+        "gmc.results.tables:hypotheses_table",
+        "pre-registered hypotheses",
+        "Each pre-registered hypothesis (analysis.hypotheses): its contrast over seeds, its tests "
+        "Holm-adjusted as one family, and whether the sweep confirms, contradicts or leaves it undecided.",
+    ),
+    "tuning": Output(
+        "gmc.results.tables:tuning_table",
+        "tuned settings",
+        "Each tuned estimator's candidates (analysis.tune) at the largest delay, their Pass@1 over "
+        "seeds and the one rule's choice, also written as tables/tuned.yaml.",
+    ),
+}
+"""The tables of a tuning or confirmatory sweep, each made where its analysis key is given
+(:func:`table_names`)."""
+
+TUNED = "tables/tuned.yaml"
+"""Where a tuning sweep (``analysis.tune``) writes the settings it chose, which another sweep
+trains with (``tuned`` in its configuration)."""
+
+
+def table_entry(name: str) -> Output:
+    """The registry entry of the table ``name``, of :data:`TABLES` or :data:`STUDY_TABLES`."""
+    return TABLES[name] if name in TABLES else STUDY_TABLES[name]
+
+
+def table_names(analysis) -> list[str]:
+    """The tables a sweep of these analysis settings (an :class:`AnalysisConfig` or its section as
+    given) makes: every one of :data:`TABLES`, and each of :data:`STUDY_TABLES` whose key it sets."""
+    get = analysis.get if isinstance(analysis, dict) else lambda key: getattr(analysis, key)
+    return [*TABLES, *(name for name, key in (("hypotheses", "hypotheses"), ("tuning", "tune")) if get(key))]
+
 
 TABLE_FORMATS = ("csv", "md", "tex", "html")
 

@@ -26,9 +26,11 @@ A verdict in a ``numbers from`` region is the bundle's too (:func:`misjudged`): 
 "resolved", "equivalent", "no cost", "inconclusive", "not resolved" or "unresolved" judges the
 difference quoted with its interval nearest before it in its clause (else the first after it),
 and where ``tables/conclusions.md`` judges that difference, the word must be its verdict. Every
-test is in one family there (a ``## ... family`` section: ``paired``, ``league``); a sentence that
-names a family ("the league's family", "the paired table") takes the verdict from that family,
-and a verdict word judging a difference that family does not hold is named too.
+test is in one family there (a ``## ... family`` section: ``hypotheses``, ``paired``, ``league``);
+a sentence that names a family ("the league's family", "the paired table", "the hypotheses
+family") takes the verdict from that family, and a verdict word judging a difference that family
+does not hold is named too. A pre-registered hypothesis's finding, "confirmed", "contradicted" or
+"undecided", must be the one ``conclusions.md`` prints beside it.
 """
 
 from __future__ import annotations
@@ -85,14 +87,18 @@ def bundle_numbers(bundle: Path) -> set[str]:
 
 
 VERDICT_WORD = re.compile(
-    r"\b(not\s+resolved|none\s+resolved|unresolved|resolved|inconclusive|equivalent|no cost)\b", re.I
+    r"\b(not\s+resolved|none\s+resolved|unresolved|resolved|inconclusive|equivalent|no cost|"
+    r"confirmed|contradicted|undecided)\b",
+    re.I,
 )
 CLAUSE_END = re.compile(r"[;|]|\.(?=\s)|\n\s*\n")
 SENTENCE_END = re.compile(r"[|]|\.(?=\s)|\n\s*\n")
-CONCLUSION = re.compile(rf"^- .*?: ({_SIGNED}) \[({_SIGNED}), ({_SIGNED})\], .*?\*\*(\w+)[^*]*\*\*", re.M)
+CONCLUSION = re.compile(
+    rf"^- .*?: ({_SIGNED}) \[({_SIGNED}), ({_SIGNED})\], .*?\*\*(\w+)[^*]*\*\*(?:; as predicted: \*\*(\w+)\*\*)?", re.M
+)
 FAMILY_SECTION = re.compile(r"^## .*: (\w+) family$", re.M)
-FAMILY_NAMED = re.compile(r"\b(paired|league)(?:'s)?\s+(?:table|family)\b", re.I)
-"""A family named in prose: ``the league's family``, ``the paired table`` (its family)."""
+FAMILY_NAMED = re.compile(r"\b(paired|league|hypotheses)(?:'s)?\s+(?:table|family)\b", re.I)
+"""A family named in prose: ``the league's family``, ``the paired table``, ``the hypotheses family``."""
 AGREES = {
     "resolved": {"resolved"},
     "not resolved": {"equivalent", "inconclusive"},
@@ -102,31 +108,43 @@ AGREES = {
     "equivalent": {"equivalent"},
     "no cost": {"equivalent"},
 }
+FINDING_WORDS = ("confirmed", "contradicted", "undecided")
+"""Words that judge a pre-registered hypothesis: each must be the finding ``conclusions.md`` gives it."""
 """The verdicts of ``conclusions.md`` each word of prose may stand for."""
 
 
-def verdicts(bundle: Path) -> list[tuple[float, float, float, str, str]]:
-    """Each difference ``tables/conclusions.md`` judges: (estimate, low, high, verdict, family) as
-    printed (the family of the section it is listed under)."""
+def verdicts(bundle: Path) -> list[tuple[float, float, float, str, str, str]]:
+    """Each difference ``tables/conclusions.md`` judges: (estimate, low, high, verdict, family,
+    finding) as printed (the family of the section it is listed under; the finding of a
+    pre-registered hypothesis, else empty)."""
     path = bundle / "tables" / "conclusions.md"
     if not path.exists():
         return []
     text = path.read_text()
     sections = [(m.start(), m[1]) for m in FAMILY_SECTION.finditer(text)]
     return [
-        (float(m[1]), float(m[2]), float(m[3]), m[4], next((f for at, f in reversed(sections) if at < m.start()), ""))
+        (
+            float(m[1]),
+            float(m[2]),
+            float(m[3]),
+            m[4],
+            next((f for at, f in reversed(sections) if at < m.start()), ""),
+            m[5] or "",
+        )
         for m in CONCLUSION.finditer(text)
     ]
 
 
-def _judged(estimate: str, judged: list[tuple[float, float, float, str, str]]) -> set[tuple[str, str]]:
-    """The (verdict, family) pairs ``conclusions.md`` gives the difference quoted as ``estimate``
+def _judged(estimate: str, judged: list[tuple[float, float, float, str, str, str]]) -> set[tuple[str, str, str]]:
+    """The (verdict, family, finding) ``conclusions.md`` gives the difference quoted as ``estimate``
     (normal form, with its interval in brackets or as ``± half``; the half may differ from the
     bracket's by the rounding of its ends)."""
     values = [float(x) for x in re.findall(r"-?\d+\.\d+", estimate)]
     if "±" in estimate:
-        return {(v, f) for d, lo, hi, v, f in judged if d == values[0] and abs((hi - lo) / 2 - values[1]) < 1.5e-3}
-    return {(v, f) for d, lo, hi, v, f in judged if (d, lo, hi) == tuple(values)}
+        return {
+            (v, f, h) for d, lo, hi, v, f, h in judged if d == values[0] and abs((hi - lo) / 2 - values[1]) < 1.5e-3
+        }
+    return {(v, f, h) for d, lo, hi, v, f, h in judged if (d, lo, hi) == tuple(values)}
 
 
 def _regions(text: str):
@@ -145,7 +163,7 @@ def misjudged(doc: str | Path) -> list[str]:
     doc = Path(doc)
     text = doc.read_text()
     out = []
-    judged: dict[str, list[tuple[float, float, float, str, str]]] = {}
+    judged: dict[str, list[tuple[float, float, float, str, str, str]]] = {}
     for path, body, start in _regions(text):
         if path not in judged:
             judged[path] = verdicts(doc.parent / path)
@@ -164,14 +182,19 @@ def misjudged(doc: str | Path) -> list[str]:
             sentence = body[max(e for e in stops if e <= word.start()) : min(e for e in stops if e >= word.end())]
             named = {m[1].lower() for m in FAMILY_NAMED.finditer(sentence)}
             where = f'{doc}:{_line(text, start + word.start())}: "{word[1]}" judges {estimate}'
-            if named and found and not {f for _, f in found} & named:
+            if named and found and not {f for _, f, _ in found} & named:
                 out.append(
                     f"{where} in the {' or '.join(sorted(named))} family; {path}/tables/conclusions.md "
-                    f"judges it in the {' or '.join(sorted({f for _, f in found}))} family"
+                    f"judges it in the {' or '.join(sorted({f for _, f, _ in found}))} family"
                 )
                 continue
-            given = {v for v, f in found if not named or f in named}
             said = " ".join(word[1].lower().split())
+            if said in FINDING_WORDS:
+                given = {h for _, f, h in found if h and (not named or f in named)}
+                if given and said not in given:
+                    out.append(f"{where}, which {path}/tables/conclusions.md finds {' or '.join(sorted(given))}")
+                continue
+            given = {v for v, f, _ in found if not named or f in named}
             if given and not given & AGREES[said]:
                 out.append(f"{where}, which {path}/tables/conclusions.md finds {' or '.join(sorted(given))}")
     return out

@@ -10,6 +10,7 @@ labels.
 from __future__ import annotations
 
 import html
+import json
 import re
 from dataclasses import dataclass
 
@@ -17,7 +18,7 @@ import pandas as pd
 
 from gmc.estimators import REGISTRY, SHARED_DIAGNOSTICS
 from gmc.results.collect import FINAL_REWARD
-from gmc.results.inference import LEAGUE, PAIRED, family_detectable
+from gmc.results.inference import HYPOTHESES, LEAGUE, PAIRED, family_detectable
 from gmc.results.outputs import AnalysisConfig
 from gmc.results.stats import ALPHA, LEVEL, POWER
 
@@ -134,6 +135,11 @@ def conclusions_markdown(table: pd.DataFrame, margin: float) -> str:
         f"(their spread over seeds holds the evaluation noise; evaluated scores paired per problem). {UNADJUSTED}",
         "",
     ]
+    if (table["family"] == HYPOTHESES).any():
+        lines[0] += (
+            f" The {HYPOTHESES} family holds a confirmatory sweep's pre-registered hypotheses, each also "
+            "**confirmed**, **contradicted** or **undecided** as its prediction states (tables/hypotheses.md)."
+        )
     for (role, outcome, name), fam in table.groupby(["role", "outcome", "family"], sort=False):
         lines += [
             f"## {outcome}, {role}: {name} family",
@@ -149,9 +155,11 @@ def conclusions_markdown(table: pd.DataFrame, margin: float) -> str:
                 "inconclusive": "inconclusive",
             }[r.verdict]
             estimate = f"{r.diff:+.3f} [{r.lo:+.3f}, {r.hi:+.3f}]" if not pd.isna(r.lo) else f"{r.diff:+.3f}"
+            where = f", G = {r.group}" if name == HYPOTHESES else f" at delay {r.delay}, G = {r.group}"
+            found = f"; as predicted: **{r.finding}**" if name == HYPOTHESES else ""
             lines.append(
-                f"- {r.comparison} at delay {r.delay}, G = {r.group}: {estimate}, {r.n_seeds} seeds, "
-                f"p_holm {r.p_holm:.3f}: **{words}**{_same_test(r.same_test_as)}"
+                f"- {r.comparison}{where}: {estimate}, {r.n_seeds} seeds, "
+                f"p_holm {r.p_holm:.3f}: **{words}**{found}{_same_test(r.same_test_as)}"
             )
         lines.append("")
     if table.empty:
@@ -335,3 +343,56 @@ def paired_markdown(paired: pd.DataFrame, margin: float = AnalysisConfig().equiv
             lines.append(f"- {pretty(metric)}: {m} tests, {n} seeds: {detectable_text(mde)}")
         lines.append("")
     return "\n".join(lines) + "\n" + (markdown_table(paired_display(paired)) if len(paired) else "")
+
+
+def hypotheses_display(table: pd.DataFrame) -> pd.DataFrame:
+    out = table[["name", "contrast", "predict", "group"]].copy()
+    out["difference [95% interval]"] = [
+        f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]" if not pd.isna(lo) else _fmt(d, float("nan"))
+        for d, lo, hi in zip(table["diff"], table["lo"], table["hi"])
+    ]
+    out["sign"] = [f"{s}/{n}" for s, n in zip(table["n_sign"], table["n_seeds"])]
+    out["p_holm"] = [f"{p:.3f}" for p in table["p_holm"]]
+    out["p_equivalent_holm"] = [f"{p:.3f}" for p in table["p_equivalent_holm"]]
+    out["test"] = table["verdict"]
+    out["finding"] = table["finding"]
+    return out
+
+
+def hypotheses_markdown(table: pd.DataFrame, margin: float) -> str:
+    """The hypotheses as a document: how they are judged, the family's size and detectable
+    difference, then one row each."""
+    m, n, mde = family_detectable(table) if len(table) else (0, 0, float("nan"))
+    note = (
+        f"The pre-registered hypotheses, one family of {m} tests in the primary outcome ({n} seeds; the "
+        f"smallest difference it detects at {POWER:.0%} power after adjustment: {detectable_text(mde)}). Each "
+        f"contrast is taken per seed; its {LEVEL:.0%} t-interval is that of the per-seed contrasts. Tests: "
+        f"difference from zero and equivalence within ±{margin} (two one-sided tests), each Holm-adjusted "
+        f"over the family. A predicted sign is **confirmed** where the difference is resolved (p_holm < "
+        f"{ALPHA}) with that sign, **contradicted** where it is resolved with the other sign or is "
+        f"equivalent to zero, **undecided** otherwise; a predicted equivalence is **confirmed** where the "
+        f"equivalence is resolved, **contradicted** where the difference is resolved and the equivalence "
+        f"is not, **undecided** otherwise. {UNADJUSTED}"
+    )
+    return note + "\n\n" + markdown_table(hypotheses_display(table))
+
+
+TUNING_NOTE = (
+    "Each tuned estimator's candidates (itself and its variants) at the largest delay: mean Pass@1 "
+    "± half-width [95% interval] over the tuning seeds; the rule, fixed before the run, chooses the "
+    "highest mean (✓), written to tuned.yaml."
+)
+
+
+def tuning_display(table: pd.DataFrame) -> pd.DataFrame:
+    out = table[["estimator", "candidate"]].copy()
+    out["settings"] = [", ".join(f"{k} {v}" for k, v in json.loads(s).items()) or "-" for s in table["settings"]]
+    out["delay"] = table["delay"]
+    out["group"] = table["group"]
+    out["Pass@1"] = [
+        f"{_fmt(m, h)} [{lo:.3f}, {hi:.3f}]" if not pd.isna(lo) else _fmt(m, h)
+        for m, h, lo, hi in zip(table["mean"], table["half"], table["lo"], table["hi"])
+    ]
+    out["seeds"] = table["n_seeds"]
+    out["chosen"] = ["✓" if c else "" for c in table["chosen"]]
+    return out

@@ -232,6 +232,21 @@ def detectable(sd: float, n: int, m: int, alpha: float = ALPHA, power: float = P
     return float(_scipy_optimize.brentq(lambda d: t_test_power(d, sd, n, level) - power, 0.0, hi, xtol=1e-12))
 
 
+def seeds_for(
+    sd: float, difference: float, m: int, alpha: float = ALPHA, power: float = POWER, most: int = 1000
+) -> int:
+    """The fewest seeds at which a family of ``m`` tests detects ``difference`` with probability
+    ``power`` after Holm's adjustment, given a per-seed standard deviation ``sd``: the smallest
+    ``n >= 2`` with :func:`detectable` ``(sd, n, m) <= difference`` (the exact noncentral t at the
+    level of Holm's first step). A ValueError where ``most`` seeds do not reach it."""
+    if not (difference > 0 and math.isfinite(sd) and sd >= 0):
+        raise ValueError(f"seeds_for needs a difference > 0 and a finite sd >= 0, got {difference} and {sd}")
+    for n in range(2, most + 1):
+        if detectable(sd, n, m, alpha, power) <= difference:
+            return n
+    raise ValueError(f"{most} seeds do not detect {difference} at sd {sd} over {m} tests")
+
+
 @dataclass(frozen=True)
 class PowerLaw:
     """``y = prefactor * x ** exponent`` fitted in log-log space, with the exponent's interval."""

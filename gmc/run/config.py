@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from gmc.estimators import REGISTRY, EstimatorConfig
+from gmc.estimators import REGISTRY, EstimatorConfig, settings_read_by
 from gmc.estimators.correction import RolloutCorrection
 from gmc.rollouts.delays import DelayConfig
 from gmc.rollouts.engines import ENGINES, HFConfig, SamplingConfig, VLLMConfig
@@ -278,10 +278,12 @@ def history_values(cfg: TrainConfig) -> dict | None:
     """The settings of the on-policy run whose end a run with ``delay.warmup: history`` starts
     from, as plain values (None for a run without one): the run's settings trained by
     ``delay.history_algorithm`` for ``delay.history_length`` steps, synchronously, at a constant
-    learning rate, keeping its last checkpoint, without the run's mismatch correction. Runs whose
-    histories are equal (every setting but the estimator and its correction, the delay and what
-    only the measured run uses) share one: a run with a correction starts where the same run
-    without it does. Plain values name a history without building its TrainConfig
+    learning rate, keeping its last checkpoint, without the run's mismatch correction, and with
+    the estimator settings that history algorithm reads (:func:`~gmc.estimators.settings_read_by`:
+    a cap only the run's estimator reads is left at its default). Runs whose histories are equal
+    (every setting but the estimator, its own settings and its correction, the delay and what only
+    the measured run uses) share one: a run with a correction, or with a tuned cap, starts where
+    the same run without it does. Plain values name a history without building its TrainConfig
     (:func:`history_config` builds it)."""
     steps = cfg.delay.history_length
     if steps == 0:
@@ -289,6 +291,7 @@ def history_values(cfg: TrainConfig) -> dict | None:
     return {
         **to_dict(cfg),
         "algorithm": cfg.delay.history_algorithm,
+        "estimator": to_dict(settings_read_by(cfg.delay.history_algorithm, cfg.estimator)),
         "steps": steps,
         "delay": to_dict(DelayConfig(mode="sync")),
         "lr_schedule": "constant",

@@ -21,6 +21,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from gmc.estimators import REGISTRY
 from gmc.policy.preflight import looks_local
 from gmc.rollouts.delays import named_delays, on_policy
@@ -30,7 +32,7 @@ from gmc.run.evaluate import EvalConfig
 from gmc.run.random_model import RandomModelConfig
 from gmc.run.tiny_model import TinyModelConfig
 from gmc.run.tracking import resolve_experiment, resolve_uri
-from gmc.settings import ConfigError, from_dict, from_section, to_dict
+from gmc.settings import ConfigError, from_dict, from_section, load_yaml, to_dict
 from gmc.sweep.config import SET_ELSEWHERE, RunDelay
 from gmc.sweep.points import TRACE_PREFIX, Delay, Point
 
@@ -95,20 +97,26 @@ class Sweep:
         return self._runs[point]
 
     def run_values(self, point: Point) -> dict[str, Any]:
-        """The values a run's TrainConfig is built from: the ``train`` section (a variant's point,
-        ``variants``, takes its estimator and its train settings over the section's), the keys set
+        """The values a run's TrainConfig is built from: the ``train`` section (an estimator a tuning
+        sweep chose settings for, ``tuned``, takes those over the section's; a variant's point,
+        ``variants``, takes its estimator and its train settings over both), the keys set
         elsewhere (:data:`~gmc.sweep.config.SET_ELSEWHERE`) and the point's delay
         (:meth:`delay_values`); ``sweep.samples_per_step`` sets ``prompts_per_step`` to that many
         rollouts over the point's group size."""
         config = self.config
         variant = config.variants.get(point.algorithm)
-        train = _merged(config.train, variant.train) if variant else dict(config.train)
+        estimator = variant.algorithm if variant else point.algorithm
+        train = dict(config.train)
+        if estimator in self.tuned:
+            train = _merged(train, {"estimator": self.tuned[estimator]})
+        if variant:
+            train = _merged(train, variant.train)
         train.pop("delay", None)
         uri = resolve_uri(config.tracking_uri, default=None)
         values = {
             **train,
             "model": self.model_dir(point.seed),
-            "algorithm": variant.algorithm if variant else point.algorithm,
+            "algorithm": estimator,
             "group_size": point.group,
             "seed": point.seed,
             "delay": self.delay_values(point.delay),
@@ -129,6 +137,34 @@ class Sweep:
                 )
             values["prompts_per_step"] = samples // point.group
         return values
+
+    @cached_property
+    def tuned(self) -> dict[str, dict[str, Any]]:
+        """The estimator settings a tuning sweep chose (``tuned``, the file of
+        :data:`gmc.results.outputs.TUNED`), by estimator; empty without one. A missing or unreadable
+        file, or one that is not a tuning sweep's, is a :class:`ConfigError` naming the key."""
+        path = self.config.tuned
+        if path is None:
+            return {}
+        try:
+            chosen = load_yaml(Path(path).read_text())
+        except OSError as e:
+            raise ConfigError(f"cannot read the tuning sweep's choice {path}: {e.strerror}", "tuned") from None
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path} is not valid YAML: {e}", "tuned") from None
+        estimators = chosen.get("estimators") if isinstance(chosen, dict) else None
+        if not isinstance(estimators, dict) or not all(
+            isinstance(v, dict) and isinstance(v.get("estimator"), dict) for v in estimators.values()
+        ):
+            raise ConfigError(
+                f"{path} is not a tuning sweep's choice (estimators: {{<name>: {{estimator: {{...}}}}}}, "
+                "as tables/tuned.yaml holds it)",
+                "tuned",
+            )
+        for name in estimators:
+            if name not in REGISTRY:
+                raise ConfigError(f"{path} tunes {name!r}, which is no estimator {list(REGISTRY)}", "tuned")
+        return {name: dict(v["estimator"]) for name, v in estimators.items()}
 
     @cached_property
     def run_delay(self) -> RunDelay:

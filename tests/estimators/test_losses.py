@@ -11,12 +11,14 @@ from hypothesis import strategies as st
 from gmc.estimators import (
     AGGREGATIONS,
     DIVERGENCE_METRICS,
+    OWN_SETTINGS,
     REGISTRY,
     EstimatorConfig,
     advantages_for,
     get_estimator,
     group_advantages,
     m2po_keep_mask,
+    settings_read_by,
     trajectory_log_ratios,
     trajectory_weights,
 )
@@ -424,6 +426,33 @@ def test_statistics_stay_on_the_device_until_read_once(name):
     assert tensors.keys() == floats.keys()
     assert all(isinstance(v, torch.Tensor) and v.dim() == 0 for v in tensors.values())
     assert all(isinstance(floats[k], float) and floats[k] == float(v) for k, v in tensors.items())
+
+
+@pytest.mark.parametrize("field", sorted(OWN_SETTINGS))
+def test_a_setting_only_its_owners_read_changes_their_loss_and_no_other(field):
+    """What lets a history share its weights across tuned caps: every estimator but the field's
+    owners gives the same loss and gradient whatever its value; each owner's changes (so the
+    declaration is not vacuous)."""
+    logp, logp_b, mask, rewards = random_batch(seed=5, scale=0.3)
+    logp = logp_b + 0.1 + 0.1 * (logp - logp_b)  # every ratio above 1: the caps fire
+    adv = group_advantages(rewards)
+    default = EstimatorConfig.__dataclass_fields__[field].default
+    other = EstimatorConfig(**{field: default / 10 if default else 0.5})
+    for name in REGISTRY:
+        grads = []
+        for cfg in (EstimatorConfig(), other):
+            lp = logp.clone().requires_grad_(True)
+            loss = call_loss(name, lp, logp_b, mask, adv, cfg)[0]
+            loss.backward()
+            grads.append((loss.detach(), lp.grad))
+        same = torch.equal(grads[0][0], grads[1][0]) and torch.equal(grads[0][1], grads[1][1])
+        assert same == (name not in OWN_SETTINGS[field]), name
+
+
+def test_a_history_reads_the_settings_its_algorithm_reads():
+    cfg = EstimatorConfig(eps=0.05, eps_high=0.3)
+    assert settings_read_by("grpo", cfg) == EstimatorConfig(eps_high=0.3)
+    assert settings_read_by("tic", cfg) == cfg
 
 
 def test_kpop_keeps_near_certain_tokens():

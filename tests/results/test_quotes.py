@@ -125,7 +125,7 @@ def test_a_verdict_word_comes_from_the_family_its_sentence_names(bundle, tmp_pat
     from gmc.results.quotes import misjudged, verdicts
 
     main(["tables", "--results", str(bundle)])
-    assert {f for *_, f in verdicts(bundle)} == {"paired"}
+    assert {t[4] for t in verdicts(bundle)} == {"paired"}
     doc = tmp_path / "results.md"
     text = VERDICTS.format(word="resolved")
     doc.write_text(text.replace("GMC leads", "In the paired table's family GMC leads"))

@@ -192,6 +192,7 @@ def test_every_train_job_reads_its_resolved_config_file_and_nothing_else(tmp_pat
     from gmc.settings import from_dict, to_dict
 
     shutil.copy(REPO / "config.yaml", tmp_path / "config.yaml")
+    (tmp_path / "published").symlink_to(REPO / "published")  # a tuned preset's choice, as in a checkout
     extra = ["--configfile", str(preset)] if preset else []
     out = snakemake(["-n", "-p", "--cores", "2", *extra], cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -12,8 +12,11 @@ from gmc.results.outputs import (
     LAB_FOLDER,
     TABLES,
     THEORY_FILES,
+    TUNED,
     figure_files,
+    table_entry,
     table_files,
+    table_names,
 )
 from gmc.policy.preflight import check_model_dir
 from gmc.run.rundir import SHARED as SHARED_FILE
@@ -106,7 +109,9 @@ EVAL_DONE = [f"{d}/{b}.json" for d in EVAL_DIRS for b in BENCHMARKS]
 EVAL_WITH_TRAINING = CONFIG.resources.eval_with_training
 POINT_EVAL = [f"{RESULTS}/eval/{POINT}/{b}.json" for b in BENCHMARKS]
 MLFLOW_DONE = f"{RESULTS}/mlflow/synced.json"
-TABLE_FILES = [f"{RESULTS}/tables/{f}" for t in TABLES for f in table_files(t)]
+TABLE_FILES = [f"{RESULTS}/tables/{f}" for t in table_names(CONFIG.analysis) for f in table_files(t)]
+if CONFIG.analysis.get("tune"):  # a tuning sweep's choice, which another sweep trains with
+    TABLE_FILES.append(f"{RESULTS}/{TUNED}")
 FIGURE_FILES = [
     f"{RESULTS}/figures/{f}" for name in FIGURES for f in figure_files(name)
 ]

@@ -15,7 +15,8 @@ rule analysis_config:
 
 
 rule tables:
-    """Every table of gmc.results.outputs.TABLES, in CSV, Markdown, LaTeX and HTML (the report's)."""
+    """Every table of gmc.results.outputs.TABLES and the study tables its analysis asks for
+    (STUDY_TABLES; a tuning sweep's tuned.yaml), in CSV, Markdown, LaTeX and HTML (the report's)."""
     input:
         TRAIN_DONE,
         EVAL_DONE,
@@ -29,7 +30,7 @@ rule tables:
                     caption="../report/tables.rst",
                     labels={
                         "table": Path(f).stem,
-                        "shows": TABLES[Path(f).stem].label,
+                        "shows": table_entry(Path(f).stem).label,
                     },
                 )
                 if f.endswith(".html")
