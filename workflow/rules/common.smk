@@ -109,8 +109,13 @@ EVAL_DONE = [f"{d}/{b}.json" for d in EVAL_DIRS for b in BENCHMARKS]
 EVAL_WITH_TRAINING = CONFIG.resources.eval_with_training
 POINT_EVAL = [f"{RESULTS}/eval/{POINT}/{b}.json" for b in BENCHMARKS]
 MLFLOW_DONE = f"{RESULTS}/mlflow/synced.json"
-TABLE_FILES = [f"{RESULTS}/tables/{f}" for t in table_names(CONFIG.analysis) for f in table_files(t)]
-if CONFIG.analysis.get("tune"):  # a tuning sweep's choice, which another sweep trains with
+TABLE_FILES = [
+    f"{RESULTS}/tables/{f}"
+    for t in table_names(CONFIG.analysis)
+    for f in table_files(t)
+]
+# a tuning sweep's choice, which another sweep trains with
+if CONFIG.analysis.get("tune"):
     TABLE_FILES.append(f"{RESULTS}/{TUNED}")
 FIGURE_FILES = [
     f"{RESULTS}/figures/{f}" for name in FIGURES for f in figure_files(name)

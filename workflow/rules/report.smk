@@ -16,7 +16,8 @@ rule analysis_config:
 
 rule tables:
     """Every table of gmc.results.outputs.TABLES and the study tables its analysis asks for
-    (STUDY_TABLES; a tuning sweep's tuned.yaml), in CSV, Markdown, LaTeX and HTML (the report's)."""
+    (STUDY_TABLES; a tuning sweep's tuned.yaml), in CSV, Markdown, LaTeX and HTML (the report's).
+    """
     input:
         TRAIN_DONE,
         EVAL_DONE,
