@@ -154,7 +154,7 @@ def test_the_site_copies_only_the_figures_the_pages_show():
     assert all(path.endswith(".png") for path in kept)
 
 
-BUNDLES = ("default", "corrections", "corrections_long", "real_async", "mismatch", "group_size", "gradient_lab")
+BUNDLES = ("default", "corrections", "corrections_long", "real_async", "mismatch", "group_size", "gradient_lab", "tune")
 """The published bundles: one per preset, each quoted by a page."""
 
 
@@ -281,6 +281,7 @@ def test_the_site_shows_no_raw_rest_role(tmp_path):
 
 RUN_AS_WRITTEN = {
     "snakemake -n --configfile=workflow/presets/paper.yaml",
+    "gmc plan-seeds workflow/presets/confirm.yaml published/corrections",
     "gmc plan-memory --preset workflow/presets/paper.yaml --gpu-gib 79.6",
     "gmc report --results published/default",
     "gmc quote-bundles README.md docs/results/*.md --check",
