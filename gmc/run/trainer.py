@@ -22,6 +22,7 @@ import logging
 import math
 import os
 import random
+import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -612,9 +613,16 @@ def make_history(cfg: TrainConfig, out: str | os.PathLike, queues: Sequence[int]
     """Train the history of the run ``cfg`` (:func:`~gmc.run.config.history_config`) into the run
     directory ``out``, generating the queue of each fixed delay of ``queues`` into it
     (:func:`~gmc.run.warmstart.queue_batches`); an interrupted one goes on from its
-    checkpoint, a finished one is left as it is (one without a queue asked of it is refused,
-    naming the delays). Returns ``out``."""
+    checkpoint, a finished one is left as it is. One that lacks a queue asked of it (a delay
+    added to a sweep) is trained again with every queue, in ``<out>.again`` (resumable like any
+    run), which then replaces it: only the history's own training generates a queue, and neither
+    the history nor a queue depends on the other queues, so the weights and the queues it had
+    come out as before. Returns ``out``."""
     out = Path(out)
+    again, old = out.with_name(out.name + ".again"), out.with_name(out.name + ".old")
+    if not out.exists() and RunDir(again).finished:  # a swap interrupted between its two renames
+        again.rename(out)
+        shutil.rmtree(old, ignore_errors=True)
     delays = sorted({d for d in queues if d > 0})
     if delays and cfg.zero_variance_filter:
         raise ConfigError(
@@ -626,9 +634,14 @@ def make_history(cfg: TrainConfig, out: str | os.PathLike, queues: Sequence[int]
         Trainer(history_config(cfg), out, resume=True, progress=progress, queues=delays).run()
     missing = missing_queues(out, delays)
     if missing:
-        raise ConfigError(
-            f"{out}: a finished history without the queues of d = {missing}, which only its own training "
-            "generates: remove the folder to train it again with them",
-            "delay.d",
+        log.warning(
+            "%s: a finished history without the queues of d = %s, which only its own training generates: "
+            "training it again with every queue",
+            out,
+            missing,
         )
+        Trainer(history_config(cfg), again, resume=True, progress=progress, queues=delays).run()
+        out.rename(old)
+        again.rename(out)
+        shutil.rmtree(old)
     return out

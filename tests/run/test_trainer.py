@@ -463,9 +463,10 @@ def test_a_history_and_a_stale_run_resumed_reproduce_their_uninterrupted_twins(t
         assert without_time(straight) == without_time(resumed) if name == "metrics.jsonl" else straight == resumed
 
 
-def test_a_history_made_for_other_settings_or_without_the_queue_is_refused_naming_why(tmp_path, small_config):
+def test_a_history_made_for_other_settings_is_refused_and_one_without_a_queue_trained_again(tmp_path, small_config):
     from gmc.run.main import main_history
     from gmc.run.trainer import make_history
+    from gmc.run.warmstart import made_queues
 
     maker = tmp_path / "d2.yaml"
     maker.write_text(yaml.safe_dump(to_dict(small_config(**{**HISTORY_RUN, "delay.d": 2}))))
@@ -476,11 +477,23 @@ def test_a_history_made_for_other_settings_or_without_the_queue_is_refused_namin
         ConfigError, match=r"holds no queue for d = 3 \(its queues: d = \[2\]\); make it with gmc history --queues 3"
     ):
         Trainer(small_config(**HISTORY_RUN), tmp_path / "b", progress=False, history=tmp_path / "history")
-    for finished in (True, False):  # a history whose end is checkpointed resumes there: no queue is added
-        if not finished:
-            (tmp_path / "history" / "summary.json").unlink()
-        with pytest.raises(ConfigError, match=r"delay.d: .* a finished history without the queues of d = \[3\]"):
-            make_history(small_config(**HISTORY_RUN), tmp_path / "history", [2, 3])
+
+    # a delay added to the sweep: the history is trained again with every queue, the one it had unchanged
+    def queue(d):
+        return {
+            p.name: [
+                {k: v.tolist() if torch.is_tensor(v) else v for k, v in g.items()}
+                for g in torch.load(p, weights_only=False)
+            ]
+            for p in (tmp_path / "history" / "queues" / f"d~{d}").iterdir()
+        }
+
+    before = queue(2)
+    weights = (tmp_path / "history" / "checkpoint.pt").stat().st_size
+    make_history(small_config(**HISTORY_RUN), tmp_path / "history", [2, 3])
+    assert made_queues(tmp_path / "history") == [2, 3] and not (tmp_path / "history.again").exists()
+    assert queue(2) == before
+    assert (tmp_path / "history" / "checkpoint.pt").stat().st_size == weights
     with pytest.raises(ConfigError, match="delay.history_steps: --queues 6: a history of 5 steps"):
         main_history(str(maker), [], str(tmp_path / "long"), queues=[6])
     with pytest.raises(ConfigError, match="delay.history_steps: a history of 2 steps cannot fill a queue of d = 3"):
