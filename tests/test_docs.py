@@ -154,7 +154,17 @@ def test_the_site_copies_only_the_figures_the_pages_show():
     assert all(path.endswith(".png") for path in kept)
 
 
-BUNDLES = ("default", "corrections", "corrections_long", "real_async", "mismatch", "group_size", "gradient_lab", "tune", "confirm")
+BUNDLES = (
+    "default",
+    "corrections",
+    "corrections_long",
+    "real_async",
+    "mismatch",
+    "group_size",
+    "gradient_lab",
+    "tune",
+    "confirm",
+)
 """The published bundles: one per preset, each quoted by a page."""
 
 
