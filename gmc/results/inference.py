@@ -11,6 +11,7 @@ a tidy frame; the statistics themselves are :mod:`gmc.results.stats`', the text 
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 
@@ -599,6 +600,13 @@ CONCLUSION_COLUMNS = [
 ]
 
 
+def _family_rows(table: pd.DataFrame, name: str, **columns) -> pd.DataFrame:
+    """A family's tests as rows of :func:`conclusions`: ``table``'s with the family's name, size and
+    detectable difference (:func:`family_detectable`) and the given ``columns``."""
+    m, _, mde = family_detectable(table)
+    return table.assign(family=name, family_size=m, detectable=mde, **columns)[CONCLUSION_COLUMNS]
+
+
 def conclusions(runs: pd.DataFrame, margin: float, hypotheses=()) -> pd.DataFrame:
     """Every test of the primary outcome's families (:data:`HYPOTHESES`, a confirmatory sweep's
     pre-registered ones, :func:`hypothesis_tests`; :data:`PAIRED`, the paired table's other tests;
@@ -610,59 +618,18 @@ def conclusions(runs: pd.DataFrame, margin: float, hypotheses=()) -> pd.DataFram
     paired = paired_differences(runs, margin=margin, hypotheses=hypotheses)
     league = league_ranking(runs, margin, hypotheses)
     held = hypothesis_tests(runs, hypotheses, margin) if hypotheses else pd.DataFrame()
-    rows = []
+    parts = []
     for metric, role, label in outcomes(runs):
+        family = functools.partial(_family_rows, role=role, outcome=label)
         if len(held) and held["metric"].iloc[0] == metric:
-            m, _, mde = family_detectable(held)
-            rows += [
-                dict(
-                    role=role,
-                    outcome=label,
-                    family=HYPOTHESES,
-                    comparison=f"{r.name}: {r.contrast}",
-                    delay="-",
-                    group=r.group,
-                    diff=r.diff,
-                    lo=r.lo,
-                    hi=r.hi,
-                    n_seeds=r.n_seeds,
-                    p_holm=r.p_holm,
-                    p_equivalent_holm=r.p_equivalent_holm,
-                    verdict=r.verdict,
-                    family_size=m,
-                    detectable=mde,
-                    same_test_as="",
-                    finding=r.finding,
-                )
-                for r in held.itertuples()
-            ]
+            parts.append(
+                family(held, HYPOTHESES, comparison=held["name"] + ": " + held["contrast"], delay="-", same_test_as="")
+            )
         fam = paired[(paired["metric"] == metric) & (paired["verdict"] != ONE_RUN)] if len(paired) else paired
         if len(fam):  # a hypothesis' test is listed in its own family
             fam = fam[~fam["same_test_as"].str.startswith("hypothesis ")]
         if len(fam):
-            m, _, mde = family_detectable(fam)
-            rows += [
-                dict(
-                    role=role,
-                    outcome=label,
-                    family=PAIRED,
-                    comparison=r.comparison,
-                    delay=r.delay,
-                    group=r.group,
-                    diff=r.diff,
-                    lo=r.lo,
-                    hi=r.hi,
-                    n_seeds=r.n_seeds,
-                    p_holm=r.p_holm,
-                    p_equivalent_holm=r.p_equivalent_holm,
-                    verdict=r.verdict,
-                    family_size=m,
-                    detectable=mde,
-                    same_test_as=r.same_test_as,
-                    finding="",
-                )
-                for r in fam.itertuples()
-            ]
+            parts.append(family(fam, PAIRED, finding=""))
         if len(league) and league["score"].iloc[0] == metric:
             long = pd.concat(
                 [
@@ -678,31 +645,11 @@ def conclusions(runs: pd.DataFrame, margin: float, hypotheses=()) -> pd.DataFram
                 ignore_index=True,
             )
             long = long[long["family"] == LEAGUE]
-            m, _, mde = family_detectable(long)
             delay, group = league["delay"].iloc[0], league["group"].iloc[0]
-            rows += [
-                dict(
-                    role=role,
-                    outcome=label,
-                    family=LEAGUE,
-                    comparison=r.comparison,
-                    delay=delay,
-                    group=group,
-                    diff=r.diff,
-                    lo=r.lo,
-                    hi=r.hi,
-                    n_seeds=r.n_seeds,
-                    p_holm=r.p_holm,
-                    p_equivalent_holm=r.p_equivalent_holm,
-                    verdict=r.verdict,
-                    family_size=m,
-                    detectable=mde,
-                    same_test_as="",
-                    finding="",
-                )
-                for r in long.itertuples()
-            ]
-    return pd.DataFrame(rows, columns=CONCLUSION_COLUMNS)
+            parts.append(family(long, LEAGUE, delay=delay, group=group, same_test_as="", finding=""))
+    if not parts:
+        return pd.DataFrame(columns=CONCLUSION_COLUMNS)
+    return pd.concat(parts, ignore_index=True)
 
 
 TUNING_COLUMNS = [

@@ -111,12 +111,18 @@ def _same_test(same_test_as) -> str:
     return f" (the same runs as {same_test_as})" if isinstance(same_test_as, str) and same_test_as else ""
 
 
-def conclusions_display(table: pd.DataFrame) -> pd.DataFrame:
-    out = table[["outcome", "family", "comparison", "delay", "group"]].copy()
-    out["difference [95% interval]"] = [
+def _bracketed(table: pd.DataFrame) -> list[str]:
+    """Each row's difference with its 95% interval, ``+0.100 [+0.050, +0.150]`` (the mean alone
+    where it has none)."""
+    return [
         f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]" if not pd.isna(lo) else _fmt(d, float("nan"))
         for d, lo, hi in zip(table["diff"], table["lo"], table["hi"])
     ]
+
+
+def conclusions_display(table: pd.DataFrame) -> pd.DataFrame:
+    out = table[["outcome", "family", "comparison", "delay", "group"]].copy()
+    out["difference [95% interval]"] = _bracketed(table)
     out["seeds"] = table["n_seeds"]
     out["p (Holm)"] = ["-" if pd.isna(p) else f"{p:.3f}" for p in table["p_holm"]]
     out["verdict"] = table["verdict"]
@@ -347,10 +353,7 @@ def paired_markdown(paired: pd.DataFrame, margin: float = AnalysisConfig().equiv
 
 def hypotheses_display(table: pd.DataFrame) -> pd.DataFrame:
     out = table[["name", "contrast", "predict", "group"]].copy()
-    out["difference [95% interval]"] = [
-        f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]" if not pd.isna(lo) else _fmt(d, float("nan"))
-        for d, lo, hi in zip(table["diff"], table["lo"], table["hi"])
-    ]
+    out["difference [95% interval]"] = _bracketed(table)
     out["sign"] = [f"{s}/{n}" for s, n in zip(table["n_sign"], table["n_seeds"])]
     out["p_holm"] = [f"{p:.3f}" for p in table["p_holm"]]
     out["p_equivalent_holm"] = [f"{p:.3f}" for p in table["p_equivalent_holm"]]
