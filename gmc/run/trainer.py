@@ -617,7 +617,7 @@ def make_history(cfg: TrainConfig, out: str | os.PathLike, queues: Sequence[int]
     added to a sweep) is trained again with every queue, in ``<out>.again`` (resumable like any
     run), which then replaces it: only the history's own training generates a queue, and neither
     the history nor a queue depends on the other queues, so the weights and the queues it had
-    come out as before. Returns ``out``."""
+    come out as before on the same machine and thread count. Returns ``out``."""
     out = Path(out)
     again, old = out.with_name(out.name + ".again"), out.with_name(out.name + ".old")
     if not out.exists() and RunDir(again).finished:  # a swap interrupted between its two renames
