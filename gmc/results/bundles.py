@@ -7,7 +7,8 @@ models or completions: per run its ``summary.json``, ``config.yaml``, ``run.json
 (:data:`FIGURE_FIELDS`), every evaluation's scores, the resolved configuration (the runs'
 ``config.yaml``, ``configs/`` of the evaluation and the base models), the tables and figures,
 the gradient lab's tables where the sweep ran it, and :data:`PROVENANCE` (the commit, the
-machine, the thread counts the runs recorded).
+machine, the thread counts the runs recorded, what the stale runs' groups record of being
+trained again, :func:`stale_groups`).
 ``gmc report --results <bundle>`` redraws its tables and figures from it alone.
 :func:`export_results` packs the same bundle into one ``.tar.gz`` to carry it elsewhere, and
 :func:`import_results` unpacks it into a results folder.
@@ -88,6 +89,25 @@ def base_models(results: Path) -> dict:
     return out
 
 
+def stale_groups(bundle: Path) -> dict:
+    """What the bundle's stale runs (every delay but a fixed 0) record of the groups they trained
+    (their ``summary.json``): how many runs, how many groups, how many of those an earlier update
+    had trained already (``reused``: none when each batch is trained once), and how many runs
+    predate the count (``not_recorded``)."""
+    out = {"runs": 0, "groups": 0, "reused": 0, "not_recorded": 0}
+    for path in sorted((bundle / "train").glob(f"**/seed~*/{SUMMARY}")):
+        if Point.parse(path.parent).delay.fixed == 0:
+            continue
+        summary = json.loads(path.read_text())
+        out["runs"] += 1
+        if "async/groups_reused" not in summary:
+            out["not_recorded"] += 1
+            continue
+        out["groups"] += summary["async/groups"]
+        out["reused"] += summary["async/groups_reused"]
+    return out
+
+
 STAGES = "stages.md"
 """The bundle's time per stage as a Markdown table (from :data:`PROVENANCE`'s ``stages``)."""
 
@@ -155,6 +175,7 @@ def publish(results: str | Path, bundle: str | Path, logs: list[str | Path] = ()
                 "python": platform.python_version(),
                 "from": str(results),
                 "base_models": base_models(results),
+                "stale_groups": stale_groups(tmp),
                 **({"stages": stages} if stages else {}),
             },
         )

@@ -1,6 +1,6 @@
 """What a run's ``metrics.jsonl`` comes to: the lines a seed reproduces (:func:`without_time`),
-the run's ``summary.json`` (:func:`summarize_metrics`) and the sampling noise of its final
-training reward (:func:`reward_se`)."""
+the run's ``summary.json`` (:func:`summarize_metrics`, with :func:`count_groups` of its
+``groups.jsonl``) and the sampling noise of its final training reward (:func:`reward_se`)."""
 
 from __future__ import annotations
 
@@ -63,3 +63,11 @@ def summarize_metrics(path: str | Path, window: int = 20) -> dict:
         out[key] = mean(key, rows)
     out["train/skipped_steps"] = rows[-1].get("train/skipped_steps", 0.0)
     return {k: v for k, v in out.items() if v is not None}
+
+
+def count_groups(path: str | Path) -> dict:
+    """The groups a run's ``groups.jsonl`` at ``path`` records: how many it trained
+    (``async/groups``) and how many of them an earlier update had trained already
+    (``async/groups_reused``; none when every batch is trained once)."""
+    rows = read_jsonl(path) if Path(path).exists() else []
+    return {"async/groups": len(rows), "async/groups_reused": sum(1 for r in rows if r.get("reused"))}

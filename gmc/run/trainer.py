@@ -51,6 +51,7 @@ from gmc.run.config import TrainConfig, history_config, to_dict
 from gmc.run.provenance import provenance
 from gmc.run.rundir import (
     CONFIG,
+    GROUPS,
     HISTORY,
     INFO,
     METRICS,
@@ -59,7 +60,7 @@ from gmc.run.rundir import (
     group_record,
     nonfinite_tensors,
 )
-from gmc.run.summary import summarize_metrics
+from gmc.run.summary import count_groups, summarize_metrics
 from gmc.run.warmstart import load_prefill, missing_queues, queue_batches, start_from_history
 from gmc.settings import ConfigError
 from gmc.stop import STOP
@@ -509,7 +510,7 @@ class Trainer:
                 }
                 self.model.save_pretrained(tmp, state_dict=state)
                 self.tokenizer.save_pretrained(tmp)
-            summary = summarize_metrics(self.out / METRICS)
+            summary = summarize_metrics(self.out / METRICS) | count_groups(self.out / GROUPS)
             summary.update({f"history/{k}": v for k, v in self.history.items() if v is not None})
             summary["run_id"] = self.run_info["run_id"]
             if self.queues:  # a history: the fixed delays whose queues it holds whole

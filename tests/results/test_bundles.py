@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import REPO
+from helpers import REPO, sweep
 
 from gmc.cli import main
 from gmc.results.compare import compare
@@ -27,6 +27,20 @@ def test_a_bundle_keeps_what_tables_and_figures_read_and_no_weights(bundle, tmp_
     main(["report", "--results", str(bundle)])
     assert (bundle / "figures" / "score_vs_delay.png").stat().st_size > 5000
     assert (bundle / "figures" / "reward_vs_step.png").exists()
+
+
+def test_a_bundle_counts_the_groups_its_stale_runs_trained_again(tmp_path):
+    """``stale_groups`` in the provenance sums the stale runs' ``summary.json`` counts (delay 16
+    here; the on-policy runs are not counted) and names the runs that predate the count."""
+    from gmc.results.bundles import publish
+
+    results = sweep(tmp_path / "results")
+    stale = sorted((results / "train").glob("*/delay~16/*/seed~*/summary.json"))
+    for i, path in enumerate(stale[1:]):  # the first records no count
+        path.write_text(json.dumps({**json.loads(path.read_text()), "async/groups": 24, "async/groups_reused": i}))
+    publish(results, tmp_path / "bundle")
+    provenance = json.loads((tmp_path / "bundle" / PROVENANCE).read_text())
+    assert provenance["stale_groups"] == {"runs": 6, "groups": 5 * 24, "reused": 0 + 1 + 2 + 3 + 4, "not_recorded": 1}
 
 
 def test_an_exported_archive_is_the_bundle_and_imports_back(bundle, tmp_path):
@@ -63,10 +77,14 @@ PUBLISHED = sorted(p.parent for p in (REPO / "published").glob(f"*/{PROVENANCE}"
 @pytest.mark.parametrize("published", PUBLISHED, ids=lambda p: p.name)
 def test_every_published_bundle_agrees_with_itself_and_its_tables_are_the_codes(published, tmp_path):
     """A bundle of the repository read as the results side of the comparison: every estimate
-    inside its own interval, every conclusion held; and its tables are what the code draws
-    from it today (a bundle whose tables went stale fails here, not in a reader's hands)."""
+    inside its own interval, every conclusion held; its stale runs trained no group twice; and
+    its tables are what the code draws from it today (a bundle whose tables went stale fails
+    here, not in a reader's hands)."""
     from gmc.results.tables import write_tables
 
+    stale = json.loads((published / PROVENANCE).read_text()).get("stale_groups")
+    if stale is not None:  # a bundle published since the count: no stale run trained a group twice
+        assert stale["reused"] == 0 and stale["not_recorded"] == 0, stale
     comparison = compare(published, published)
     assert all(c.outcome == "held" for c in comparison.conclusions)
     assert all(c.inside is not False for c in comparison.checks)

@@ -337,6 +337,7 @@ def test_a_history_run_is_exactly_d_stale_from_d_versions_and_equals_a_run_from_
     assert not set(trained_prompts(own)) & set(trained_prompts(own / "history"))
     summary = json.loads((own / "summary.json").read_text())
     assert summary["history/steps"] == 5 and "history/reward_mean_last20" in summary
+    assert (summary["async/groups"], summary["async/groups_reused"]) == (len(groups), 0)
 
     maker = tmp_path / "tic.yaml"  # another estimator and another delay share the history
     maker.write_text(
@@ -378,6 +379,8 @@ def test_a_group_consumed_again_after_an_update_trained_it_is_recorded_reused(tm
     trainer.source.next_batch = next_batch
     trainer.run()
     assert [g["reused"] for g in read_jsonl(tmp_path / "run" / "groups.jsonl")] == [False] * 3 + [True] * 3
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert (summary["async/groups"], summary["async/groups_reused"]) == (6, 3)
 
 
 def test_which_prompts_each_update_of_a_history_and_a_stale_run_trains_by_hand(tmp_path, small_config):
