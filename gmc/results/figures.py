@@ -10,6 +10,7 @@ estimators are labelled and coloured by :data:`gmc.estimators.registry.REGISTRY`
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import matplotlib
@@ -104,8 +105,8 @@ LEGEND_INSIDE = 6
 
 def legend(fig, axes, fontsize: float = 7) -> None:
     """One legend per panel while each fits inside its axes; otherwise one legend for the figure,
-    to the right of the panels, with every panel's entries (each label once), so that no line is
-    hidden under it."""
+    to the right of the panels, with every panel's entries (each label once), in as many columns
+    as the figure's height needs, so that no line or title is hidden under it."""
     entries = {}
     for ax in axes:
         for handle, label in zip(*ax.get_legend_handles_labels()):
@@ -115,8 +116,10 @@ def legend(fig, axes, fontsize: float = 7) -> None:
             if ax.get_legend_handles_labels()[1]:
                 ax.legend(fontsize=fontsize)
         return
-    fig.set_figwidth(fig.get_figwidth() + 2.6)  # the panels keep their width beside it
-    fig.legend(list(entries.values()), list(entries), loc="outside right center", fontsize=fontsize)
+    rows = max(1, int(fig.get_figheight() * 72 / (2 * fontsize)))  # entries a column holds in the figure's height
+    columns = math.ceil(len(entries) / rows)
+    fig.set_figwidth(fig.get_figwidth() + 2.6 * columns)  # the panels keep their width beside it
+    fig.legend(list(entries.values()), list(entries), loc="outside right center", fontsize=fontsize, ncols=columns)
 
 
 def save_both(fig, out: Path, stem: str) -> list[Path]:

@@ -58,6 +58,31 @@ def test_the_league_figure_draws_a_panel_per_regime_and_one_legend_for_a_league(
     assert len({bars.lines[0].get_marker() for bars in fig.axes[0].containers}) == len(league)
 
 
+@pytest.mark.parametrize("entries, columns", [(5, None), (12, 1), (36, 2)])
+def test_a_legend_beside_the_panels_takes_the_columns_the_figures_height_needs(entries, columns):
+    """Few entries stay in the panel; a league beside it in one column while the figure's height
+    holds it, in more columns when not: the drawn legend stays inside the figure's height, under
+    no title."""
+    import matplotlib.pyplot as plt
+
+    from gmc.results import figures
+
+    fig, ax = plt.subplots(figsize=(5, 3.5), layout="constrained")
+    for i in range(entries):
+        ax.plot([0, 1], [i, i], label=f"estimator {i} (n = 7) (a shared run at d = 0)")
+    fig.suptitle("a title")
+    figures.legend(fig, [ax])
+    if columns is None:
+        assert not fig.legends and ax.get_legend() is not None
+    else:
+        (legend,) = fig.legends
+        assert legend._ncols == columns
+        fig.canvas.draw()
+        box, height = legend.get_window_extent(), fig.bbox.height
+        assert 0 <= box.y0 and box.y1 <= height
+    plt.close(fig)
+
+
 def test_a_variant_is_drawn_in_its_estimators_colour_and_marker_dashed_and_open(tmp_path, monkeypatch):
     """A variant (its config names the estimator it varies) shares that estimator's colour and
     marker, drawn dashed with open markers, in the curves and the error-bar figures alike; the
