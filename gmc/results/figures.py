@@ -103,15 +103,16 @@ LEGEND_INSIDE = 6
 """Legend entries a panel holds inside its axes; more (a league of estimators) go beside the panels."""
 
 
-def legend(fig, axes, fontsize: float = 7) -> None:
-    """One legend per panel while each fits inside its axes; otherwise one legend for the figure,
-    to the right of the panels, with every panel's entries (each label once), in as many columns
-    as the figure's height needs, so that no line or title is hidden under it."""
+def legend(fig, axes, fontsize: float = 7, beside: bool = False) -> None:
+    """One legend per panel while each fits inside its axes; otherwise, or where ``beside`` asks
+    for it (panels whose data leave no corner free), one legend for the figure, to the right of
+    the panels, with every panel's entries (each label once), in as many columns as the figure's
+    height needs, so that no line or title is hidden under it."""
     entries = {}
     for ax in axes:
         for handle, label in zip(*ax.get_legend_handles_labels()):
             entries.setdefault(label, handle)
-    if len(entries) <= LEGEND_INSIDE:
+    if len(entries) <= LEGEND_INSIDE and not beside:
         for ax in axes:
             if ax.get_legend_handles_labels()[1]:
                 ax.legend(fontsize=fontsize)
@@ -468,7 +469,7 @@ def ratio_diagnostics(frame: pd.DataFrame, out: Path) -> list[Path]:
         if col in numeric.columns:
             _line_by_algorithm(ax, at, "x", col, styles)
         ax.set_ylabel(label)
-    legend(fig, axes[:1], fontsize=8)
+    legend(fig, axes, fontsize=8, beside=True)  # rising and falling lines fill every corner of some panel
     fig.suptitle(
         f"Ratio diagnostics vs delay (G = {G}; capped: each estimator's own fraction, the tables' 'own statistic')"
     )
