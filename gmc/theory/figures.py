@@ -277,10 +277,10 @@ def lab_figures(tables: dict[str, pd.DataFrame], out: Path) -> list[Path]:
             color=ALGORITHM_COLORS[algorithm],
             label=algorithm + fitted("1", grp["delay"].iloc[0], algorithm, at),
         )
+    _log_axes(axes[0])
     if len(eps_rows):
         axes[0].set_title(f"d = {eps_rows['delay'].iloc[0]}, G = {eps_rows['G'].iloc[0]}", fontsize=9)
-    _log_axes(axes[0])
-    if len(eps_rows):  # the caps measured, each labelled, instead of a log axis's crowded minor labels
+        # the caps measured, each labelled, instead of a log axis's crowded minor labels
         caps = sorted(eps_rows["eps"].unique())
         axes[0].set_xticks(caps, [f"{e:g}" for e in caps])
         axes[0].xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
